@@ -1,0 +1,280 @@
+//! Clusters: registered backends (Slurm, Kubernetes or simulated) that run workloads.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::apply::validate_meta;
+use crate::error::Error;
+use crate::meta::{ApplyMeta, ObjectMeta};
+use crate::validation::Validator;
+
+/// The kind of backend a cluster is. Fixed once the cluster exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterKind {
+    Slurm,
+    Kubernetes,
+    Sim,
+}
+
+impl ClusterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurm",
+            Self::Kubernetes => "kubernetes",
+            Self::Sim => "sim",
+        }
+    }
+
+    /// Parses the stored form.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] for a value the database should never hold.
+    pub fn from_db(s: &str) -> Result<Self, Error> {
+        match s {
+            "slurm" => Ok(Self::Slurm),
+            "kubernetes" => Ok(Self::Kubernetes),
+            "sim" => Ok(Self::Sim),
+            other => Err(Error::Internal(format!("unknown cluster kind {other:?} in the database"))),
+        }
+    }
+}
+
+/// The label that orders clusters in placement: reservation, then on-demand, then spot.
+pub const TIER_LABEL: &str = "tier";
+pub const TIERS: [&str; 3] = ["reservation", "on-demand", "spot"];
+
+/// Desired state of a cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "kind": "sim",
+    "cordoned": false,
+    "sim": {"node_groups": [{"name": "h100", "count": 4, "flavor": "h100-80gb", "gpus_per_node": 8, "topology_block": "nvl-a"}]}
+}))]
+pub struct ClusterSpec {
+    pub kind: ClusterKind,
+    /// Where the backend listens (slurmrestd or the Kubernetes API); required for
+    /// `slurm` and `kubernetes`, not allowed for `sim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "https://slurm.example.internal:6820")]
+    pub endpoint: Option<String>,
+    /// The *name* of the secret holding this cluster's credentials in berthd's
+    /// configuration (an environment variable). The secret itself is never sent, stored
+    /// or returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "BERTH_SLURM_A_TOKEN")]
+    pub credentials_ref: Option<String>,
+    /// A cordoned cluster keeps its running work but receives nothing new.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// Required for `sim` clusters: the simulated hardware.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimSpec>,
+}
+
+/// The simulated hardware of a `sim` cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimSpec {
+    pub node_groups: Vec<NodeGroup>,
+}
+
+/// `count` identical nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGroup {
+    #[schema(example = "h100")]
+    pub name: String,
+    #[schema(example = 4)]
+    pub count: u32,
+    #[schema(example = "h100-80gb")]
+    pub flavor: String,
+    #[schema(example = 8)]
+    pub gpus_per_node: u32,
+    #[serde(default = "default_cpus")]
+    pub cpus_per_node: u32,
+    #[serde(default = "default_memory")]
+    pub memory_mib_per_node: u64,
+    /// Nodes sharing a block (NVLink domain, IB switch) are close to each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_block: Option<String>,
+}
+
+fn default_cpus() -> u32 {
+    128
+}
+
+fn default_memory() -> u64 {
+    1024 * 1024
+}
+
+/// Health of a cluster as seen by the controllers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum ClusterHealth {
+    /// Not yet contacted.
+    #[default]
+    Unknown,
+    Healthy,
+    Degraded,
+    Unreachable,
+}
+
+/// Observed state of a cluster, written by the controllers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterStatus {
+    pub health: ClusterHealth,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<DateTime<Utc>>,
+    /// GPUs per flavor, as last observed.
+    #[serde(default)]
+    pub inventory: Vec<InventoryEntry>,
+}
+
+/// Observed capacity of one flavor on a cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InventoryEntry {
+    pub flavor: String,
+    pub nodes: u32,
+    pub gpus_total: f64,
+    pub gpus_free: f64,
+}
+
+/// A registered backend cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Cluster {
+    pub metadata: ObjectMeta,
+    pub spec: ClusterSpec,
+    pub status: ClusterStatus,
+}
+
+/// The body of `PUT /api/v1/clusters/{name}`. `status` is accepted and ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterApply {
+    #[serde(default)]
+    pub metadata: ApplyMeta,
+    pub spec: ClusterSpec,
+    /// Ignored: status is written only by Berth.
+    #[serde(default)]
+    pub status: Option<serde_json::Value>,
+}
+
+impl ClusterApply {
+    /// Checks everything that needs no other object.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] listing every broken rule.
+    pub fn validate(&self, name: &str) -> Result<(), Error> {
+        let mut v = Validator::new();
+        validate_meta(&mut v, &self.metadata, name);
+        if let Some(tier) = self.metadata.labels.as_ref().and_then(|l| l.get(TIER_LABEL)) {
+            v.check(TIERS.contains(&tier.as_str()), format!("/metadata/labels/{TIER_LABEL}"), || {
+                format!("must be one of {}", TIERS.join(", "))
+            });
+        }
+        let s = &self.spec;
+        match (s.kind, &s.endpoint) {
+            (ClusterKind::Sim, Some(_)) => v.error("/spec/endpoint", "a sim cluster has no endpoint"),
+            (ClusterKind::Sim, None) => {}
+            (_, None) => v.error("/spec/endpoint", format!("required for a {} cluster", s.kind.as_str())),
+            (_, Some(endpoint)) => {
+                let ok = (endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+                    && endpoint.len() <= 2048
+                    && !endpoint.chars().any(|c| c.is_whitespace() || c.is_control());
+                v.check(ok, "/spec/endpoint", || "must be an http:// or https:// URL".into());
+            }
+        }
+        if let Some(r) = &s.credentials_ref {
+            let ok = !r.is_empty()
+                && r.len() <= 128
+                && !r.as_bytes()[0].is_ascii_digit()
+                && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            v.check(ok, "/spec/credentials_ref", || {
+                "must be the name of a secret (an environment variable name: letters, digits and '_'), never the secret itself".into()
+            });
+        }
+        match (&s.sim, s.kind) {
+            (None, ClusterKind::Sim) => v.error("/spec/sim", "required for a sim cluster"),
+            (Some(_), kind) if kind != ClusterKind::Sim => {
+                v.error("/spec/sim", format!("only a sim cluster has simulated hardware, not a {} cluster", kind.as_str()));
+            }
+            (Some(sim), _) => validate_node_groups(&mut v, &sim.node_groups),
+            (None, _) => {}
+        }
+        v.finish()
+    }
+}
+
+fn validate_node_groups(v: &mut Validator, groups: &[NodeGroup]) {
+    v.check(!groups.is_empty() && groups.len() <= 256, "/spec/sim/node_groups", || {
+        "must list 1 to 256 node groups".into()
+    });
+    for (i, g) in groups.iter().enumerate() {
+        let at = |f: &str| format!("/spec/sim/node_groups/{i}/{f}");
+        v.name(&at("name"), &g.name);
+        if groups[..i].iter().any(|other| other.name == g.name) {
+            v.error(at("name"), format!("node group {:?} is listed twice", g.name));
+        }
+        v.check((1..=100_000).contains(&g.count), at("count"), || "must be between 1 and 100000".into());
+        v.name(&at("flavor"), &g.flavor);
+        v.check(g.gpus_per_node <= 64, at("gpus_per_node"), || "must be at most 64".into());
+        v.check((1..=4096).contains(&g.cpus_per_node), at("cpus_per_node"), || "must be between 1 and 4096".into());
+        v.check((1..=1 << 24).contains(&g.memory_mib_per_node), at("memory_mib_per_node"), || {
+            "must be between 1 and 16777216 (16 TiB)".into()
+        });
+        if let Some(block) = &g.topology_block {
+            v.name(&at("topology_block"), block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(groups: Vec<NodeGroup>) -> ClusterApply {
+        ClusterApply {
+            metadata: ApplyMeta::default(),
+            spec: ClusterSpec {
+                kind: ClusterKind::Sim,
+                endpoint: None,
+                credentials_ref: None,
+                cordoned: false,
+                sim: Some(SimSpec { node_groups: groups }),
+            },
+            status: None,
+        }
+    }
+
+    fn group(name: &str) -> NodeGroup {
+        NodeGroup {
+            name: name.into(),
+            count: 2,
+            flavor: "h100".into(),
+            gpus_per_node: 8,
+            cpus_per_node: 64,
+            memory_mib_per_node: 1024,
+            topology_block: None,
+        }
+    }
+
+    #[test]
+    fn a_sim_cluster_needs_node_groups_with_unique_names() {
+        assert!(sim(vec![group("a")]).validate("sim-a").is_ok());
+        let Err(Error::Invalid(e)) = sim(vec![group("a"), group("a")]).validate("sim-a") else { panic!() };
+        assert_eq!(e[0].field, "/spec/sim/node_groups/1/name");
+    }
+
+    #[test]
+    fn a_slurm_cluster_needs_an_endpoint_and_a_secret_name_not_a_secret() {
+        let mut c = sim(vec![]);
+        c.spec.kind = ClusterKind::Slurm;
+        c.spec.sim = None;
+        c.spec.credentials_ref = Some("eyJhbGciOi.secret.value".into());
+        let Err(Error::Invalid(e)) = c.validate("slurm-a") else { panic!() };
+        let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["/spec/endpoint", "/spec/credentials_ref"]);
+    }
+}

@@ -1,0 +1,129 @@
+//! Flavors: classes of accelerator (`h100-80gb`, `a100-40gb`, `l4`, CPU-only) and how each
+//! backend names them.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::apply::validate_meta;
+use crate::error::Error;
+use crate::meta::{ApplyMeta, ObjectMeta};
+use crate::validation::Validator;
+
+/// Desired state of a flavor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "description": "NVIDIA H100 SXM 80 GB",
+    "gpu_memory_gib": 80,
+    "slurm": {"gres_type": "h100"},
+    "kubernetes": {"node_label_value": "NVIDIA-H100-80GB-HBM3"}
+}))]
+pub struct FlavorSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Memory per GPU (or per MIG slice), for display and placement hints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_gib: Option<u32>,
+    /// A CPU-only flavor: workloads on it request no GPUs.
+    #[serde(default)]
+    pub cpu_only: bool,
+    /// The MIG profile this flavor stands for, e.g. `1g.10gb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmFlavor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesFlavor>,
+}
+
+/// How Slurm names the flavor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmFlavor {
+    /// The GRES type, as in `gpu:<type>:<count>`.
+    #[schema(example = "h100")]
+    pub gres_type: String,
+}
+
+/// How Kubernetes names the flavor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesFlavor {
+    /// The node label that carries the GPU product.
+    #[serde(default = "default_node_label_key")]
+    #[schema(example = "nvidia.com/gpu.product")]
+    pub node_label_key: String,
+    /// The label's value on nodes of this flavor.
+    #[schema(example = "NVIDIA-H100-80GB-HBM3")]
+    pub node_label_value: String,
+}
+
+fn default_node_label_key() -> String {
+    "nvidia.com/gpu.product".into()
+}
+
+/// Observed state of a flavor. Flavors have none yet; the field keeps the envelope uniform.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FlavorStatus {}
+
+/// A GPU flavor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Flavor {
+    pub metadata: ObjectMeta,
+    pub spec: FlavorSpec,
+    pub status: FlavorStatus,
+}
+
+/// The body of `PUT /api/v1/flavors/{name}`. `status` is accepted and ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FlavorApply {
+    #[serde(default)]
+    pub metadata: ApplyMeta,
+    pub spec: FlavorSpec,
+    /// Ignored: status is written only by Berth.
+    #[serde(default)]
+    pub status: Option<serde_json::Value>,
+}
+
+impl FlavorApply {
+    /// Checks everything that needs no other object.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] listing every broken rule.
+    pub fn validate(&self, name: &str) -> Result<(), Error> {
+        let mut v = Validator::new();
+        validate_meta(&mut v, &self.metadata, name);
+        let s = &self.spec;
+        if let Some(d) = &s.description {
+            v.text("/spec/description", d, 1024);
+        }
+        if let Some(m) = s.gpu_memory_gib {
+            v.check((1..=4096).contains(&m), "/spec/gpu_memory_gib", || "must be between 1 and 4096".into());
+        }
+        if let Some(p) = &s.mig_profile {
+            let ok = !p.is_empty() && p.len() <= 32 && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.');
+            v.check(ok, "/spec/mig_profile", || "must look like a MIG profile, e.g. 1g.10gb".into());
+        }
+        v.check(!(s.cpu_only && s.mig_profile.is_some()), "/spec/mig_profile", || {
+            "a CPU-only flavor has no MIG profile".into()
+        });
+        if let Some(slurm) = &s.slurm {
+            let ok = !slurm.gres_type.is_empty()
+                && slurm.gres_type.len() <= 64
+                && slurm.gres_type.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            v.check(ok, "/spec/slurm/gres_type", || {
+                "must be 1-64 letters, digits, '-', '_' or '.'".into()
+            });
+        }
+        if let Some(k8s) = &s.kubernetes {
+            if let Err(m) = crate::validation::check_label_key(&k8s.node_label_key) {
+                v.error("/spec/kubernetes/node_label_key", m);
+            }
+            if let Err(m) = crate::validation::check_label_value(&k8s.node_label_value) {
+                v.error("/spec/kubernetes/node_label_value", m);
+            }
+        }
+        v.finish()
+    }
+}

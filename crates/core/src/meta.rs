@@ -1,0 +1,63 @@
+//! The object envelope shared by every resource: `{metadata, spec, status}`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Free-form `key: value` labels, matched by label selectors.
+pub type Labels = BTreeMap<String, String>;
+
+/// Metadata of a stored object. Everything but `name` and `labels` is set by Berth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ObjectMeta {
+    /// Unique within the kind (within the team for workloads); a DNS-1123 label.
+    #[schema(example = "nlp")]
+    pub name: String,
+    /// For workloads: the owning team.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// Assigned at creation, never reused.
+    pub uid: Uuid,
+    #[serde(default)]
+    pub labels: Labels,
+    /// Increments each time `spec` changes, and only then.
+    #[schema(example = 1)]
+    pub generation: i64,
+    /// Changes on every write (spec, labels or status). Sent back as the `ETag`; send it in
+    /// `If-Match` or here to make a write conditional.
+    #[schema(example = "42")]
+    pub resource_version: String,
+    pub creation_timestamp: DateTime<Utc>,
+    pub update_timestamp: DateTime<Utc>,
+    /// Set when deletion was requested and is still being finished by the controllers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_timestamp: Option<DateTime<Utc>>,
+}
+
+/// Metadata as a client sends it in a PUT body.
+///
+/// Only `labels` is written. `name` and `team` must match the path when given.
+/// `resource_version`, when given, must equal the stored one (else 409), and `uid`, when
+/// given, must be the stored object's (else 409). The read-only fields Berth sets
+/// (`generation`, timestamps) are accepted so that an object fetched with GET can be sent
+/// back as is, and ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyMeta {
+    pub name: Option<String>,
+    pub team: Option<String>,
+    pub uid: Option<Uuid>,
+    pub labels: Option<Labels>,
+    pub resource_version: Option<String>,
+    /// Read-only; ignored.
+    pub generation: Option<i64>,
+    /// Read-only; ignored.
+    pub creation_timestamp: Option<DateTime<Utc>>,
+    /// Read-only; ignored.
+    pub update_timestamp: Option<DateTime<Utc>>,
+    /// Read-only; ignored.
+    pub deletion_timestamp: Option<DateTime<Utc>>,
+}

@@ -1,0 +1,246 @@
+//! Teams: nodes of the quota tree, each with per-flavor quotas.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::apply::validate_meta;
+use crate::error::Error;
+use crate::meta::{ApplyMeta, ObjectMeta};
+use crate::validation::{FieldError, Validator};
+
+/// Upper bound on any quota number, far above any real cluster, so sums never overflow.
+pub const QUOTA_MAX: u32 = 1_000_000;
+pub const WEIGHT_MAX: u32 = 10_000;
+
+/// Desired state of a team.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "parent": "research",
+    "description": "Natural language processing",
+    "quotas": [{"flavor": "h100-80gb", "guaranteed": 16, "limit": 32, "weight": 2}]
+}))]
+pub struct TeamSpec {
+    /// The parent team; none for a top-level team (a department).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// At most one entry per flavor. A flavor with no entry has guaranteed 0, no limit
+    /// and weight 1.
+    #[serde(default)]
+    pub quotas: Vec<Quota>,
+}
+
+/// A team's quota for one flavor, in GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    #[schema(example = "h100-80gb")]
+    pub flavor: String,
+    /// Always available to the team; reclaimed from borrowers when the team needs it.
+    #[schema(example = 16)]
+    pub guaranteed: u32,
+    /// Most the team may hold, borrowed GPUs included; none means up to capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 32)]
+    pub limit: Option<u32>,
+    /// The team's share of idle capacity relative to its siblings.
+    #[serde(default = "default_weight")]
+    #[schema(example = 1)]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// Observed state of a team, written by the controllers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TeamStatus {
+    /// Per flavor: GPUs allocated, borrowed and the current fair share.
+    #[serde(default)]
+    pub usage: Vec<FlavorUsage>,
+}
+
+/// A team's use of one flavor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FlavorUsage {
+    pub flavor: String,
+    pub allocated: f64,
+    pub borrowed: f64,
+    pub fair_share: f64,
+}
+
+/// A team in the quota tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Team {
+    pub metadata: ObjectMeta,
+    pub spec: TeamSpec,
+    pub status: TeamStatus,
+}
+
+/// The body of `PUT /api/v1/teams/{name}`. `status` is accepted and ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TeamApply {
+    #[serde(default)]
+    pub metadata: ApplyMeta,
+    pub spec: TeamSpec,
+    /// Ignored: status is written only by Berth.
+    #[serde(default)]
+    pub status: Option<serde_json::Value>,
+}
+
+impl TeamApply {
+    /// Checks everything that needs no other object.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] listing every broken rule.
+    pub fn validate(&self, name: &str) -> Result<(), Error> {
+        let mut v = Validator::new();
+        validate_meta(&mut v, &self.metadata, name);
+        let s = &self.spec;
+        if let Some(parent) = &s.parent {
+            v.name("/spec/parent", parent);
+            v.check(parent != name, "/spec/parent", || "a team cannot be its own parent".into());
+        }
+        if let Some(d) = &s.description {
+            v.text("/spec/description", d, 1024);
+        }
+        v.check(s.quotas.len() <= 64, "/spec/quotas", || "at most 64 quotas".into());
+        let mut seen = BTreeMap::new();
+        for (i, q) in s.quotas.iter().enumerate() {
+            let at = |f: &str| format!("/spec/quotas/{i}/{f}");
+            v.name(&at("flavor"), &q.flavor);
+            if let Some(first) = seen.insert(q.flavor.as_str(), i) {
+                v.error(at("flavor"), format!("flavor {:?} already has a quota at /spec/quotas/{first}", q.flavor));
+            }
+            v.check(q.guaranteed <= QUOTA_MAX, at("guaranteed"), || format!("must be at most {QUOTA_MAX}"));
+            if let Some(limit) = q.limit {
+                v.check(limit <= QUOTA_MAX, at("limit"), || format!("must be at most {QUOTA_MAX}"));
+                v.check(limit >= q.guaranteed, at("limit"), || {
+                    format!("limit ({limit}) must not be below guaranteed ({})", q.guaranteed)
+                });
+            }
+            v.check(q.weight <= WEIGHT_MAX, at("weight"), || format!("must be at most {WEIGHT_MAX}"));
+        }
+        v.finish()
+    }
+}
+
+impl TeamSpec {
+    /// The guaranteed GPUs of `flavor` (0 without a quota entry).
+    pub fn guaranteed(&self, flavor: &str) -> u32 {
+        self.quotas.iter().find(|q| q.flavor == flavor).map_or(0, |q| q.guaranteed)
+    }
+}
+
+/// Checks that children's guarantees fit inside their parent's, per flavor.
+///
+/// `team` is the team being written, `children` the specs of its children, and `siblings`
+/// the specs of the other children of its parent (`parent` is that parent's spec).
+/// Errors point into `team`'s own spec, since that is what the client sent.
+pub fn check_guarantees_nest(
+    team: &TeamSpec,
+    parent: Option<(&str, &TeamSpec)>,
+    siblings: &[TeamSpec],
+    children: &[TeamSpec],
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (i, q) in team.quotas.iter().enumerate() {
+        let kids: u64 = children.iter().map(|c| u64::from(c.guaranteed(&q.flavor))).sum();
+        if kids > u64::from(q.guaranteed) {
+            errors.push(FieldError::new(
+                format!("/spec/quotas/{i}/guaranteed"),
+                format!("children already hold {kids} guaranteed {} GPUs, more than {}", q.flavor, q.guaranteed),
+            ));
+        }
+    }
+    // A flavor the team drops from its quotas must not be guaranteed to its children.
+    let mut dropped: Vec<&str> = children
+        .iter()
+        .flat_map(|c| c.quotas.iter().filter(|q| q.guaranteed > 0).map(|q| q.flavor.as_str()))
+        .filter(|f| !team.quotas.iter().any(|q| q.flavor == *f))
+        .collect();
+    dropped.sort_unstable();
+    dropped.dedup();
+    for flavor in dropped {
+        errors.push(FieldError::new(
+            "/spec/quotas",
+            format!("children hold guaranteed {flavor} GPUs, so this team needs a guarantee for {flavor} too"),
+        ));
+    }
+    if let Some((parent_name, parent)) = parent {
+        for (i, q) in team.quotas.iter().enumerate() {
+            let others: u64 = siblings.iter().map(|s| u64::from(s.guaranteed(&q.flavor))).sum();
+            let available = u64::from(parent.guaranteed(&q.flavor));
+            if others + u64::from(q.guaranteed) > available {
+                errors.push(FieldError::new(
+                    format!("/spec/quotas/{i}/guaranteed"),
+                    format!(
+                        "parent {parent_name:?} guarantees {available} {} GPUs and its other children hold {others}; at most {} are left",
+                        q.flavor,
+                        available.saturating_sub(others)
+                    ),
+                ));
+            }
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(quotas: &[(&str, u32)]) -> TeamSpec {
+        TeamSpec {
+            quotas: quotas
+                .iter()
+                .map(|(f, g)| Quota { flavor: (*f).into(), guaranteed: *g, limit: None, weight: 1 })
+                .collect(),
+            ..TeamSpec::default()
+        }
+    }
+
+    #[test]
+    fn children_guarantees_must_fit_in_the_parents() {
+        let parent = spec(&[("h100", 16)]);
+        let sibling = spec(&[("h100", 10)]);
+        let fits = spec(&[("h100", 6)]);
+        let too_big = spec(&[("h100", 7)]);
+        assert!(check_guarantees_nest(&fits, Some(("root", &parent)), &[sibling.clone()], &[]).is_empty());
+        let errors = check_guarantees_nest(&too_big, Some(("root", &parent)), &[sibling], &[]);
+        assert_eq!(errors[0].field, "/spec/quotas/0/guaranteed");
+        assert!(errors[0].message.contains("at most 6"), "{}", errors[0].message);
+    }
+
+    #[test]
+    fn a_parent_cannot_shrink_below_its_children() {
+        let kids = [spec(&[("h100", 8)]), spec(&[("h100", 8)])];
+        assert!(check_guarantees_nest(&spec(&[("h100", 16)]), None, &[], &kids).is_empty());
+        assert_eq!(check_guarantees_nest(&spec(&[("h100", 15)]), None, &[], &kids).len(), 1);
+        assert_eq!(check_guarantees_nest(&spec(&[]), None, &[], &kids)[0].field, "/spec/quotas");
+    }
+
+    #[test]
+    fn limit_below_guaranteed_and_duplicate_flavors_are_rejected() {
+        let apply = TeamApply {
+            metadata: ApplyMeta::default(),
+            spec: TeamSpec {
+                quotas: vec![
+                    Quota { flavor: "h100".into(), guaranteed: 8, limit: Some(4), weight: 1 },
+                    Quota { flavor: "h100".into(), guaranteed: 1, limit: None, weight: 1 },
+                ],
+                ..TeamSpec::default()
+            },
+            status: None,
+        };
+        let Err(Error::Invalid(errors)) = apply.validate("nlp") else { panic!() };
+        let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["/spec/quotas/0/limit", "/spec/quotas/1/flavor"]);
+    }
+}

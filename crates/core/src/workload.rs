@@ -1,0 +1,507 @@
+//! Workloads: the work a team declares (training, batch, inference, notebooks).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::apply::validate_meta;
+use crate::cluster::ClusterKind;
+use crate::error::Error;
+use crate::meta::{ApplyMeta, Labels, ObjectMeta};
+use crate::validation::{Validator, escape_pointer};
+
+/// What kind of work this is; backends and placement treat kinds differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadKind {
+    Training,
+    Batch,
+    Inference,
+    Notebook,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Training => "training",
+            Self::Batch => "batch",
+            Self::Inference => "inference",
+            Self::Notebook => "notebook",
+        }
+    }
+}
+
+/// The life of a workload.
+///
+/// ```text
+///  Pending ──► Admitted ──► Dispatched ──► Running ──► Succeeded
+///    ▲  │          │             │           │  └────► Failed
+///    │  │          └─────────────┴───────────┴──────► Cancelled / Failed
+///    │  └─► Cancelled                         │
+///    │                                        ▼
+///    └──────────── (requeue, attempt + 1) ◄─ Preempting ──► Failed (not resumable)
+///
+///  Running ──► Unknown (cluster unreachable) ──► Running | Pending (requeue) | Failed
+/// ```
+///
+/// `Succeeded`, `Failed` and `Cancelled` are final.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub enum Phase {
+    #[default]
+    Pending,
+    Admitted,
+    Dispatched,
+    Running,
+    Preempting,
+    Unknown,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Phase {
+    pub const ALL: [Self; 9] = [
+        Self::Pending,
+        Self::Admitted,
+        Self::Dispatched,
+        Self::Running,
+        Self::Preempting,
+        Self::Unknown,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Admitted => "Admitted",
+            Self::Dispatched => "Dispatched",
+            Self::Running => "Running",
+            Self::Preempting => "Preempting",
+            Self::Unknown => "Unknown",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::Cancelled => "Cancelled",
+        }
+    }
+
+    /// Parses the stored or query form (`Running`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// Whether the workload is done for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+
+    /// Whether a backend may hold a job for the workload.
+    pub fn reached_backend(self) -> bool {
+        matches!(self, Self::Dispatched | Self::Running | Self::Preempting | Self::Unknown)
+    }
+}
+
+/// Whether the tasks must share one topology block (NVLink domain, IB switch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyPolicy {
+    #[default]
+    None,
+    Preferred,
+    Required,
+}
+
+/// Desired state of a workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "kind": "training",
+    "priority": 10,
+    "preemptible": true,
+    "tasks": {"count": 2, "resources": {"flavors": ["h100-80gb", "a100-80gb"], "gpus": 8, "cpus": 64, "memory_mib": 512000}},
+    "gang": true,
+    "topology": "preferred",
+    "placement": {"cluster_selector": {"region": "eu"}, "backend_kinds": ["slurm", "sim"]},
+    "run": {"command": ["python", "train.py"], "image": "ghcr.io/acme/train:1.2", "env": {"EPOCHS": "3"}},
+    "max_runtime_seconds": 86400,
+    "resumable": true,
+    "sim": {"duration_seconds": 600}
+}))]
+pub struct WorkloadSpec {
+    pub kind: WorkloadKind,
+    /// Higher runs first within the team; −1000 to 1000.
+    #[serde(default)]
+    pub priority: i32,
+    /// Whether Berth may preempt it. Non-preemptible work only runs in-quota.
+    #[serde(default = "yes")]
+    pub preemptible: bool,
+    pub tasks: Tasks,
+    /// All tasks start together or none does.
+    #[serde(default = "yes")]
+    pub gang: bool,
+    #[serde(default)]
+    pub topology: TopologyPolicy,
+    #[serde(default)]
+    pub placement: Placement,
+    #[serde(default)]
+    pub run: Run,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_seconds: Option<u64>,
+    /// Checkpoints and resumes: after preemption it is requeued rather than failed.
+    #[serde(default)]
+    pub resumable: bool,
+    /// Only for `inference`: replica bounds and the scaling target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference: Option<Inference>,
+    /// How a simulated cluster runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimRun>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `count` identical tasks, each needing `resources`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tasks {
+    #[schema(example = 2)]
+    pub count: u32,
+    pub resources: TaskResources,
+}
+
+/// What one task needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskResources {
+    /// Acceptable flavors, most preferred first.
+    pub flavors: Vec<String>,
+    /// Whole GPUs (1, 2, … 64) or a fraction of one GPU (0.01 to 0.99).
+    #[schema(example = 8)]
+    pub gpus: f64,
+    /// CPU cores; fractions allowed down to 0.001.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+}
+
+/// Where the workload may run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// Only clusters carrying all these labels.
+    #[serde(default)]
+    pub cluster_selector: Labels,
+    /// Only these backend kinds; empty means any.
+    #[serde(default)]
+    pub backend_kinds: Vec<ClusterKind>,
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// The command and its arguments.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// A batch script, used instead of `command` where the backend runs scripts (Slurm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Container image, where the backend runs containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Replica bounds of an inference service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Inference {
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Target utilization (0–1) the autoscaler keeps replicas at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_utilization: Option<f64>,
+}
+
+/// How a simulated cluster runs the workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimRun {
+    /// Run time on the simulated clock.
+    #[schema(example = 600)]
+    pub duration_seconds: f64,
+}
+
+/// Where the scheduler put the workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Admission {
+    pub cluster: String,
+    pub flavor: String,
+    /// True when the team runs it on borrowed quota (it may be reclaimed).
+    pub borrowed: bool,
+}
+
+/// The backend's handle on the workload's job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BackendRef {
+    pub cluster: String,
+    pub job_id: String,
+}
+
+/// Why a workload is still pending, as the scheduler explains it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PendingReason {
+    /// Machine-readable, e.g. `QuotaLimitReached`, `NoClusterFits`.
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
+}
+
+/// Place in the queue; 1 is next.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueuePosition {
+    pub global: u32,
+    pub team: u32,
+}
+
+/// Observed state of a workload, written only by Berth.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkloadStatus {
+    pub phase: Phase,
+    /// Starts at 0; each requeue after preemption adds one.
+    pub attempt: u32,
+    /// When the workload was first submitted; kept across requeues for its queue order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_ref: Option<BackendRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<PendingReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<QueuePosition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Workload {
+    pub metadata: ObjectMeta,
+    pub spec: WorkloadSpec,
+    pub status: WorkloadStatus,
+}
+
+/// The body of `PUT /api/v1/teams/{team}/workloads/{name}`. `status` is accepted and
+/// ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadApply {
+    #[serde(default)]
+    pub metadata: ApplyMeta,
+    pub spec: WorkloadSpec,
+    /// Ignored: status is written only by Berth.
+    #[serde(default)]
+    pub status: Option<serde_json::Value>,
+}
+
+const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+
+impl WorkloadApply {
+    /// Checks everything that needs no other object.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] listing every broken rule.
+    pub fn validate(&self, team: &str, name: &str) -> Result<(), Error> {
+        let mut v = Validator::new();
+        validate_meta(&mut v, &self.metadata, name);
+        if let Some(t) = &self.metadata.team {
+            v.check(t == team, "/metadata/team", || format!("must match the team in the path ({team:?}) or be omitted"));
+        }
+        let s = &self.spec;
+        v.check(PRIORITY_RANGE.contains(&s.priority), "/spec/priority", || "must be between -1000 and 1000".into());
+        validate_tasks(&mut v, &s.tasks);
+        v.labels("/spec/placement/cluster_selector", &s.placement.cluster_selector);
+        let kinds = &s.placement.backend_kinds;
+        for (i, k) in kinds.iter().enumerate() {
+            v.check(!kinds[..i].contains(k), format!("/spec/placement/backend_kinds/{i}"), || {
+                format!("{} is listed twice", k.as_str())
+            });
+        }
+        validate_run(&mut v, &s.run);
+        if let Some(max) = s.max_runtime_seconds {
+            v.check((1..=31_536_000).contains(&max), "/spec/max_runtime_seconds", || {
+                "must be between 1 and 31536000 (one year)".into()
+            });
+        }
+        match (&s.inference, s.kind) {
+            (Some(_), kind) if kind != WorkloadKind::Inference => {
+                v.error("/spec/inference", format!("only inference workloads take this, not {}", kind.as_str()));
+            }
+            (Some(inf), _) => {
+                v.check(inf.min_replicas <= inf.max_replicas, "/spec/inference/min_replicas", || {
+                    "must not exceed max_replicas".into()
+                });
+                v.check((1..=1000).contains(&inf.max_replicas), "/spec/inference/max_replicas", || {
+                    "must be between 1 and 1000".into()
+                });
+                if let Some(t) = inf.target_utilization {
+                    v.check(t > 0.0 && t <= 1.0, "/spec/inference/target_utilization", || {
+                        "must be above 0 and at most 1".into()
+                    });
+                }
+            }
+            (None, _) => {}
+        }
+        if let Some(sim) = &s.sim {
+            v.check(sim.duration_seconds > 0.0 && sim.duration_seconds <= 1e8, "/spec/sim/duration_seconds", || {
+                "must be above 0 and at most 100000000".into()
+            });
+        }
+        v.finish()
+    }
+}
+
+fn validate_tasks(v: &mut Validator, tasks: &Tasks) {
+    v.check((1..=10_000).contains(&tasks.count), "/spec/tasks/count", || "must be between 1 and 10000".into());
+    let r = &tasks.resources;
+    let flavors = &r.flavors;
+    v.check(!flavors.is_empty() && flavors.len() <= 16, "/spec/tasks/resources/flavors", || {
+        "must list 1 to 16 acceptable flavors, most preferred first".into()
+    });
+    for (i, f) in flavors.iter().enumerate() {
+        let at = format!("/spec/tasks/resources/flavors/{i}");
+        v.name(&at, f);
+        v.check(!flavors[..i].contains(f), at, || format!("flavor {f:?} is listed twice"));
+    }
+    let g = r.gpus;
+    let whole = g >= 1.0 && g <= 64.0 && g.fract() == 0.0;
+    let fraction = g > 0.0 && g < 1.0 && ((g * 100.0).round() - g * 100.0).abs() < 1e-9;
+    v.check(g == 0.0 || whole || fraction, "/spec/tasks/resources/gpus", || {
+        "must be 0, a whole number of GPUs from 1 to 64, or a fraction of one GPU in steps of 0.01".into()
+    });
+    if let Some(c) = r.cpus {
+        v.check(c > 0.0 && c <= 4096.0, "/spec/tasks/resources/cpus", || "must be above 0 and at most 4096".into());
+    }
+    if let Some(m) = r.memory_mib {
+        v.check((1..=1 << 24).contains(&m), "/spec/tasks/resources/memory_mib", || {
+            "must be between 1 and 16777216 (16 TiB)".into()
+        });
+    }
+}
+
+fn validate_run(v: &mut Validator, run: &Run) {
+    v.check(run.command.len() <= 256, "/spec/run/command", || "at most 256 arguments".into());
+    for (i, arg) in run.command.iter().enumerate() {
+        v.text(&format!("/spec/run/command/{i}"), arg, 4096);
+    }
+    if let Some(script) = &run.script {
+        v.text("/spec/run/script", script, 65_536);
+    }
+    if let Some(image) = &run.image {
+        let ok = !image.is_empty() && image.len() <= 512 && !image.chars().any(|c| c.is_whitespace() || c.is_control());
+        v.check(ok, "/spec/run/image", || "must be an image reference without spaces, at most 512 characters".into());
+    }
+    v.check(run.env.len() <= 256, "/spec/run/env", || "at most 256 variables".into());
+    for (key, value) in &run.env {
+        let at = format!("/spec/run/env/{}", escape_pointer(key));
+        let ok = !key.is_empty()
+            && key.len() <= 256
+            && !key.as_bytes()[0].is_ascii_digit()
+            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        v.check(ok, &at, || "variable names are letters, digits and '_', not starting with a digit".into());
+        v.text(&at, value, 32_768);
+    }
+}
+
+impl WorkloadSpec {
+    /// A minimal valid spec, for tests and examples.
+    pub fn example(flavor: &str, gpus: f64) -> Self {
+        Self {
+            kind: WorkloadKind::Training,
+            priority: 0,
+            preemptible: true,
+            tasks: Tasks {
+                count: 1,
+                resources: TaskResources { flavors: vec![flavor.into()], gpus, cpus: None, memory_mib: None },
+            },
+            gang: true,
+            topology: TopologyPolicy::None,
+            placement: Placement::default(),
+            run: Run::default(),
+            max_runtime_seconds: None,
+            resumable: false,
+            inference: None,
+            sim: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(spec: WorkloadSpec) -> WorkloadApply {
+        WorkloadApply { metadata: ApplyMeta::default(), spec, status: None }
+    }
+
+    fn fields(result: Result<(), Error>) -> Vec<String> {
+        match result {
+            Err(Error::Invalid(e)) => e.into_iter().map(|e| e.field).collect(),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gpus_are_whole_or_a_fraction_of_one() {
+        for ok in [0.0, 0.25, 0.5, 1.0, 8.0, 64.0] {
+            assert!(apply(WorkloadSpec::example("h100", ok)).validate("t", "w").is_ok(), "{ok}");
+        }
+        for bad in [-1.0, 1.5, 65.0, 0.001, f64::NAN] {
+            assert_eq!(fields(apply(WorkloadSpec::example("h100", bad)).validate("t", "w")), ["/spec/tasks/resources/gpus"]);
+        }
+    }
+
+    #[test]
+    fn inference_settings_only_fit_inference_workloads() {
+        let mut spec = WorkloadSpec::example("h100", 1.0);
+        spec.inference = Some(Inference { min_replicas: 1, max_replicas: 2, target_utilization: None });
+        assert_eq!(fields(apply(spec.clone()).validate("t", "w")), ["/spec/inference"]);
+        spec.kind = WorkloadKind::Inference;
+        assert!(apply(spec).validate("t", "w").is_ok());
+    }
+
+    #[test]
+    fn env_names_and_duplicate_flavors_are_checked() {
+        let mut spec = WorkloadSpec::example("h100", 1.0);
+        spec.tasks.resources.flavors.push("h100".into());
+        spec.run.env.insert("1BAD".into(), "x".into());
+        assert_eq!(
+            fields(apply(spec).validate("t", "w")),
+            ["/spec/tasks/resources/flavors/1", "/spec/run/env/1BAD"]
+        );
+    }
+
+    #[test]
+    fn phases_round_trip_through_their_names() {
+        for p in Phase::ALL {
+            assert_eq!(Phase::parse(p.as_str()), Some(p));
+        }
+        assert!(Phase::Succeeded.is_final() && !Phase::Running.is_final());
+    }
+}
