@@ -1,0 +1,118 @@
+//! Berth's Postgres store. All SQL lives here, as functions named resource-first
+//! (`workload_insert`, `team_list`), each taking the executor explicitly so callers can
+//! join them into one transaction.
+//!
+//! # Guarantees
+//! - Migrations run under Postgres's advisory lock (sqlx's migrator takes it), so several
+//!   replicas may start at once.
+//! - Database errors become domain errors in one place ([`db_error`]): unique and foreign
+//!   key violations are conflicts, connection trouble is `Unavailable`, the rest is
+//!   `Internal` with the detail kept for the log only.
+
+pub mod audit;
+pub mod cluster;
+pub mod event;
+pub mod flavor;
+pub mod team;
+pub mod workload;
+
+use berth_core::Error;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+pub use sqlx::{PgPool, Postgres, Transaction};
+
+/// A transaction on the Berth database.
+pub type Tx<'a> = Transaction<'a, Postgres>;
+
+/// The schema, embedded from `migrations/`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// Opens a connection pool.
+///
+/// # Errors
+/// [`Error::Invalid`] for an unparsable URL, [`Error::Unavailable`] when the database
+/// cannot be reached.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e| Error::invalid("DATABASE_URL", format!("not a valid Postgres URL: {e}")))?;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect_with(options.application_name("berthd"))
+        .await
+        .map_err(db_error)
+}
+
+/// Brings the schema up to date. Safe to call from several processes at once.
+///
+/// # Errors
+/// [`Error::Internal`] when a migration fails or the database holds a newer schema.
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    MIGRATOR.run(pool).await.map_err(|e| Error::Internal(format!("migration failed: {e}")))
+}
+
+/// Checks that the database answers.
+///
+/// # Errors
+/// [`Error::Unavailable`] when it does not.
+pub async fn ping(pool: &PgPool) -> Result<(), Error> {
+    sqlx::query_scalar!("SELECT 1 AS one").fetch_one(pool).await.map_err(db_error).map(|_| ())
+}
+
+/// Begins a transaction.
+///
+/// # Errors
+/// [`Error::Unavailable`] when no connection can be had.
+pub async fn begin(pool: &PgPool) -> Result<Tx<'static>, Error> {
+    pool.begin().await.map_err(db_error)
+}
+
+/// Commits a transaction.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn commit(tx: Tx<'_>) -> Result<(), Error> {
+    tx.commit().await.map_err(db_error)
+}
+
+/// Maps a database error to a domain error. SQL text and server messages stay in the
+/// `Internal`/`Unavailable` detail, which the HTTP layer logs and never returns.
+pub fn db_error(e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let constraint = db.constraint().unwrap_or_default().to_owned();
+            match db.code().as_deref() {
+                Some("23505") => Error::conflict(field_of(&constraint), "an object with this name already exists"),
+                Some("23503") => Error::Conflict {
+                    field: None,
+                    message: "the object is still referenced by other objects".into(),
+                },
+                Some("23514" | "22P02" | "22003" | "22021") => {
+                    Error::Internal(format!("a value was rejected by the database: {e}"))
+                }
+                Some("40001" | "40P01" | "55P03" | "57014" | "53300") => Error::Unavailable(e.to_string()),
+                _ => Error::Internal(e.to_string()),
+            }
+        }
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            Error::Unavailable(e.to_string())
+        }
+        _ => Error::Internal(e.to_string()),
+    }
+}
+
+fn field_of(constraint: &str) -> &'static str {
+    if constraint.ends_with("name_key") { "/metadata/name" } else { "" }
+}
+
+/// Serializes all writes to the team tree (parents, guarantees) for the rest of the
+/// transaction, so two concurrent writes cannot both pass a check that spans rows.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn lock_team_tree(tx: &mut Tx<'_>) -> Result<(), Error> {
+    // An arbitrary constant key: ASCII "berthtre".
+    sqlx::query!("SELECT pg_advisory_xact_lock(7089067706085893477)").execute(&mut **tx).await.map_err(db_error)?;
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! SQL for the team tree.
+
+use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::page::{Page, PageRequest};
+use berth_core::team::{Team, TeamSpec, TeamStatus};
+use berth_core::{Error, TeamId};
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use crate::db_error;
+
+struct TeamRow {
+    uid: Uuid,
+    name: String,
+    labels: Json<Labels>,
+    spec: Json<TeamSpec>,
+    status: Json<TeamStatus>,
+    generation: i64,
+    resource_version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<TeamRow> for Team {
+    fn from(r: TeamRow) -> Self {
+        Team {
+            metadata: ObjectMeta {
+                name: r.name,
+                team: None,
+                uid: r.uid,
+                labels: r.labels.0,
+                generation: r.generation,
+                resource_version: r.resource_version.to_string(),
+                creation_timestamp: r.created_at,
+                update_timestamp: r.updated_at,
+                deletion_timestamp: None,
+            },
+            spec: r.spec.0,
+            status: r.status.0,
+        }
+    }
+}
+
+/// Fetches a team by name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Team>, Error> {
+    sqlx::query_as!(
+        TeamRow,
+        r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at
+           FROM teams WHERE name = $1"#,
+        name
+    )
+    .fetch_optional(db)
+    .await
+    .map(|r| r.map(Team::from))
+    .map_err(db_error)
+}
+
+/// The uid of the team with this name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_fetch_uid(db: impl PgExecutor<'_>, name: &str) -> Result<Option<TeamId>, Error> {
+    sqlx::query_scalar!("SELECT uid FROM teams WHERE name = $1", name)
+        .fetch_optional(db)
+        .await
+        .map(|r| r.map(TeamId))
+        .map_err(db_error)
+}
+
+/// Inserts a team; `None` when another writer created the name first.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_insert(
+    tx: &mut PgConnection,
+    uid: TeamId,
+    name: &str,
+    parent: Option<TeamId>,
+    labels: &Labels,
+    spec: &TeamSpec,
+) -> Result<Option<Team>, Error> {
+    sqlx::query_as!(
+        TeamRow,
+        r#"INSERT INTO teams (uid, name, parent_uid, labels, spec) VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (name) DO NOTHING
+           RETURNING uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at"#,
+        uid.0,
+        name,
+        parent.map(|p| p.0),
+        Json(labels) as _,
+        Json(spec) as _,
+    )
+    .fetch_optional(tx)
+    .await
+    .map(|r| r.map(Team::from))
+    .map_err(db_error)
+}
+
+/// Replaces a team's parent, labels and spec.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_update(
+    tx: &mut PgConnection,
+    uid: TeamId,
+    parent: Option<TeamId>,
+    labels: &Labels,
+    spec: &TeamSpec,
+    generation: i64,
+) -> Result<Team, Error> {
+    sqlx::query_as!(
+        TeamRow,
+        r#"UPDATE teams
+           SET parent_uid = $2, labels = $3, spec = $4, generation = $5,
+               resource_version = nextval('resource_version_seq'), updated_at = now()
+           WHERE uid = $1
+           RETURNING uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at"#,
+        uid.0,
+        parent.map(|p| p.0),
+        Json(labels) as _,
+        Json(spec) as _,
+        generation,
+    )
+    .fetch_one(tx)
+    .await
+    .map(Team::from)
+    .map_err(db_error)
+}
+
+/// Deletes a team and the finished workloads it still holds.
+///
+/// # Errors
+/// As [`db_error`]; a foreign-key conflict if it still has children.
+pub async fn team_delete(tx: &mut PgConnection, uid: TeamId) -> Result<(), Error> {
+    sqlx::query!("DELETE FROM teams WHERE uid = $1", uid.0).execute(tx).await.map_err(db_error)?;
+    Ok(())
+}
+
+/// Lists teams by name, optionally only the children of one parent.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_list(
+    db: impl PgExecutor<'_>,
+    parent: Option<&str>,
+    page: &PageRequest<String>,
+) -> Result<Page<Team>, Error> {
+    let rows = sqlx::query_as!(
+        TeamRow,
+        r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at
+           FROM teams
+           WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR spec ->> 'parent' = $2)
+           ORDER BY name LIMIT $3"#,
+        page.after.as_deref(),
+        parent,
+        i64::from(page.limit) + 1,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(Page::from_rows(rows, page.limit, |r| r.name.clone()).map(Team::from))
+}
+
+/// The specs of a team's children, except `except` (the team being written).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_children_specs(
+    db: &mut PgConnection,
+    parent: TeamId,
+    except: Option<TeamId>,
+) -> Result<Vec<TeamSpec>, Error> {
+    sqlx::query_scalar!(
+        r#"SELECT spec AS "spec: Json<TeamSpec>" FROM teams
+           WHERE parent_uid = $1 AND ($2::uuid IS NULL OR uid <> $2)"#,
+        parent.0,
+        except.map(|e| e.0),
+    )
+    .fetch_all(db)
+    .await
+    .map(|specs| specs.into_iter().map(|s| s.0).collect())
+    .map_err(db_error)
+}
+
+/// Names of the team's ancestors, nearest first (the team itself excluded).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_ancestors(db: &mut PgConnection, team: TeamId) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar!(
+        r#"WITH RECURSIVE up (uid, parent_uid, name, depth) AS (
+               SELECT uid, parent_uid, name, 0 FROM teams WHERE uid = $1
+               UNION ALL
+               SELECT t.uid, t.parent_uid, t.name, up.depth + 1
+               FROM teams t JOIN up ON t.uid = up.parent_uid
+               WHERE up.depth < 1000
+           )
+           SELECT name AS "name!" FROM up WHERE depth > 0 ORDER BY depth"#,
+        team.0
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)
+}
+
+/// Names of the team's direct children (up to a few).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_child_names(db: &mut PgConnection, team: TeamId) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar!("SELECT name FROM teams WHERE parent_uid = $1 ORDER BY name LIMIT 3", team.0)
+        .fetch_all(db)
+        .await
+        .map_err(db_error)
+}
+
+/// Names of the team's workloads that are not finished (up to a few).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_live_workloads(db: &mut PgConnection, team: TeamId) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar!(
+        r#"SELECT name FROM workloads
+           WHERE team_uid = $1 AND phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+           ORDER BY name LIMIT 3"#,
+        team.0
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)
+}
+
+/// Locks a team's row for the rest of the transaction. Workload inserts take a key-share
+/// lock on their team (foreign key), so this waits for in-flight inserts and holds back new
+/// ones until the transaction ends.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_lock(tx: &mut PgConnection, team: TeamId) -> Result<(), Error> {
+    sqlx::query!("SELECT uid FROM teams WHERE uid = $1 FOR UPDATE", team.0).fetch_optional(tx).await.map_err(db_error)?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! SQL for workloads.
+
+use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::page::{Page, PageRequest};
+use berth_core::selector::LabelSelector;
+use berth_core::workload::{Phase, Workload, WorkloadKind, WorkloadSpec, WorkloadStatus};
+use berth_core::{Error, TeamId, WorkloadId};
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use crate::db_error;
+
+struct WorkloadRow {
+    uid: Uuid,
+    team_name: String,
+    name: String,
+    labels: Json<Labels>,
+    spec: Json<WorkloadSpec>,
+    status: Json<WorkloadStatus>,
+    generation: i64,
+    resource_version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    deletion_timestamp: Option<DateTime<Utc>>,
+}
+
+impl From<WorkloadRow> for Workload {
+    fn from(r: WorkloadRow) -> Self {
+        Workload {
+            metadata: ObjectMeta {
+                name: r.name,
+                team: Some(r.team_name),
+                uid: r.uid,
+                labels: r.labels.0,
+                generation: r.generation,
+                resource_version: r.resource_version.to_string(),
+                creation_timestamp: r.created_at,
+                update_timestamp: r.updated_at,
+                deletion_timestamp: r.deletion_timestamp,
+            },
+            spec: r.spec.0,
+            status: r.status.0,
+        }
+    }
+}
+
+/// Which workloads a list returns. `None` fields do not filter.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadFilter {
+    pub team: Option<String>,
+    pub phase: Option<Phase>,
+    pub cluster: Option<String>,
+    pub kind: Option<WorkloadKind>,
+    pub labels: LabelSelector,
+}
+
+/// Fetches a workload by team and name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_fetch(db: impl PgExecutor<'_>, team: &str, name: &str) -> Result<Option<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE team_name = $1 AND name = $2"#,
+        team,
+        name
+    )
+    .fetch_optional(db)
+    .await
+    .map(|r| r.map(Workload::from))
+    .map_err(db_error)
+}
+
+/// Fetches a workload and locks it for the rest of the transaction.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_fetch_for_update(tx: &mut PgConnection, team: &str, name: &str) -> Result<Option<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE team_name = $1 AND name = $2 FOR UPDATE"#,
+        team,
+        name
+    )
+    .fetch_optional(tx)
+    .await
+    .map(|r| r.map(Workload::from))
+    .map_err(db_error)
+}
+
+/// A workload to insert.
+pub struct NewWorkload<'a> {
+    pub uid: WorkloadId,
+    pub team_uid: TeamId,
+    pub team: &'a str,
+    pub name: &'a str,
+    pub labels: &'a Labels,
+    pub spec: &'a WorkloadSpec,
+    pub status: &'a WorkloadStatus,
+}
+
+/// Inserts a workload; `None` when another writer created the name first.
+///
+/// # Errors
+/// As [`db_error`]; a conflict when the team was deleted meanwhile.
+pub async fn workload_insert(tx: &mut PgConnection, w: &NewWorkload<'_>) -> Result<Option<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+           ON CONFLICT (team_name, name) DO NOTHING
+           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+        w.uid.0,
+        w.team_uid.0,
+        w.team,
+        w.name,
+        w.spec.kind.as_str(),
+        w.status.phase.as_str(),
+        &w.spec.tasks.resources.flavors,
+        Json(w.labels) as _,
+        Json(w.spec) as _,
+        Json(w.status) as _,
+    )
+    .fetch_optional(tx)
+    .await
+    .map(|r| r.map(Workload::from))
+    .map_err(db_error)
+}
+
+/// Replaces a workload's labels and spec.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_update_spec(
+    tx: &mut PgConnection,
+    uid: WorkloadId,
+    labels: &Labels,
+    spec: &WorkloadSpec,
+    generation: i64,
+) -> Result<Workload, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"UPDATE workloads
+           SET labels = $2, spec = $3, kind = $4, flavors = $5, generation = $6,
+               resource_version = nextval('resource_version_seq'), updated_at = now()
+           WHERE uid = $1
+           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+        uid.0,
+        Json(labels) as _,
+        Json(spec) as _,
+        spec.kind.as_str(),
+        &spec.tasks.resources.flavors,
+        generation,
+    )
+    .fetch_one(tx)
+    .await
+    .map(Workload::from)
+    .map_err(db_error)
+}
+
+/// Writes a workload's status (and its mirrored columns). Used by the controllers.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_update_status(
+    tx: &mut PgConnection,
+    uid: WorkloadId,
+    status: &WorkloadStatus,
+) -> Result<Workload, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"UPDATE workloads
+           SET status = $2, phase = $3, cluster = $4,
+               resource_version = nextval('resource_version_seq'), updated_at = now()
+           WHERE uid = $1
+           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+        uid.0,
+        Json(status) as _,
+        status.phase.as_str(),
+        status.admission.as_ref().map(|a| a.cluster.as_str()),
+    )
+    .fetch_one(tx)
+    .await
+    .map(Workload::from)
+    .map_err(db_error)
+}
+
+/// Marks a workload for deletion; the controllers finish it.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_mark_deleted(tx: &mut PgConnection, uid: WorkloadId) -> Result<Workload, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"UPDATE workloads
+           SET deletion_timestamp = coalesce(deletion_timestamp, now()),
+               resource_version = nextval('resource_version_seq'), updated_at = now()
+           WHERE uid = $1
+           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+        uid.0,
+    )
+    .fetch_one(tx)
+    .await
+    .map(Workload::from)
+    .map_err(db_error)
+}
+
+/// Removes a workload row.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_delete(tx: &mut PgConnection, uid: WorkloadId) -> Result<(), Error> {
+    sqlx::query!("DELETE FROM workloads WHERE uid = $1", uid.0).execute(tx).await.map_err(db_error)?;
+    Ok(())
+}
+
+/// Lists workloads ordered by (team, name), filtered, in one query.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list(
+    db: impl PgExecutor<'_>,
+    filter: &WorkloadFilter,
+    page: &PageRequest<(String, String)>,
+) -> Result<Page<Workload>, Error> {
+    let (after_team, after_name) = page.after.clone().unzip();
+    let sel = &filter.labels;
+    let rows = sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads w
+           WHERE ($1::text IS NULL OR team_name = $1)
+             AND ($2::text IS NULL OR phase = $2)
+             AND ($3::text IS NULL OR cluster = $3)
+             AND ($4::text IS NULL OR kind = $4)
+             AND labels @> $5
+             AND labels ?& $6
+             AND NOT labels ?| $7
+             AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) ne WHERE w.labels ->> ne.key = ne.value)
+             AND ($9::text IS NULL OR (team_name, name) > ($9, $10))
+           ORDER BY team_name, name
+           LIMIT $11"#,
+        filter.team.as_deref(),
+        filter.phase.map(Phase::as_str),
+        filter.cluster.as_deref(),
+        filter.kind.map(WorkloadKind::as_str),
+        Json(&sel.equals) as _,
+        &sel.exists,
+        &sel.not_exists,
+        Json(&sel.not_equals) as _,
+        after_team,
+        after_name,
+        i64::from(page.limit) + 1,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(Page::from_rows(rows, page.limit, |r| (r.team_name.clone(), r.name.clone())).map(Workload::from))
+}
