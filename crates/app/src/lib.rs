@@ -1,0 +1,91 @@
+//! Berth's application layer: one function per use case the API offers. Each validates its
+//! input, checks references to other objects, and writes the change together with its
+//! audit record (and events) in one transaction — so nothing is ever half written.
+//!
+//! The HTTP layer calls exactly one of these per request; controllers will call them too.
+
+pub mod cluster;
+pub mod flavor;
+pub mod history;
+pub mod team;
+pub mod workload;
+
+use berth_core::apply::{Applied, Current};
+use berth_core::meta::ObjectMeta;
+use berth_core::Error;
+use berth_core::event::{Actor, AuditVerb};
+use berth_store::audit::{AuditEntry, audit_record};
+pub use berth_store::PgPool;
+
+/// How many times an apply retries when a concurrent create of the same name wins the race
+/// between our lookup and our insert. The retry then sees the object and updates it.
+const CREATE_RACE_ATTEMPTS: usize = 3;
+
+/// The outcome of an apply: the object as stored, and whether it was created, updated or
+/// left unchanged.
+pub type ApplyResult<T> = Result<(T, Applied), Error>;
+
+fn resource_version(meta: &ObjectMeta) -> Result<i64, Error> {
+    meta.resource_version
+        .parse()
+        .map_err(|_| Error::Internal(format!("stored resource_version {:?} is not a number", meta.resource_version)))
+}
+
+fn current<'a, S>(meta: &'a ObjectMeta, spec: &'a S) -> Result<Current<'a, S>, Error> {
+    Ok(Current {
+        uid: meta.uid,
+        generation: meta.generation,
+        resource_version: resource_version(meta)?,
+        spec,
+        labels: &meta.labels,
+    })
+}
+
+/// Records a create or update of `meta`'s object; `before` is the old generation.
+async fn audit_apply(
+    tx: &mut berth_store::Tx<'_>,
+    actor: &Actor,
+    kind: &'static str,
+    meta: &ObjectMeta,
+    applied: Applied,
+    before: Option<i64>,
+) -> Result<(), Error> {
+    let verb = if applied == Applied::Created { AuditVerb::Create } else { AuditVerb::Update };
+    let entry = AuditEntry {
+        actor,
+        verb,
+        kind,
+        team: meta.team.as_deref(),
+        name: &meta.name,
+        uid: meta.uid,
+        generation_before: before,
+        generation_after: Some(meta.generation),
+    };
+    audit_record(&mut **tx, &entry).await
+}
+
+/// Records the deletion of `meta`'s object.
+async fn audit_delete(tx: &mut berth_store::Tx<'_>, actor: &Actor, kind: &'static str, meta: &ObjectMeta) -> Result<(), Error> {
+    let entry = AuditEntry {
+        actor,
+        verb: AuditVerb::Delete,
+        kind,
+        team: meta.team.as_deref(),
+        name: &meta.name,
+        uid: meta.uid,
+        generation_before: Some(meta.generation),
+        generation_after: None,
+    };
+    audit_record(&mut **tx, &entry).await
+}
+
+fn lost_create_race(kind: &'static str, name: &str) -> Error {
+    Error::Unavailable(format!("{kind} {name:?} kept being created concurrently; retry"))
+}
+
+/// Turns a list of missing names into one field error per occurrence.
+fn missing_references(missing: &[String], refs: impl Iterator<Item = (String, String)>, what: &str) -> Vec<berth_core::FieldError> {
+    refs.filter(|(_, name)| missing.contains(name))
+        .map(|(field, name)| berth_core::FieldError::new(field, format!("{what} {name:?} does not exist")))
+        .collect()
+}

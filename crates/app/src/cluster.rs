@@ -1,0 +1,112 @@
+//! Cluster use cases.
+
+use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::cluster::{Cluster, ClusterApply, ClusterKind};
+use berth_core::event::Actor;
+use berth_core::page::{Page, PageRequest};
+use berth_core::{ClusterId, Error};
+use berth_store::{PgPool, cluster as store, flavor as flavors};
+
+use crate::{
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    resource_version,
+};
+
+const KIND: &str = "cluster";
+
+/// Creates or replaces a cluster.
+///
+/// # Errors
+/// [`Error::Invalid`] for a bad body (including a changed `kind` or an unknown flavor),
+/// [`Error::PreconditionFailed`] / [`Error::Conflict`] for stale versions, store errors.
+pub async fn cluster_apply(
+    db: &PgPool,
+    actor: &Actor,
+    name: &str,
+    input: &ClusterApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Cluster> {
+    input.validate(name)?;
+    check_flavors(db, input).await?;
+    let labels = input.metadata.labels.clone().unwrap_or_default();
+    for _ in 0..CREATE_RACE_ATTEMPTS {
+        let mut tx = berth_store::begin(db).await?;
+        let existing = store::cluster_fetch_for_update(&mut tx, name).await?;
+        if let Some(c) = &existing {
+            if c.spec.kind != input.spec.kind {
+                return Err(Error::invalid(
+                    "/spec/kind",
+                    format!("is immutable: this cluster is {}; delete and recreate it to change", c.spec.kind.as_str()),
+                ));
+            }
+        }
+        let cur = existing.as_ref().map(|c| current(&c.metadata, &c.spec)).transpose()?;
+        let (cluster, applied) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
+            ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
+            ApplyAction::Create => match store::cluster_insert(&mut tx, ClusterId::new(), name, &labels, &input.spec).await? {
+                Some(c) => (c, Applied::Created),
+                None => continue,
+            },
+            ApplyAction::Update { generation } => {
+                let uid = ClusterId(existing.as_ref().expect("update implies existing").metadata.uid);
+                (store::cluster_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
+            }
+        };
+        let before = existing.as_ref().map(|c| c.metadata.generation);
+        audit_apply(&mut tx, actor, KIND, &cluster.metadata, applied, before).await?;
+        berth_store::commit(tx).await?;
+        return Ok((cluster, applied));
+    }
+    Err(lost_create_race(KIND, name))
+}
+
+async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
+    let Some(sim) = &input.spec.sim else { return Ok(()) };
+    let names: Vec<String> = sim.node_groups.iter().map(|g| g.flavor.clone()).collect();
+    let missing = flavors::flavor_missing(db, &names).await?;
+    let refs = names.into_iter().enumerate().map(|(i, f)| (format!("/spec/sim/node_groups/{i}/flavor"), f));
+    let errors = missing_references(&missing, refs, "flavor");
+    if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
+}
+
+/// Fetches a cluster.
+///
+/// # Errors
+/// [`Error::NotFound`] when there is none by that name.
+pub async fn cluster_get(db: &PgPool, name: &str) -> Result<Cluster, Error> {
+    store::cluster_fetch(db, name).await?.ok_or_else(|| not_found(name))
+}
+
+/// Lists clusters, optionally of one kind.
+///
+/// # Errors
+/// Store errors.
+pub async fn cluster_list(db: &PgPool, kind: Option<ClusterKind>, page: &PageRequest<String>) -> Result<Page<Cluster>, Error> {
+    store::cluster_list(db, kind, page).await
+}
+
+/// Deletes a cluster that runs no live workload.
+///
+/// # Errors
+/// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming the
+/// workloads still placed on it.
+pub async fn cluster_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Cluster, Error> {
+    let mut tx = berth_store::begin(db).await?;
+    let cluster = store::cluster_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
+    apply::check_delete(resource_version(&cluster.metadata)?, if_match)?;
+    let users = store::cluster_users(&mut tx, name).await?;
+    if !users.is_empty() {
+        return Err(Error::Conflict {
+            field: None,
+            message: format!("cluster {name:?} still holds workloads {}; cordon it and wait for them to finish", users.join(", ")),
+        });
+    }
+    store::cluster_delete(&mut tx, ClusterId(cluster.metadata.uid)).await?;
+    audit_delete(&mut tx, actor, KIND, &cluster.metadata).await?;
+    berth_store::commit(tx).await?;
+    Ok(cluster)
+}
+
+fn not_found(name: &str) -> Error {
+    Error::NotFound { kind: KIND, name: name.into() }
+}

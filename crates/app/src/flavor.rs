@@ -1,0 +1,91 @@
+//! Flavor use cases.
+
+use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::Actor;
+use berth_core::flavor::{Flavor, FlavorApply};
+use berth_core::page::{Page, PageRequest};
+use berth_core::{Error, FlavorId};
+use berth_store::{PgPool, flavor as store};
+
+use crate::{ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, resource_version};
+
+const KIND: &str = "flavor";
+
+/// Creates or replaces a flavor.
+///
+/// # Errors
+/// [`Error::Invalid`] for a bad body, [`Error::PreconditionFailed`] / [`Error::Conflict`]
+/// for stale versions, and store errors.
+pub async fn flavor_apply(
+    db: &PgPool,
+    actor: &Actor,
+    name: &str,
+    input: &FlavorApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Flavor> {
+    input.validate(name)?;
+    let labels = input.metadata.labels.clone().unwrap_or_default();
+    for _ in 0..CREATE_RACE_ATTEMPTS {
+        let mut tx = berth_store::begin(db).await?;
+        let existing = store::flavor_fetch_for_update(&mut tx, name).await?;
+        let cur = existing.as_ref().map(|f| current(&f.metadata, &f.spec)).transpose()?;
+        let (flavor, applied) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
+            ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
+            ApplyAction::Create => match store::flavor_insert(&mut tx, FlavorId::new(), name, &labels, &input.spec).await? {
+                Some(f) => (f, Applied::Created),
+                None => continue,
+            },
+            ApplyAction::Update { generation } => {
+                let uid = FlavorId(existing.as_ref().expect("update implies existing").metadata.uid);
+                (store::flavor_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
+            }
+        };
+        let before = existing.as_ref().map(|f| f.metadata.generation);
+        audit_apply(&mut tx, actor, KIND, &flavor.metadata, applied, before).await?;
+        berth_store::commit(tx).await?;
+        return Ok((flavor, applied));
+    }
+    Err(lost_create_race(KIND, name))
+}
+
+/// Fetches a flavor.
+///
+/// # Errors
+/// [`Error::NotFound`] when there is none by that name.
+pub async fn flavor_get(db: &PgPool, name: &str) -> Result<Flavor, Error> {
+    store::flavor_fetch(db, name).await?.ok_or_else(|| not_found(name))
+}
+
+/// Lists flavors.
+///
+/// # Errors
+/// Store errors.
+pub async fn flavor_list(db: &PgPool, page: &PageRequest<String>) -> Result<Page<Flavor>, Error> {
+    store::flavor_list(db, page).await
+}
+
+/// Deletes a flavor that nothing refers to any more.
+///
+/// # Errors
+/// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming what
+/// still uses it.
+pub async fn flavor_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Flavor, Error> {
+    let mut tx = berth_store::begin(db).await?;
+    let flavor = store::flavor_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
+    apply::check_delete(resource_version(&flavor.metadata)?, if_match)?;
+    let users = store::flavor_users(&mut tx, name).await?;
+    if !users.is_empty() {
+        return Err(Error::Conflict {
+            field: None,
+            message: format!("flavor {name:?} is still used by {}", users.join(", ")),
+        });
+    }
+    store::flavor_delete(&mut tx, FlavorId(flavor.metadata.uid)).await?;
+    audit_delete(&mut tx, actor, KIND, &flavor.metadata).await?;
+    berth_store::commit(tx).await?;
+    Ok(flavor)
+}
+
+fn not_found(name: &str) -> Error {
+    Error::NotFound { kind: KIND, name: name.into() }
+}

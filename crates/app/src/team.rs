@@ -1,0 +1,151 @@
+//! Team use cases: the quota tree's rules (parents exist, no cycles, children's guarantees
+//! fit in their parent's) are checked here under the team-tree lock.
+
+use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::Actor;
+use berth_core::page::{Page, PageRequest};
+use berth_core::team::{Team, TeamApply, check_guarantees_nest};
+use berth_core::{Error, TeamId};
+use berth_store::{PgPool, Tx, flavor as flavors, team as store};
+
+use crate::{
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    resource_version,
+};
+
+const KIND: &str = "team";
+
+/// Creates or replaces a team.
+///
+/// # Errors
+/// [`Error::Invalid`] for a bad body, an unknown flavor or parent, a cycle, or guarantees
+/// that do not nest; [`Error::PreconditionFailed`] / [`Error::Conflict`] for stale
+/// versions; store errors.
+pub async fn team_apply(db: &PgPool, actor: &Actor, name: &str, input: &TeamApply, if_match: Option<&IfMatch>) -> ApplyResult<Team> {
+    input.validate(name)?;
+    let quota_flavors: Vec<String> = input.spec.quotas.iter().map(|q| q.flavor.clone()).collect();
+    let missing = flavors::flavor_missing(db, &quota_flavors).await?;
+    let refs = quota_flavors.into_iter().enumerate().map(|(i, f)| (format!("/spec/quotas/{i}/flavor"), f));
+    let errors = missing_references(&missing, refs, "flavor");
+    if !errors.is_empty() {
+        return Err(Error::Invalid(errors));
+    }
+    let labels = input.metadata.labels.clone().unwrap_or_default();
+    for _ in 0..CREATE_RACE_ATTEMPTS {
+        let mut tx = berth_store::begin(db).await?;
+        berth_store::lock_team_tree(&mut tx).await?;
+        let existing = store::team_fetch(&mut *tx, name).await?;
+        let cur = existing.as_ref().map(|t| current(&t.metadata, &t.spec)).transpose()?;
+        let action = apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)?;
+        if action == ApplyAction::Unchanged {
+            return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged));
+        }
+        let uid = existing.as_ref().map_or_else(TeamId::new, |t| TeamId(t.metadata.uid));
+        let parent = check_tree(&mut tx, name, uid, existing.is_some(), input).await?;
+        let (team, applied) = match action {
+            ApplyAction::Create => match store::team_insert(&mut tx, uid, name, parent, &labels, &input.spec).await? {
+                Some(t) => (t, Applied::Created),
+                None => continue,
+            },
+            ApplyAction::Update { generation } => {
+                (store::team_update(&mut tx, uid, parent, &labels, &input.spec, generation).await?, Applied::Updated)
+            }
+            ApplyAction::Unchanged => unreachable!("handled above"),
+        };
+        let before = existing.as_ref().map(|t| t.metadata.generation);
+        audit_apply(&mut tx, actor, KIND, &team.metadata, applied, before).await?;
+        berth_store::commit(tx).await?;
+        return Ok((team, applied));
+    }
+    Err(lost_create_race(KIND, name))
+}
+
+/// Checks the parent exists, no cycle forms and guarantees nest; returns the parent's uid.
+async fn check_tree(tx: &mut Tx<'_>, name: &str, uid: TeamId, exists: bool, input: &TeamApply) -> Result<Option<TeamId>, Error> {
+    let parent = match &input.spec.parent {
+        None => None,
+        Some(parent_name) => {
+            let parent = store::team_fetch(&mut **tx, parent_name)
+                .await?
+                .ok_or_else(|| Error::invalid("/spec/parent", format!("team {parent_name:?} does not exist")))?;
+            let parent_uid = TeamId(parent.metadata.uid);
+            if exists {
+                let ancestors = store::team_ancestors(tx, parent_uid).await?;
+                if ancestors.iter().any(|a| a == name) {
+                    let mut chain = vec![name.to_owned(), parent_name.clone()];
+                    chain.extend(ancestors.into_iter().take_while(|a| a != name));
+                    chain.push(name.to_owned());
+                    return Err(Error::invalid(
+                        "/spec/parent",
+                        format!("would make a cycle: {}", chain.join(" -> ")),
+                    ));
+                }
+            }
+            Some((parent_uid, parent))
+        }
+    };
+    let children = if exists { store::team_children_specs(tx, uid, None).await? } else { Vec::new() };
+    let siblings = match &parent {
+        Some((parent_uid, _)) => store::team_children_specs(tx, *parent_uid, Some(uid)).await?,
+        None => Vec::new(),
+    };
+    let errors = check_guarantees_nest(
+        &input.spec,
+        parent.as_ref().map(|(_, p)| (p.metadata.name.as_str(), &p.spec)),
+        &siblings,
+        &children,
+    );
+    if errors.is_empty() { Ok(parent.map(|(uid, _)| uid)) } else { Err(Error::Invalid(errors)) }
+}
+
+/// Fetches a team.
+///
+/// # Errors
+/// [`Error::NotFound`] when there is none by that name.
+pub async fn team_get(db: &PgPool, name: &str) -> Result<Team, Error> {
+    store::team_fetch(db, name).await?.ok_or_else(|| not_found(name))
+}
+
+/// Lists teams, optionally only the children of `parent`.
+///
+/// # Errors
+/// Store errors.
+pub async fn team_list(db: &PgPool, parent: Option<&str>, page: &PageRequest<String>) -> Result<Page<Team>, Error> {
+    store::team_list(db, parent, page).await
+}
+
+/// Deletes a team with no children and no live workloads (finished ones go with it).
+///
+/// # Errors
+/// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming the
+/// children or workloads in the way.
+pub async fn team_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Team, Error> {
+    let mut tx = berth_store::begin(db).await?;
+    berth_store::lock_team_tree(&mut tx).await?;
+    let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
+    apply::check_delete(resource_version(&team.metadata)?, if_match)?;
+    let uid = TeamId(team.metadata.uid);
+    store::team_lock(&mut tx, uid).await?;
+    let children = store::team_child_names(&mut tx, uid).await?;
+    if !children.is_empty() {
+        return Err(Error::Conflict {
+            field: None,
+            message: format!("team {name:?} still has child teams: {}", children.join(", ")),
+        });
+    }
+    let live = store::team_live_workloads(&mut tx, uid).await?;
+    if !live.is_empty() {
+        return Err(Error::Conflict {
+            field: None,
+            message: format!("team {name:?} still has live workloads: {}", live.join(", ")),
+        });
+    }
+    store::team_delete(&mut tx, uid).await?;
+    audit_delete(&mut tx, actor, KIND, &team.metadata).await?;
+    berth_store::commit(tx).await?;
+    Ok(team)
+}
+
+pub(crate) fn not_found(name: &str) -> Error {
+    Error::NotFound { kind: KIND, name: name.into() }
+}

@@ -1,0 +1,158 @@
+//! Workload use cases.
+
+use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::{Actor, EventType};
+use berth_core::page::{Page, PageRequest};
+use berth_core::workload::{Workload, WorkloadApply, WorkloadStatus};
+use berth_core::{Error, WorkloadId};
+use berth_store::event::event_record;
+use berth_store::workload::{NewWorkload, WorkloadFilter};
+use berth_store::{PgPool, flavor as flavors, team as teams, workload as store};
+use chrono::Utc;
+
+use crate::{
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    resource_version,
+};
+
+const KIND: &str = "workload";
+
+/// Creates or replaces a workload. A new workload starts `Pending`.
+///
+/// # Errors
+/// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] for a bad body or
+/// an unknown flavor; [`Error::Conflict`] when the workload is being deleted or the body's
+/// version is stale; [`Error::PreconditionFailed`]; store errors.
+pub async fn workload_apply(
+    db: &PgPool,
+    actor: &Actor,
+    team: &str,
+    name: &str,
+    input: &WorkloadApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Workload> {
+    input.validate(team, name)?;
+    let team_uid = teams::team_fetch_uid(db, team).await?.ok_or_else(|| crate::team::not_found(team))?;
+    let wanted = &input.spec.tasks.resources.flavors;
+    let missing = flavors::flavor_missing(db, wanted).await?;
+    if !missing.is_empty() {
+        let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
+        return Err(Error::Invalid(missing_references(&missing, refs, "flavor")));
+    }
+    let labels = input.metadata.labels.clone().unwrap_or_default();
+    for _ in 0..CREATE_RACE_ATTEMPTS {
+        let mut tx = berth_store::begin(db).await?;
+        let existing = store::workload_fetch_for_update(&mut tx, team, name).await?;
+        if existing.as_ref().is_some_and(|w| w.metadata.deletion_timestamp.is_some()) {
+            return Err(Error::Conflict {
+                field: None,
+                message: format!("workload {team}/{name} is being deleted; apply it again once it is gone"),
+            });
+        }
+        let cur = existing.as_ref().map(|w| current(&w.metadata, &w.spec)).transpose()?;
+        let (workload, applied, reason, message) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
+            ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
+            ApplyAction::Create => {
+                let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+                let new = NewWorkload {
+                    uid: WorkloadId::new(),
+                    team_uid,
+                    team,
+                    name,
+                    labels: &labels,
+                    spec: &input.spec,
+                    status: &status,
+                };
+                match store::workload_insert(&mut tx, &new).await? {
+                    Some(w) => (w, Applied::Created, "Created", "workload submitted; waiting for admission".to_owned()),
+                    None => continue,
+                }
+            }
+            ApplyAction::Update { generation } => {
+                let uid = WorkloadId(existing.as_ref().expect("update implies existing").metadata.uid);
+                let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;
+                let message = format!("spec changed (generation {generation})");
+                (w, Applied::Updated, "SpecUpdated", message)
+            }
+        };
+        if workload.metadata.generation != existing.as_ref().map_or(0, |w| w.metadata.generation) {
+            event_record(&mut *tx, KIND, workload.metadata.uid, EventType::Normal, reason, &message).await?;
+        }
+        let before = existing.as_ref().map(|w| w.metadata.generation);
+        audit_apply(&mut tx, actor, KIND, &workload.metadata, applied, before).await?;
+        berth_store::commit(tx).await?;
+        return Ok((workload, applied));
+    }
+    Err(lost_create_race(KIND, name))
+}
+
+/// Fetches a workload.
+///
+/// # Errors
+/// [`Error::NotFound`] when the team has no workload by that name.
+pub async fn workload_get(db: &PgPool, team: &str, name: &str) -> Result<Workload, Error> {
+    store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))
+}
+
+/// Lists workloads, filtered.
+///
+/// # Errors
+/// [`Error::NotFound`] when `filter.team` names no team; store errors.
+pub async fn workload_list(
+    db: &PgPool,
+    filter: &WorkloadFilter,
+    page: &PageRequest<(String, String)>,
+) -> Result<Page<Workload>, Error> {
+    store::workload_list(db, filter, page).await
+}
+
+/// Checks that a team exists (for team-scoped lists, so an unknown team is a 404 rather
+/// than an empty list).
+///
+/// # Errors
+/// [`Error::NotFound`] when it does not.
+pub async fn team_must_exist(db: &PgPool, team: &str) -> Result<(), Error> {
+    teams::team_fetch_uid(db, team).await?.map(|_| ()).ok_or_else(|| crate::team::not_found(team))
+}
+
+/// Requests a workload's deletion. One that never reached a backend is removed at once;
+/// otherwise it is marked (`deletion_timestamp`) and the controllers cancel its backend job
+/// and then remove it. Returns the workload as it was at deletion.
+///
+/// # Errors
+/// [`Error::NotFound`], [`Error::PreconditionFailed`], store errors.
+pub async fn workload_delete(
+    db: &PgPool,
+    actor: &Actor,
+    team: &str,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Workload, Error> {
+    let mut tx = berth_store::begin(db).await?;
+    let workload = store::workload_fetch_for_update(&mut tx, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    apply::check_delete(resource_version(&workload.metadata)?, if_match)?;
+    let uid = WorkloadId(workload.metadata.uid);
+    if workload.metadata.deletion_timestamp.is_some() {
+        return Ok(workload);
+    }
+    let deleted = if workload.status.phase.reached_backend() {
+        let marked = store::workload_mark_deleted(&mut tx, uid).await?;
+        let message = "deletion requested; cancelling the backend job";
+        event_record(&mut *tx, KIND, uid.0, EventType::Normal, "DeletionRequested", message).await?;
+        marked
+    } else {
+        store::workload_delete(&mut tx, uid).await?;
+        let message = "deleted before it reached a backend";
+        event_record(&mut *tx, KIND, uid.0, EventType::Normal, "Deleted", message).await?;
+        let mut gone = workload;
+        gone.metadata.deletion_timestamp = Some(Utc::now());
+        gone
+    };
+    audit_delete(&mut tx, actor, KIND, &deleted.metadata).await?;
+    berth_store::commit(tx).await?;
+    Ok(deleted)
+}
+
+pub(crate) fn not_found(team: &str, name: &str) -> Error {
+    Error::NotFound { kind: KIND, name: format!("{team}/{name}") }
+}
