@@ -32,21 +32,23 @@ pub async fn cluster_apply(
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
         let existing = store::cluster_fetch_for_update(&mut tx, name).await?;
-        if let Some(c) = &existing {
-            if c.spec.kind != input.spec.kind {
-                return Err(Error::invalid(
-                    "/spec/kind",
-                    format!("is immutable: this cluster is {}; delete and recreate it to change", c.spec.kind.as_str()),
-                ));
-            }
+        if let Some(c) = &existing
+            && c.spec.kind != input.spec.kind
+        {
+            return Err(Error::invalid(
+                "/spec/kind",
+                format!("is immutable: this cluster is {}; delete and recreate it to change", c.spec.kind.as_str()),
+            ));
         }
         let cur = existing.as_ref().map(|c| current(&c.metadata, &c.spec)).transpose()?;
         let (cluster, applied) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
             ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
-            ApplyAction::Create => match store::cluster_insert(&mut tx, ClusterId::new(), name, &labels, &input.spec).await? {
-                Some(c) => (c, Applied::Created),
-                None => continue,
-            },
+            ApplyAction::Create => {
+                match store::cluster_insert(&mut tx, ClusterId::new(), name, &labels, &input.spec).await? {
+                    Some(c) => (c, Applied::Created),
+                    None => continue,
+                }
+            }
             ApplyAction::Update { generation } => {
                 let uid = ClusterId(existing.as_ref().expect("update implies existing").metadata.uid);
                 (store::cluster_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
@@ -81,7 +83,11 @@ pub async fn cluster_get(db: &PgPool, name: &str) -> Result<Cluster, Error> {
 ///
 /// # Errors
 /// Store errors.
-pub async fn cluster_list(db: &PgPool, kind: Option<ClusterKind>, page: &PageRequest<String>) -> Result<Page<Cluster>, Error> {
+pub async fn cluster_list(
+    db: &PgPool,
+    kind: Option<ClusterKind>,
+    page: &PageRequest<String>,
+) -> Result<Page<Cluster>, Error> {
     store::cluster_list(db, kind, page).await
 }
 
@@ -90,7 +96,12 @@ pub async fn cluster_list(db: &PgPool, kind: Option<ClusterKind>, page: &PageReq
 /// # Errors
 /// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming the
 /// workloads still placed on it.
-pub async fn cluster_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Cluster, Error> {
+pub async fn cluster_delete(
+    db: &PgPool,
+    actor: &Actor,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Cluster, Error> {
     let mut tx = berth_store::begin(db).await?;
     let cluster = store::cluster_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
     apply::check_delete(resource_version(&cluster.metadata)?, if_match)?;
@@ -98,7 +109,10 @@ pub async fn cluster_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Op
     if !users.is_empty() {
         return Err(Error::Conflict {
             field: None,
-            message: format!("cluster {name:?} still holds workloads {}; cordon it and wait for them to finish", users.join(", ")),
+            message: format!(
+                "cluster {name:?} still holds workloads {}; cordon it and wait for them to finish",
+                users.join(", ")
+            ),
         });
     }
     store::cluster_delete(&mut tx, ClusterId(cluster.metadata.uid)).await?;

@@ -7,7 +7,9 @@ use berth_core::page::{Page, PageRequest};
 use berth_core::{Error, FlavorId};
 use berth_store::{PgPool, flavor as store};
 
-use crate::{ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, resource_version};
+use crate::{
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, resource_version,
+};
 
 const KIND: &str = "flavor";
 
@@ -31,10 +33,12 @@ pub async fn flavor_apply(
         let cur = existing.as_ref().map(|f| current(&f.metadata, &f.spec)).transpose()?;
         let (flavor, applied) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
             ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
-            ApplyAction::Create => match store::flavor_insert(&mut tx, FlavorId::new(), name, &labels, &input.spec).await? {
-                Some(f) => (f, Applied::Created),
-                None => continue,
-            },
+            ApplyAction::Create => {
+                match store::flavor_insert(&mut tx, FlavorId::new(), name, &labels, &input.spec).await? {
+                    Some(f) => (f, Applied::Created),
+                    None => continue,
+                }
+            }
             ApplyAction::Update { generation } => {
                 let uid = FlavorId(existing.as_ref().expect("update implies existing").metadata.uid);
                 (store::flavor_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
@@ -69,7 +73,12 @@ pub async fn flavor_list(db: &PgPool, page: &PageRequest<String>) -> Result<Page
 /// # Errors
 /// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming what
 /// still uses it.
-pub async fn flavor_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Flavor, Error> {
+pub async fn flavor_delete(
+    db: &PgPool,
+    actor: &Actor,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Flavor, Error> {
     let mut tx = berth_store::begin(db).await?;
     let flavor = store::flavor_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
     apply::check_delete(resource_version(&flavor.metadata)?, if_match)?;

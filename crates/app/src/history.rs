@@ -1,8 +1,8 @@
 //! Reading what happened: workload events and the audit log.
 
+use berth_core::Error;
 use berth_core::event::{AuditRecord, Event};
 use berth_core::page::{Page, PageRequest};
-use berth_core::Error;
 use berth_store::audit::AuditFilter;
 use berth_store::{PgPool, audit, event, workload};
 
@@ -10,7 +10,12 @@ use berth_store::{PgPool, audit, event, workload};
 ///
 /// # Errors
 /// [`Error::NotFound`] when the workload does not exist; store errors.
-pub async fn workload_events(db: &PgPool, team: &str, name: &str, page: &PageRequest<i64>) -> Result<Page<Event>, Error> {
+pub async fn workload_events(
+    db: &PgPool,
+    team: &str,
+    name: &str,
+    page: &PageRequest<i64>,
+) -> Result<Page<Event>, Error> {
     let w = workload::workload_fetch(db, team, name).await?.ok_or_else(|| crate::workload::not_found(team, name))?;
     event::event_list(db, w.metadata.uid, page).await
 }
@@ -19,6 +24,10 @@ pub async fn workload_events(db: &PgPool, team: &str, name: &str, page: &PageReq
 ///
 /// # Errors
 /// Store errors.
-pub async fn audit_list(db: &PgPool, filter: &AuditFilter, page: &PageRequest<i64>) -> Result<Page<AuditRecord>, Error> {
+pub async fn audit_list(
+    db: &PgPool,
+    filter: &AuditFilter,
+    page: &PageRequest<i64>,
+) -> Result<Page<AuditRecord>, Error> {
     audit::audit_list(db, filter, page).await
 }

@@ -10,12 +10,12 @@ pub mod history;
 pub mod team;
 pub mod workload;
 
-use berth_core::apply::{Applied, Current};
-use berth_core::meta::ObjectMeta;
 use berth_core::Error;
+use berth_core::apply::{Applied, Current};
 use berth_core::event::{Actor, AuditVerb};
-use berth_store::audit::{AuditEntry, audit_record};
+use berth_core::meta::ObjectMeta;
 pub use berth_store::PgPool;
+use berth_store::audit::{AuditEntry, audit_record};
 
 /// How many times an apply retries when a concurrent create of the same name wins the race
 /// between our lookup and our insert. The retry then sees the object and updates it.
@@ -65,7 +65,12 @@ async fn audit_apply(
 }
 
 /// Records the deletion of `meta`'s object.
-async fn audit_delete(tx: &mut berth_store::Tx<'_>, actor: &Actor, kind: &'static str, meta: &ObjectMeta) -> Result<(), Error> {
+async fn audit_delete(
+    tx: &mut berth_store::Tx<'_>,
+    actor: &Actor,
+    kind: &'static str,
+    meta: &ObjectMeta,
+) -> Result<(), Error> {
     let entry = AuditEntry {
         actor,
         verb: AuditVerb::Delete,
@@ -84,7 +89,11 @@ fn lost_create_race(kind: &'static str, name: &str) -> Error {
 }
 
 /// Turns a list of missing names into one field error per occurrence.
-fn missing_references(missing: &[String], refs: impl Iterator<Item = (String, String)>, what: &str) -> Vec<berth_core::FieldError> {
+fn missing_references(
+    missing: &[String],
+    refs: impl Iterator<Item = (String, String)>,
+    what: &str,
+) -> Vec<berth_core::FieldError> {
     refs.filter(|(_, name)| missing.contains(name))
         .map(|(field, name)| berth_core::FieldError::new(field, format!("{what} {name:?} does not exist")))
         .collect()

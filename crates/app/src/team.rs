@@ -21,7 +21,13 @@ const KIND: &str = "team";
 /// [`Error::Invalid`] for a bad body, an unknown flavor or parent, a cycle, or guarantees
 /// that do not nest; [`Error::PreconditionFailed`] / [`Error::Conflict`] for stale
 /// versions; store errors.
-pub async fn team_apply(db: &PgPool, actor: &Actor, name: &str, input: &TeamApply, if_match: Option<&IfMatch>) -> ApplyResult<Team> {
+pub async fn team_apply(
+    db: &PgPool,
+    actor: &Actor,
+    name: &str,
+    input: &TeamApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Team> {
     input.validate(name)?;
     let quota_flavors: Vec<String> = input.spec.quotas.iter().map(|q| q.flavor.clone()).collect();
     let missing = flavors::flavor_missing(db, &quota_flavors).await?;
@@ -61,7 +67,13 @@ pub async fn team_apply(db: &PgPool, actor: &Actor, name: &str, input: &TeamAppl
 }
 
 /// Checks the parent exists, no cycle forms and guarantees nest; returns the parent's uid.
-async fn check_tree(tx: &mut Tx<'_>, name: &str, uid: TeamId, exists: bool, input: &TeamApply) -> Result<Option<TeamId>, Error> {
+async fn check_tree(
+    tx: &mut Tx<'_>,
+    name: &str,
+    uid: TeamId,
+    exists: bool,
+    input: &TeamApply,
+) -> Result<Option<TeamId>, Error> {
     let parent = match &input.spec.parent {
         None => None,
         Some(parent_name) => {
@@ -75,10 +87,7 @@ async fn check_tree(tx: &mut Tx<'_>, name: &str, uid: TeamId, exists: bool, inpu
                     let mut chain = vec![name.to_owned(), parent_name.clone()];
                     chain.extend(ancestors.into_iter().take_while(|a| a != name));
                     chain.push(name.to_owned());
-                    return Err(Error::invalid(
-                        "/spec/parent",
-                        format!("would make a cycle: {}", chain.join(" -> ")),
-                    ));
+                    return Err(Error::invalid("/spec/parent", format!("would make a cycle: {}", chain.join(" -> "))));
                 }
             }
             Some((parent_uid, parent))

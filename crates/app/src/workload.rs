@@ -50,31 +50,36 @@ pub async fn workload_apply(
             });
         }
         let cur = existing.as_ref().map(|w| current(&w.metadata, &w.spec)).transpose()?;
-        let (workload, applied, reason, message) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
-            ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
-            ApplyAction::Create => {
-                let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
-                let new = NewWorkload {
-                    uid: WorkloadId::new(),
-                    team_uid,
-                    team,
-                    name,
-                    labels: &labels,
-                    spec: &input.spec,
-                    status: &status,
-                };
-                match store::workload_insert(&mut tx, &new).await? {
-                    Some(w) => (w, Applied::Created, "Created", "workload submitted; waiting for admission".to_owned()),
-                    None => continue,
+        let (workload, applied, reason, message) =
+            match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
+                ApplyAction::Unchanged => {
+                    return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged));
                 }
-            }
-            ApplyAction::Update { generation } => {
-                let uid = WorkloadId(existing.as_ref().expect("update implies existing").metadata.uid);
-                let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;
-                let message = format!("spec changed (generation {generation})");
-                (w, Applied::Updated, "SpecUpdated", message)
-            }
-        };
+                ApplyAction::Create => {
+                    let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+                    let new = NewWorkload {
+                        uid: WorkloadId::new(),
+                        team_uid,
+                        team,
+                        name,
+                        labels: &labels,
+                        spec: &input.spec,
+                        status: &status,
+                    };
+                    match store::workload_insert(&mut tx, &new).await? {
+                        Some(w) => {
+                            (w, Applied::Created, "Created", "workload submitted; waiting for admission".to_owned())
+                        }
+                        None => continue,
+                    }
+                }
+                ApplyAction::Update { generation } => {
+                    let uid = WorkloadId(existing.as_ref().expect("update implies existing").metadata.uid);
+                    let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;
+                    let message = format!("spec changed (generation {generation})");
+                    (w, Applied::Updated, "SpecUpdated", message)
+                }
+            };
         if workload.metadata.generation != existing.as_ref().map_or(0, |w| w.metadata.generation) {
             event_record(&mut *tx, KIND, workload.metadata.uid, EventType::Normal, reason, &message).await?;
         }

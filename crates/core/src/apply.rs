@@ -68,7 +68,9 @@ pub struct Current<'a, S> {
 pub enum ApplyAction {
     Create,
     /// Write the new spec and labels; `generation` is the one to store.
-    Update { generation: i64 },
+    Update {
+        generation: i64,
+    },
     /// Nothing changed: write nothing.
     Unchanged,
 }
@@ -97,9 +99,7 @@ pub fn plan<S: PartialEq>(
 ) -> Result<ApplyAction, Error> {
     let Some(current) = current else {
         if if_match.is_some() {
-            return Err(Error::PreconditionFailed(
-                "If-Match was given but the object does not exist".into(),
-            ));
+            return Err(Error::PreconditionFailed("If-Match was given but the object does not exist".into()));
         }
         if meta.resource_version.is_some() {
             return Err(Error::conflict(
@@ -109,32 +109,29 @@ pub fn plan<S: PartialEq>(
         }
         return Ok(ApplyAction::Create);
     };
-    if let Some(if_match) = if_match {
-        if !if_match.matches(current.resource_version) {
-            return Err(Error::PreconditionFailed(format!(
-                "If-Match does not match the current resource version {}",
-                current.resource_version
-            )));
-        }
+    if let Some(if_match) = if_match
+        && !if_match.matches(current.resource_version)
+    {
+        return Err(Error::PreconditionFailed(format!(
+            "If-Match does not match the current resource version {}",
+            current.resource_version
+        )));
     }
-    if let Some(rv) = &meta.resource_version {
-        if *rv != current.resource_version.to_string() {
-            return Err(Error::conflict(
-                "/metadata/resource_version",
-                format!(
-                    "resource_version {rv:?} is stale; the object is now at {}",
-                    current.resource_version
-                ),
-            ));
-        }
+    if let Some(rv) = &meta.resource_version
+        && *rv != current.resource_version.to_string()
+    {
+        return Err(Error::conflict(
+            "/metadata/resource_version",
+            format!("resource_version {rv:?} is stale; the object is now at {}", current.resource_version),
+        ));
     }
-    if let Some(uid) = meta.uid {
-        if uid != current.uid {
-            return Err(Error::conflict(
-                "/metadata/uid",
-                "uid names a different object than the one stored under this name",
-            ));
-        }
+    if let Some(uid) = meta.uid
+        && uid != current.uid
+    {
+        return Err(Error::conflict(
+            "/metadata/uid",
+            "uid names a different object than the one stored under this name",
+        ));
     }
     let spec_changed = current.spec != spec;
     if !spec_changed && current.labels == labels {

@@ -123,6 +123,7 @@ pub enum ClusterHealth {
 
 /// Observed state of a cluster, written by the controllers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
 pub struct ClusterStatus {
     pub health: ClusterHealth,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,7 +199,10 @@ impl ClusterApply {
         match (&s.sim, s.kind) {
             (None, ClusterKind::Sim) => v.error("/spec/sim", "required for a sim cluster"),
             (Some(_), kind) if kind != ClusterKind::Sim => {
-                v.error("/spec/sim", format!("only a sim cluster has simulated hardware, not a {} cluster", kind.as_str()));
+                v.error(
+                    "/spec/sim",
+                    format!("only a sim cluster has simulated hardware, not a {} cluster", kind.as_str()),
+                );
             }
             (Some(sim), _) => validate_node_groups(&mut v, &sim.node_groups),
             (None, _) => {}

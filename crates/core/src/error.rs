@@ -15,10 +15,7 @@ pub enum Error {
     /// The request conflicts with the current state, e.g. a stale `resource_version` in the
     /// body or a delete blocked by dependants (409).
     #[error("{message}")]
-    Conflict {
-        field: Option<String>,
-        message: String,
-    },
+    Conflict { field: Option<String>, message: String },
     /// An `If-Match` precondition did not hold (412).
     #[error("{0}")]
     PreconditionFailed(String),
@@ -41,17 +38,10 @@ impl Error {
 
     /// A 409 conflict that names the field at fault.
     pub fn conflict(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Conflict {
-            field: Some(field.into()),
-            message: message.into(),
-        }
+        Self::Conflict { field: Some(field.into()), message: message.into() }
     }
 }
 
 fn summary(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(|e| format!("{}: {}", e.field, e.message))
-        .collect::<Vec<_>>()
-        .join("; ")
+    errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ")
 }

@@ -64,6 +64,7 @@ fn default_node_label_key() -> String {
 
 /// Observed state of a flavor. Flavors have none yet; the field keeps the envelope uniform.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
 pub struct FlavorStatus {}
 
 /// A GPU flavor.
@@ -112,9 +113,7 @@ impl FlavorApply {
             let ok = !slurm.gres_type.is_empty()
                 && slurm.gres_type.len() <= 64
                 && slurm.gres_type.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-            v.check(ok, "/spec/slurm/gres_type", || {
-                "must be 1-64 letters, digits, '-', '_' or '.'".into()
-            });
+            v.check(ok, "/spec/slurm/gres_type", || "must be 1-64 letters, digits, '-', '_' or '.'".into());
         }
         if let Some(k8s) = &s.kubernetes {
             if let Err(m) = crate::validation::check_label_key(&k8s.node_label_key) {

@@ -59,6 +59,7 @@ fn default_weight() -> u32 {
 
 /// Observed state of a team, written by the controllers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
 pub struct TeamStatus {
     /// Per flavor: GPUs allocated, borrowed and the current fair share.
     #[serde(default)]
@@ -212,7 +213,7 @@ mod tests {
         let sibling = spec(&[("h100", 10)]);
         let fits = spec(&[("h100", 6)]);
         let too_big = spec(&[("h100", 7)]);
-        assert!(check_guarantees_nest(&fits, Some(("root", &parent)), &[sibling.clone()], &[]).is_empty());
+        assert!(check_guarantees_nest(&fits, Some(("root", &parent)), std::slice::from_ref(&sibling), &[]).is_empty());
         let errors = check_guarantees_nest(&too_big, Some(("root", &parent)), &[sibling], &[]);
         assert_eq!(errors[0].field, "/spec/quotas/0/guaranteed");
         assert!(errors[0].message.contains("at most 6"), "{}", errors[0].message);

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::Error;
 
 /// One broken rule, naming the field at fault.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FieldError {
     /// JSON pointer (RFC 6901) into the request body, or the query parameter's name.
     #[schema(example = "/spec/quotas/0/limit")]
@@ -21,10 +21,7 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
+        Self { field: field.into(), message: message.into() }
     }
 }
 
@@ -93,11 +90,7 @@ impl Validator {
     /// # Errors
     /// [`Error::Invalid`] listing every recorded field error, if there was any.
     pub fn finish(self) -> Result<(), Error> {
-        if self.errors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Invalid(self.errors))
-        }
+        if self.errors.is_empty() { Ok(()) } else { Err(Error::Invalid(self.errors)) }
     }
 }
 
@@ -118,15 +111,14 @@ pub fn check_dns_label(value: &str) -> Result<(), String> {
         return Err(format!("must be at most {NAME_MAX} characters"));
     }
     let bytes = value.as_bytes();
-    let ok = bytes
-        .iter()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    let ok = bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         && bytes[0] != b'-'
         && bytes[bytes.len() - 1] != b'-';
     if ok {
         Ok(())
     } else {
-        Err("must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or digit".into())
+        Err("must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or digit"
+            .into())
     }
 }
 
@@ -140,9 +132,7 @@ fn is_label_part(value: &str) -> bool {
 }
 
 fn is_dns_subdomain(value: &str) -> bool {
-    !value.is_empty()
-        && value.len() <= LABEL_PREFIX_MAX
-        && value.split('.').all(|part| check_dns_label(part).is_ok())
+    !value.is_empty() && value.len() <= LABEL_PREFIX_MAX && value.split('.').all(|part| check_dns_label(part).is_ok())
 }
 
 /// Checks a label key: `name` or `prefix/name`.

@@ -274,6 +274,7 @@ pub struct QueuePosition {
 
 /// Observed state of a workload, written only by Berth.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
 pub struct WorkloadStatus {
     pub phase: Phase,
     /// Starts at 0; each requeue after preemption adds one.
@@ -331,7 +332,9 @@ impl WorkloadApply {
         let mut v = Validator::new();
         validate_meta(&mut v, &self.metadata, name);
         if let Some(t) = &self.metadata.team {
-            v.check(t == team, "/metadata/team", || format!("must match the team in the path ({team:?}) or be omitted"));
+            v.check(t == team, "/metadata/team", || {
+                format!("must match the team in the path ({team:?}) or be omitted")
+            });
         }
         let s = &self.spec;
         v.check(PRIORITY_RANGE.contains(&s.priority), "/spec/priority", || "must be between -1000 and 1000".into());
@@ -390,7 +393,7 @@ fn validate_tasks(v: &mut Validator, tasks: &Tasks) {
         v.check(!flavors[..i].contains(f), at, || format!("flavor {f:?} is listed twice"));
     }
     let g = r.gpus;
-    let whole = g >= 1.0 && g <= 64.0 && g.fract() == 0.0;
+    let whole = (1.0..=64.0).contains(&g) && g.fract() == 0.0;
     let fraction = g > 0.0 && g < 1.0 && ((g * 100.0).round() - g * 100.0).abs() < 1e-9;
     v.check(g == 0.0 || whole || fraction, "/spec/tasks/resources/gpus", || {
         "must be 0, a whole number of GPUs from 1 to 64, or a fraction of one GPU in steps of 0.01".into()
@@ -473,7 +476,10 @@ mod tests {
             assert!(apply(WorkloadSpec::example("h100", ok)).validate("t", "w").is_ok(), "{ok}");
         }
         for bad in [-1.0, 1.5, 65.0, 0.001, f64::NAN] {
-            assert_eq!(fields(apply(WorkloadSpec::example("h100", bad)).validate("t", "w")), ["/spec/tasks/resources/gpus"]);
+            assert_eq!(
+                fields(apply(WorkloadSpec::example("h100", bad)).validate("t", "w")),
+                ["/spec/tasks/resources/gpus"]
+            );
         }
     }
 
@@ -491,10 +497,7 @@ mod tests {
         let mut spec = WorkloadSpec::example("h100", 1.0);
         spec.tasks.resources.flavors.push("h100".into());
         spec.run.env.insert("1BAD".into(), "x".into());
-        assert_eq!(
-            fields(apply(spec).validate("t", "w")),
-            ["/spec/tasks/resources/flavors/1", "/spec/run/env/1BAD"]
-        );
+        assert_eq!(fields(apply(spec).validate("t", "w")), ["/spec/tasks/resources/flavors/1", "/spec/run/env/1BAD"]);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! SQL for the audit log.
 
+use berth_core::Error;
 use berth_core::event::{Actor, AuditRecord, AuditVerb};
 use berth_core::page::{Page, PageRequest};
-use berth_core::Error;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 

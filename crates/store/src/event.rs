@@ -1,8 +1,8 @@
 //! SQL for events.
 
+use berth_core::Error;
 use berth_core::event::{Event, EventType};
 use berth_core::page::{Page, PageRequest};
-use berth_core::Error;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 

@@ -33,9 +33,8 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 /// [`Error::Invalid`] for an unparsable URL, [`Error::Unavailable`] when the database
 /// cannot be reached.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
-    let options: PgConnectOptions = url
-        .parse()
-        .map_err(|e| Error::invalid("DATABASE_URL", format!("not a valid Postgres URL: {e}")))?;
+    let options: PgConnectOptions =
+        url.parse().map_err(|e| Error::invalid("DATABASE_URL", format!("not a valid Postgres URL: {e}")))?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(std::time::Duration::from_secs(5))
@@ -84,10 +83,9 @@ pub fn db_error(e: sqlx::Error) -> Error {
             let constraint = db.constraint().unwrap_or_default().to_owned();
             match db.code().as_deref() {
                 Some("23505") => Error::conflict(field_of(&constraint), "an object with this name already exists"),
-                Some("23503") => Error::Conflict {
-                    field: None,
-                    message: "the object is still referenced by other objects".into(),
-                },
+                Some("23503") => {
+                    Error::Conflict { field: None, message: "the object is still referenced by other objects".into() }
+                }
                 Some("23514" | "22P02" | "22003" | "22021") => {
                     Error::Internal(format!("a value was rejected by the database: {e}"))
                 }

@@ -246,6 +246,9 @@ pub async fn team_live_workloads(db: &mut PgConnection, team: TeamId) -> Result<
 /// # Errors
 /// As [`db_error`].
 pub async fn team_lock(tx: &mut PgConnection, team: TeamId) -> Result<(), Error> {
-    sqlx::query!("SELECT uid FROM teams WHERE uid = $1 FOR UPDATE", team.0).fetch_optional(tx).await.map_err(db_error)?;
+    sqlx::query!("SELECT uid FROM teams WHERE uid = $1 FOR UPDATE", team.0)
+        .fetch_optional(tx)
+        .await
+        .map_err(db_error)?;
     Ok(())
 }

@@ -79,7 +79,11 @@ pub async fn workload_fetch(db: impl PgExecutor<'_>, team: &str, name: &str) -> 
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn workload_fetch_for_update(tx: &mut PgConnection, team: &str, name: &str) -> Result<Option<Workload>, Error> {
+pub async fn workload_fetch_for_update(
+    tx: &mut PgConnection,
+    team: &str,
+    name: &str,
+) -> Result<Option<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",

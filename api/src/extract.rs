@@ -1,0 +1,164 @@
+//! Request extractors whose every failure is a problem+json naming what was wrong.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use berth_core::apply::IfMatch;
+use berth_core::event::Actor;
+use serde::de::DeserializeOwned;
+
+use crate::problem::{ApiError, Problem};
+
+/// Largest accepted request body.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// A JSON body: `application/json`, at most 1 MiB, no unknown fields (the types deny
+/// them). Syntax errors are 400; type errors and unknown fields are 422 naming the field.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let mime = content_type.split(';').next().unwrap_or("").trim();
+        if !mime.eq_ignore_ascii_case("application/json") {
+            let mut p = Problem::for_status(StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            p.detail = Some(format!("send the body as application/json, not {:?}", content_type));
+            return Err(p.into());
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            let mut p = Problem::for_status(rejection.status());
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                p.detail = Some(format!("the body must be at most {BODY_LIMIT} bytes"));
+            } else {
+                p.detail = Some("the body could not be read".into());
+            }
+            p
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a JSON document, naming the field at fault on error.
+///
+/// # Errors
+/// 400 for malformed JSON, 422 for a valid document of the wrong shape.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = pointer(e.path(), &e.inner().to_string());
+        json_problem(field, e.into_inner())
+    })?;
+    de.end().map_err(|e| json_problem(String::new(), e))?;
+    Ok(value)
+}
+
+fn json_problem(field: String, e: serde_json::Error) -> ApiError {
+    if e.is_data() {
+        berth_core::Error::invalid(field, strip_position(&e.to_string())).into()
+    } else {
+        Problem::bad_request(Some(field).filter(|f| !f.is_empty()), format!("malformed JSON: {e}")).into()
+    }
+}
+
+/// The JSON pointer of a serde path. For an unknown field, serde reports the path of the
+/// object holding it, so the field's own name is appended from the message.
+fn pointer(path: &serde_path_to_error::Path, message: &str) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("/{index}")),
+            Segment::Map { key } => out.push_str(&format!("/{}", berth_core::validation::escape_pointer(key))),
+            Segment::Enum { variant } => out.push_str(&format!("/{}", berth_core::validation::escape_pointer(variant))),
+            Segment::Unknown => {}
+        }
+    }
+    if let Some(field) = unknown_field(message)
+        && !out.ends_with(&format!("/{field}"))
+    {
+        out.push('/');
+        out.push_str(&berth_core::validation::escape_pointer(field));
+    }
+    out
+}
+
+fn unknown_field(message: &str) -> Option<&str> {
+    message.strip_prefix("unknown field `")?.split('`').next()
+}
+
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+/// Query parameters; a malformed or unknown parameter is a 400 naming it.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
+            let message = e.inner().to_string();
+            let field = e
+                .path()
+                .iter()
+                .next_back()
+                .map(ToString::to_string)
+                .or_else(|| unknown_field(&message).map(str::to_owned));
+            Problem::bad_request(field, format!("invalid query parameter: {message}")).into()
+        })
+    }
+}
+
+/// Path parameters; a malformed one is a 400.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|rejection| Problem::bad_request(None, format!("invalid path: {}", rejection.body_text())).into())
+    }
+}
+
+/// The `If-Match` header, when sent.
+pub struct Preconditions(pub Option<IfMatch>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
+        let value = value
+            .to_str()
+            .map_err(|_| Problem::bad_request(Some("If-Match".into()), "If-Match must be ASCII".into()))?;
+        IfMatch::parse(value)
+            .map(|m| Self(Some(m)))
+            .map_err(|m| Problem::bad_request(Some("If-Match".into()), m).into())
+    }
+}
+
+/// Who makes the request. Authentication is not built yet, so everyone is `anonymous`;
+/// the request id is carried into audit records.
+pub struct RequestActor(pub Actor);
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestActor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let request_id =
+            parts.headers.get(crate::telemetry::REQUEST_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Ok(Self(Actor::anonymous(request_id)))
+    }
+}

@@ -1,0 +1,117 @@
+//! The OpenAPI 3.1 document, generated from the handlers and types. Committed as
+//! `openapi/openapi.json`; a test fails when the two differ.
+
+use serde::Deserialize;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
+use utoipa::{IntoParams, Modify, OpenApi as _};
+
+use crate::problem::PROBLEM_JSON;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Berth",
+        description = "One declarative control plane for GPUs across Slurm and Kubernetes clusters: \
+            flavors, a team quota tree, clusters and workloads.\n\n\
+            Every object is `{metadata, spec, status}`. PUT creates or replaces and is idempotent; \
+            `generation` moves only when `spec` changes. Clients never write `status`: it is accepted \
+            in PUT bodies (so a fetched object can be sent back) and ignored, as are the read-only \
+            metadata fields. `ETag` carries `resource_version`; `If-Match` makes a write conditional \
+            (412 when stale), and so does `metadata.resource_version` in the body (409 when stale). \
+            Every error is RFC 9457 `application/problem+json`; validation errors list each field as a JSON pointer.",
+        license(name = "Apache-2.0"),
+    ),
+    components(schemas(crate::problem::Problem)),
+    tags(
+        (name = "flavors", description = "GPU classes and their backend names"),
+        (name = "teams", description = "The quota tree"),
+        (name = "clusters", description = "Registered backends"),
+        (name = "workloads", description = "Declared work and its history"),
+        (name = "audit", description = "Who changed what"),
+        (name = "operations", description = "Health, readiness and metrics"),
+    ),
+)]
+pub struct ApiDoc;
+
+/// The `If-Match` header accepted by every write.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IfMatchHeader {
+    /// `*` or quoted resource versions (`"42"`); the write happens only if one matches,
+    /// else 412.
+    #[serde(rename = "If-Match")]
+    #[allow(dead_code)]
+    if_match: Option<String>,
+}
+
+/// Declares on every operation the problem responses it can give, so clients know every
+/// error shape from the document.
+pub(crate) struct ProblemResponses;
+
+impl Modify for ProblemResponses {
+    fn modify(&self, openapi: &mut OpenApi) {
+        for (path, item) in &mut openapi.paths.paths {
+            if !path.starts_with("/api/") {
+                continue;
+            }
+            let ops = [(&mut item.get, "get"), (&mut item.put, "put"), (&mut item.delete, "delete")];
+            for (op, method) in ops {
+                if let Some(op) = op.as_mut() {
+                    declare(op, method, path.contains('{'));
+                }
+            }
+        }
+    }
+}
+
+fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
+    let mut codes = vec![
+        ("400", "Malformed request: unparsable JSON, path or query parameter"),
+        ("405", "Method not allowed on this path"),
+        ("422", "Invalid request: each broken rule is listed with its field"),
+        ("500", "Internal error; the body carries only a request id"),
+        ("503", "Database unavailable or busy; retry"),
+    ];
+    if has_path_params || method != "get" {
+        codes.push(("404", "No such object (or team)"));
+    }
+    if method != "get" {
+        codes.push(("409", "Conflict: stale metadata.resource_version or uid, object in use, or being deleted"));
+        codes.push(("412", "If-Match did not match the current resource version"));
+    }
+    if method == "put" {
+        codes.push(("413", "Body larger than 1 MiB"));
+        codes.push(("415", "Body is not application/json"));
+    }
+    for (code, description) in codes {
+        op.responses.responses.entry(code.to_owned()).or_insert_with(|| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(PROBLEM_JSON, ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
+                .build()
+                .into()
+        });
+    }
+}
+
+/// The whole document, as served at `/openapi.json`.
+pub fn document() -> OpenApi {
+    crate::router_parts().1
+}
+
+/// The document as committed: pretty JSON with a trailing newline.
+///
+/// # Panics
+/// Never in practice: the document always serializes.
+pub fn document_json() -> String {
+    let mut json = document().to_pretty_json().expect("the OpenAPI document serializes");
+    json.push('\n');
+    json
+}
+
+impl ApiDoc {
+    pub fn base() -> OpenApi {
+        Self::openapi()
+    }
+}

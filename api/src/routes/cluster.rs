@@ -1,0 +1,90 @@
+//! `/api/v1/clusters`
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use berth_app::cluster as app;
+use berth_core::cluster::{Cluster, ClusterApply, ClusterKind};
+use berth_core::page::PageRequest;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{applied, list, list_type, object};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+list_type!(ClusterList, Cluster);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_clusters)).routes(routes!(get_cluster, put_cluster, delete_cluster))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ClusterListParams {
+    /// Only clusters of this kind.
+    pub kind: Option<ClusterKind>,
+    /// Items per page, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// List clusters, by name.
+#[utoipa::path(get, path = "/api/v1/clusters", tag = "clusters", params(ClusterListParams),
+    responses((status = 200, description = "A page of clusters", body = ClusterList)))]
+async fn list_clusters(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ClusterListParams>,
+) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    Ok(list::<_, ClusterList>(app::cluster_list(&s.db, q.kind, &page).await?))
+}
+
+/// Get a cluster.
+#[utoipa::path(get, path = "/api/v1/clusters/{name}", tag = "clusters",
+    params(("name" = String, Path, description = "Cluster name")),
+    responses((status = 200, description = "The cluster", body = Cluster, headers(("ETag" = String)))))]
+async fn get_cluster(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+    let cluster = app::cluster_get(&s.db, &name).await?;
+    Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
+}
+
+/// Register or replace a cluster.
+///
+/// `credentials_ref` names a secret in berthd's environment; never send the secret itself.
+/// `kind` cannot change once the cluster exists.
+#[utoipa::path(put, path = "/api/v1/clusters/{name}", tag = "clusters",
+    params(("name" = String, Path, description = "Cluster name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    request_body = ClusterApply,
+    responses(
+        (status = 200, description = "Replaced, or unchanged", body = Cluster, headers(("ETag" = String))),
+        (status = 201, description = "Created", body = Cluster, headers(("ETag" = String), ("Location" = String)))))]
+async fn put_cluster(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+    ApiJson(body): ApiJson<ClusterApply>,
+) -> Result<Response, ApiError> {
+    let (cluster, outcome) = app::cluster_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    Ok(applied(outcome, &format!("/api/v1/clusters/{name}"), &cluster.metadata, &cluster))
+}
+
+/// Remove a cluster that holds no live workload.
+#[utoipa::path(delete, path = "/api/v1/clusters/{name}", tag = "clusters",
+    params(("name" = String, Path, description = "Cluster name"), crate::openapi::IfMatchHeader),
+    responses((status = 200, description = "Deleted; the cluster as it was", body = Cluster)))]
+async fn delete_cluster(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+) -> Result<Response, ApiError> {
+    let cluster = app::cluster_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
+}

@@ -1,0 +1,73 @@
+//! `/api/v1/flavors`
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use berth_app::flavor as app;
+use berth_core::flavor::{Flavor, FlavorApply};
+use berth_core::page::PageRequest;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{PageParams, applied, list, list_type, object};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+list_type!(FlavorList, Flavor);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_flavors)).routes(routes!(get_flavor, put_flavor, delete_flavor))
+}
+
+/// List flavors, by name.
+#[utoipa::path(get, path = "/api/v1/flavors", tag = "flavors", params(PageParams),
+    responses((status = 200, description = "A page of flavors", body = FlavorList)))]
+async fn list_flavors(State(s): State<AppState>, ApiQuery(q): ApiQuery<PageParams>) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    Ok(list::<_, FlavorList>(app::flavor_list(&s.db, &page).await?))
+}
+
+/// Get a flavor.
+#[utoipa::path(get, path = "/api/v1/flavors/{name}", tag = "flavors",
+    params(("name" = String, Path, description = "Flavor name")),
+    responses((status = 200, description = "The flavor", body = Flavor, headers(("ETag" = String, description = "The resource version")))))]
+async fn get_flavor(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+    let flavor = app::flavor_get(&s.db, &name).await?;
+    Ok(object(StatusCode::OK, &flavor.metadata, &flavor))
+}
+
+/// Create or replace a flavor.
+///
+/// Idempotent: the same spec twice changes nothing. `status` and read-only metadata in the
+/// body are ignored.
+#[utoipa::path(put, path = "/api/v1/flavors/{name}", tag = "flavors",
+    params(("name" = String, Path, description = "Flavor name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    request_body = FlavorApply,
+    responses(
+        (status = 200, description = "Replaced, or unchanged", body = Flavor, headers(("ETag" = String))),
+        (status = 201, description = "Created", body = Flavor, headers(("ETag" = String), ("Location" = String)))))]
+async fn put_flavor(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+    ApiJson(body): ApiJson<FlavorApply>,
+) -> Result<Response, ApiError> {
+    let (flavor, outcome) = app::flavor_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    Ok(applied(outcome, &format!("/api/v1/flavors/{name}"), &flavor.metadata, &flavor))
+}
+
+/// Delete a flavor that no team, cluster or live workload refers to.
+#[utoipa::path(delete, path = "/api/v1/flavors/{name}", tag = "flavors",
+    params(("name" = String, Path, description = "Flavor name"), crate::openapi::IfMatchHeader),
+    responses((status = 200, description = "Deleted; the flavor as it was", body = Flavor)))]
+async fn delete_flavor(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+) -> Result<Response, ApiError> {
+    let flavor = app::flavor_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    Ok(object(StatusCode::OK, &flavor.metadata, &flavor))
+}

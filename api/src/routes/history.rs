@@ -1,0 +1,62 @@
+//! `/api/v1/teams/{team}/workloads/{name}/events` and `/api/v1/audit`
+
+use axum::extract::State;
+use axum::response::Response;
+use berth_app::history as app;
+use berth_core::event::{AuditRecord, Event};
+use berth_core::page::PageRequest;
+use berth_store::audit::AuditFilter;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{PageParams, list, list_type};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+list_type!(EventList, Event);
+list_type!(AuditList, AuditRecord);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_workload_events)).routes(routes!(list_audit))
+}
+
+/// A workload's events, oldest first.
+#[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}/events", tag = "workloads",
+    params(("team" = String, Path, description = "Team name"), ("name" = String, Path, description = "Workload name"), PageParams),
+    responses((status = 200, description = "A page of events", body = EventList)))]
+async fn list_workload_events(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<PageParams>,
+) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    Ok(list::<_, EventList>(app::workload_events(&s.db, &team, &name, &page).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditParams {
+    /// Only records about this kind of object (`flavor`, `team`, `cluster`, `workload`).
+    pub kind: Option<String>,
+    /// Only records about objects of this name.
+    pub name: Option<String>,
+    /// Only records of this actor.
+    pub actor: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The audit log: every mutation with its actor, newest first.
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditParams),
+    responses((status = 200, description = "A page of audit records", body = AuditList)))]
+async fn list_audit(State(s): State<AppState>, ApiQuery(q): ApiQuery<AuditParams>) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor };
+    Ok(list::<_, AuditList>(app::audit_list(&s.db, &filter, &page).await?))
+}

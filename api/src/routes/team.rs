@@ -1,0 +1,87 @@
+//! `/api/v1/teams`
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use berth_app::team as app;
+use berth_core::page::PageRequest;
+use berth_core::team::{Team, TeamApply};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{applied, list, list_type, object};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+list_type!(TeamList, Team);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_teams)).routes(routes!(get_team, put_team, delete_team))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TeamListParams {
+    /// Only the children of this team.
+    pub parent: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// List teams, by name.
+#[utoipa::path(get, path = "/api/v1/teams", tag = "teams", params(TeamListParams),
+    responses((status = 200, description = "A page of teams", body = TeamList)))]
+async fn list_teams(State(s): State<AppState>, ApiQuery(q): ApiQuery<TeamListParams>) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    Ok(list::<_, TeamList>(app::team_list(&s.db, q.parent.as_deref(), &page).await?))
+}
+
+/// Get a team.
+#[utoipa::path(get, path = "/api/v1/teams/{name}", tag = "teams",
+    params(("name" = String, Path, description = "Team name")),
+    responses((status = 200, description = "The team", body = Team, headers(("ETag" = String)))))]
+async fn get_team(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+    let team = app::team_get(&s.db, &name).await?;
+    Ok(object(StatusCode::OK, &team.metadata, &team))
+}
+
+/// Create or replace a team and its quotas.
+///
+/// Rejected (422, naming the field): an unknown flavor or parent, limit below guaranteed,
+/// a cycle, children's guarantees above the parent's.
+#[utoipa::path(put, path = "/api/v1/teams/{name}", tag = "teams",
+    params(("name" = String, Path, description = "Team name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    request_body = TeamApply,
+    responses(
+        (status = 200, description = "Replaced, or unchanged", body = Team, headers(("ETag" = String))),
+        (status = 201, description = "Created", body = Team, headers(("ETag" = String), ("Location" = String)))))]
+async fn put_team(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+    ApiJson(body): ApiJson<TeamApply>,
+) -> Result<Response, ApiError> {
+    let (team, outcome) = app::team_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
+}
+
+/// Delete a team with no child teams and no live workloads.
+#[utoipa::path(delete, path = "/api/v1/teams/{name}", tag = "teams",
+    params(("name" = String, Path, description = "Team name"), crate::openapi::IfMatchHeader),
+    responses((status = 200, description = "Deleted; the team as it was", body = Team)))]
+async fn delete_team(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+) -> Result<Response, ApiError> {
+    let team = app::team_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    Ok(object(StatusCode::OK, &team.metadata, &team))
+}

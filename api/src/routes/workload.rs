@@ -1,0 +1,146 @@
+//! `/api/v1/teams/{team}/workloads` and `/api/v1/workloads`
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use berth_app::workload as app;
+use berth_core::page::PageRequest;
+use berth_core::selector::LabelSelector;
+use berth_core::workload::{Phase, Workload, WorkloadApply, WorkloadKind};
+use berth_store::workload::WorkloadFilter;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{applied, list, list_type, object};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::problem::ApiError;
+use crate::state::AppState;
+
+list_type!(WorkloadList, Workload);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_all_workloads)).routes(routes!(list_team_workloads)).routes(routes!(
+        get_workload,
+        put_workload,
+        delete_workload
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WorkloadListParams {
+    /// Only this team's workloads (on `/api/v1/workloads`).
+    pub team: Option<String>,
+    /// Only workloads in this phase.
+    pub phase: Option<Phase>,
+    /// Only workloads admitted to this cluster.
+    pub cluster: Option<String>,
+    /// Only workloads of this kind.
+    pub kind: Option<WorkloadKind>,
+    /// Label selector: `key=value`, `key!=value`, `key`, `!key`, comma-separated.
+    pub label_selector: Option<String>,
+    /// Items per page, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next` value of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl WorkloadListParams {
+    fn filter(&self, team: Option<String>) -> Result<WorkloadFilter, berth_core::Error> {
+        let labels = match &self.label_selector {
+            Some(s) => LabelSelector::parse("label_selector", s)?,
+            None => LabelSelector::default(),
+        };
+        Ok(WorkloadFilter {
+            team: team.or_else(|| self.team.clone()),
+            phase: self.phase,
+            cluster: self.cluster.clone(),
+            kind: self.kind,
+            labels,
+        })
+    }
+}
+
+/// List workloads across teams, ordered by team then name, with filters.
+#[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadListParams),
+    responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
+async fn list_all_workloads(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<WorkloadListParams>,
+) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    let filter = q.filter(None)?;
+    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+}
+
+/// List a team's workloads, by name, with filters (`team` is taken from the path).
+#[utoipa::path(get, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
+    params(("team" = String, Path, description = "Team name"), WorkloadListParams),
+    responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
+async fn list_team_workloads(
+    State(s): State<AppState>,
+    ApiPath(team): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WorkloadListParams>,
+) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    let filter = q.filter(Some(team.clone()))?;
+    app::team_must_exist(&s.db, &team).await?;
+    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+}
+
+/// Get a workload.
+#[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}", tag = "workloads",
+    params(("team" = String, Path, description = "Team name"), ("name" = String, Path, description = "Workload name")),
+    responses((status = 200, description = "The workload", body = Workload, headers(("ETag" = String)))))]
+async fn get_workload(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workload = app::workload_get(&s.db, &team, &name).await?;
+    Ok(object(StatusCode::OK, &workload.metadata, &workload))
+}
+
+/// Submit or replace a workload. A new workload starts in phase `Pending`.
+#[utoipa::path(put, path = "/api/v1/teams/{team}/workloads/{name}", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name (DNS-1123 label)"),
+        crate::openapi::IfMatchHeader),
+    request_body = WorkloadApply,
+    responses(
+        (status = 200, description = "Replaced, or unchanged", body = Workload, headers(("ETag" = String))),
+        (status = 201, description = "Created", body = Workload, headers(("ETag" = String), ("Location" = String)))))]
+async fn put_workload(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+    ApiJson(body): ApiJson<WorkloadApply>,
+) -> Result<Response, ApiError> {
+    let (workload, outcome) = app::workload_apply(&s.db, &actor, &team, &name, &body, if_match.as_ref()).await?;
+    Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
+}
+
+/// Delete a workload.
+///
+/// Answers 202: a workload that never reached a backend is removed at once; one that did
+/// is marked (`metadata.deletion_timestamp`) and removed by the controllers once its
+/// backend job is cancelled.
+#[utoipa::path(delete, path = "/api/v1/teams/{team}/workloads/{name}", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name"),
+        crate::openapi::IfMatchHeader),
+    responses((status = 202, description = "Deletion accepted; the workload as marked", body = Workload)))]
+async fn delete_workload(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    Preconditions(if_match): Preconditions,
+    RequestActor(actor): RequestActor,
+) -> Result<Response, ApiError> {
+    let workload = app::workload_delete(&s.db, &actor, &team, &name, if_match.as_ref()).await?;
+    Ok(object(StatusCode::ACCEPTED, &workload.metadata, &workload))
+}

@@ -1,0 +1,80 @@
+use serde_json::json;
+
+use crate::common::{Server, check_declarative_contract, collect_pages, sim_cluster};
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn cluster_keeps_the_declarative_contract(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let v1 = sim_cluster("h100");
+    let mut v2 = sim_cluster("h100");
+    v2["spec"]["cordoned"] = json!(true);
+    check_declarative_contract(&s, "/api/v1/clusters/sim-a", &v1, &v2, 200).await;
+}
+
+fn slurm(endpoint: &str) -> serde_json::Value {
+    json!({"metadata": {"labels": {"tier": "reservation"}},
+           "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_SLURM_TOKEN"}})
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn cluster_list_pages_and_filters_by_kind(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    for name in ["sim-b", "sim-a"] {
+        s.put_ok(&format!("/api/v1/clusters/{name}"), &sim_cluster("h100"), 201).await;
+    }
+    s.put_ok("/api/v1/clusters/slurm-a", &slurm("http://127.0.0.1:6820"), 201).await;
+    assert_eq!(collect_pages(&s, "/api/v1/clusters", 2).await, ["sim-a", "sim-b", "slurm-a"]);
+    assert_eq!(collect_pages(&s, "/api/v1/clusters?kind=sim", 1).await, ["sim-a", "sim-b"]);
+    assert_eq!(collect_pages(&s, "/api/v1/clusters?kind=slurm", 5).await, ["slurm-a"]);
+    s.get("/api/v1/clusters?kind=mainframe").await.assert_problem(400, Some("kind"));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn cluster_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let mut unknown_flavor = sim_cluster("tpu");
+    unknown_flavor["spec"]["sim"]["node_groups"][0]["flavor"] = json!("tpu");
+    let mut bad_tier = sim_cluster("h100");
+    bad_tier["metadata"]["labels"]["tier"] = json!("gold");
+    let mut zero_nodes = sim_cluster("h100");
+    zero_nodes["spec"]["sim"]["node_groups"][0]["count"] = json!(0);
+    let cases = [
+        (unknown_flavor, "/spec/sim/node_groups/0/flavor"),
+        (bad_tier, "/metadata/labels/tier"),
+        (zero_nodes, "/spec/sim/node_groups/0/count"),
+        (json!({"spec": {"kind": "sim"}}), "/spec/sim"),
+        (json!({"spec": {"kind": "slurm"}}), "/spec/endpoint"),
+        (json!({"spec": {"kind": "kubernetes", "endpoint": "ftp://x"}}), "/spec/endpoint"),
+        (
+            json!({"spec": {"kind": "slurm", "endpoint": "http://x", "credentials_ref": "secret value"}}),
+            "/spec/credentials_ref",
+        ),
+        (json!({"spec": {"kind": "nomad"}}), "/spec/kind"),
+    ];
+    for (body, field) in cases {
+        s.put("/api/v1/clusters/c1", &body).await.assert_problem(422, Some(field));
+    }
+    // The kind of an existing cluster is immutable.
+    s.put_ok("/api/v1/clusters/c1", &sim_cluster("h100"), 201).await;
+    s.put("/api/v1/clusters/c1", &slurm("http://127.0.0.1:6820")).await.assert_problem(422, Some("/spec/kind"));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn cluster_credentials_are_a_reference_never_a_secret(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let created = s.put_ok("/api/v1/clusters/slurm-a", &slurm("https://slurm.internal:6820"), 201).await;
+    assert_eq!(created.body["spec"]["credentials_ref"], "BERTH_SLURM_TOKEN");
+    // There is no field that takes a secret, and the refusal does not echo it.
+    let secret = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.sig";
+    let mut with_secret = slurm("https://slurm.internal:6820");
+    with_secret["spec"]["credentials"] = json!(secret);
+    let refused = s.put("/api/v1/clusters/slurm-b", &with_secret).await;
+    refused.assert_problem(422, Some("/spec/credentials"));
+    assert!(!refused.body.to_string().contains(secret));
+    let stored: Vec<String> = sqlx::query_scalar("SELECT spec::text FROM clusters").fetch_all(&s.db).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert!(!stored[0].contains(secret));
+}

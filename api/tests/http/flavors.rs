@@ -1,0 +1,59 @@
+use serde_json::json;
+
+use crate::common::{Server, TeamBody, check_declarative_contract, collect_pages, flavor, sim_cluster};
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn flavor_keeps_the_declarative_contract(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    check_declarative_contract(&s, "/api/v1/flavors/h100", &flavor("h100"), &flavor("h100x"), 200).await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn flavor_list_pages_through_every_flavor_in_name_order(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let mut expected: Vec<String> = (0..7).map(|i| format!("f{i}")).collect();
+    for name in expected.iter().rev() {
+        s.put_ok(&format!("/api/v1/flavors/{name}"), &flavor(name), 201).await;
+    }
+    expected.sort();
+    assert_eq!(collect_pages(&s, "/api/v1/flavors", 3).await, expected);
+    assert_eq!(collect_pages(&s, "/api/v1/flavors", 500).await, expected);
+    s.get("/api/v1/flavors?limit=0").await.assert_problem(422, Some("limit"));
+    s.get("/api/v1/flavors?limit=501").await.assert_problem(422, Some("limit"));
+    s.get("/api/v1/flavors?cursor=bogus").await.assert_problem(422, Some("cursor"));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn flavor_validation_names_each_field(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let cases = [
+        (json!({"spec": {"gpu_memory_gib": 0}}), "/spec/gpu_memory_gib"),
+        (json!({"spec": {"mig_profile": "1g 10gb"}}), "/spec/mig_profile"),
+        (json!({"spec": {"slurm": {"gres_type": "a b"}}}), "/spec/slurm/gres_type"),
+        (json!({"spec": {"kubernetes": {"node_label_value": "not valid!"}}}), "/spec/kubernetes/node_label_value"),
+        (json!({"spec": {}, "metadata": {"name": "other"}}), "/metadata/name"),
+        (json!({"spec": {}, "metadata": {"labels": {"bad key!": "x"}}}), "/metadata/labels/bad key!"),
+        (json!({"spec": {"unknown": 1}}), "/spec/unknown"),
+        (json!({"spec": {}, "extra": 1}), "/extra"),
+    ];
+    for (body, field) in cases {
+        s.put("/api/v1/flavors/h100", &body).await.assert_problem(422, Some(field));
+    }
+    s.put("/api/v1/flavors/Not_A_Name", &json!({"spec": {}})).await.assert_problem(422, Some("/metadata/name"));
+    assert_eq!(s.table_counts().await["flavors"], 0);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_flavor_in_use_cannot_be_deleted(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.put_ok("/api/v1/flavors/h100", &flavor("h100"), 201).await;
+    s.put_ok("/api/v1/teams/nlp", &TeamBody::new().quota("h100", 4, None, 1).json(), 201).await;
+    let refused = s.delete("/api/v1/flavors/h100").await;
+    refused.assert_problem(409, None);
+    assert!(refused.body["detail"].as_str().unwrap().contains("team nlp"), "{}", refused.body);
+    s.put_ok("/api/v1/teams/nlp", &TeamBody::new().json(), 200).await;
+    s.put_ok("/api/v1/clusters/sim-a", &sim_cluster("h100"), 201).await;
+    s.delete("/api/v1/flavors/h100").await.assert_problem(409, None);
+    assert_eq!(s.delete("/api/v1/clusters/sim-a").await.status, 200);
+    assert_eq!(s.delete("/api/v1/flavors/h100").await.status, 200);
+}

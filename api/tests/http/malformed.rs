@@ -1,0 +1,190 @@
+//! Garbage in: every malformed request gets a 4xx problem+json, never a 5xx, and the
+//! database is exactly as it was.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::{Server, WorkloadBody};
+
+struct Bad {
+    method: Method,
+    path: String,
+    content_type: Option<&'static str>,
+    body: Vec<u8>,
+}
+
+fn put(path: &str, body: impl Into<Vec<u8>>) -> Bad {
+    Bad { method: Method::PUT, path: path.into(), content_type: Some("application/json"), body: body.into() }
+}
+
+fn put_json(path: &str, value: serde_json::Value) -> Bad {
+    put(path, value.to_string())
+}
+
+fn with_spec(path: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Bad {
+    let mut body = WorkloadBody::new().json();
+    edit(&mut body);
+    put_json(path, body)
+}
+
+fn requests() -> Vec<Bad> {
+    let w = "/api/v1/teams/nlp/workloads/w";
+    let mut v = vec![
+        // Wrong types.
+        with_spec(w, |b| b["spec"]["priority"] = json!("high")),
+        with_spec(w, |b| b["spec"]["tasks"]["count"] = json!("two")),
+        with_spec(w, |b| b["spec"]["tasks"]["count"] = json!(1.5)),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["gpus"] = json!("8")),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["flavors"] = json!("h100")),
+        with_spec(w, |b| b["spec"]["gang"] = json!("yes")),
+        with_spec(w, |b| b["spec"]["preemptible"] = json!(null)),
+        with_spec(w, |b| b["spec"]["run"]["command"] = json!("python train.py")),
+        with_spec(w, |b| b["spec"]["run"]["env"] = json!({"A": 1})),
+        with_spec(w, |b| b["metadata"]["labels"] = json!(["a"])),
+        with_spec(w, |b| b["spec"] = json!([])),
+        put_json(w, json!([1, 2, 3])),
+        put_json(w, json!("just a string")),
+        put_json(w, json!(null)),
+        put_json(w, json!({})),
+        // Unknown fields at every level.
+        with_spec(w, |b| b["spec"]["gpus"] = json!(8)),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["vram"] = json!(80)),
+        with_spec(w, |b| b["metadata"]["namespace"] = json!("default")),
+        with_spec(w, |b| b["kind"] = json!("Workload")),
+        // Huge and negative numbers.
+        with_spec(w, |b| b["spec"]["tasks"]["count"] = json!(-1)),
+        with_spec(w, |b| b["spec"]["tasks"]["count"] = json!(u64::MAX)),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["gpus"] = json!(-8)),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["gpus"] = json!(1e300)),
+        with_spec(w, |b| b["spec"]["priority"] = json!(i64::MAX)),
+        with_spec(w, |b| b["spec"]["max_runtime_seconds"] = json!(-5)),
+        with_spec(w, |b| b["spec"]["sim"]["duration_seconds"] = json!(-1)),
+        put(
+            w,
+            r#"{"spec": {"kind": "training", "tasks": {"count": 1e999, "resources": {"flavors": ["h100"], "gpus": 1}}}}"#,
+        ),
+        put_json("/api/v1/teams/x", json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": -1}]}})),
+        put_json("/api/v1/teams/x", json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 99_999_999_999u64}]}})),
+        put_json(
+            "/api/v1/teams/x",
+            json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 1, "weight": 1_000_000}]}}),
+        ),
+        put_json(
+            "/api/v1/clusters/x",
+            json!({"spec": {"kind": "sim", "sim": {"node_groups": [{"name": "g", "count": 4_294_967_296u64, "flavor": "h100", "gpus_per_node": 8}]}}}),
+        ),
+        // SQL-looking and unicode strings in names and labels.
+        put_json("/api/v1/flavors/x'%3B%20DROP%20TABLE%20flavors%3B--", json!({"spec": {}})),
+        put_json("/api/v1/teams/%E2%9C%93%E2%9C%93", json!({"spec": {}})),
+        put_json("/api/v1/teams/nlp/workloads/%F0%9F%9A%80", WorkloadBody::new().json()),
+        with_spec(w, |b| b["metadata"]["labels"] = json!({"a": "'; DELETE FROM workloads; --"})),
+        with_spec(w, |b| b["metadata"]["labels"] = json!({"ключ": "значение"})),
+        with_spec(w, |b| b["metadata"]["labels"] = json!({"a": "x".repeat(64)})),
+        with_spec(w, |b| b["spec"]["tasks"]["resources"]["flavors"] = json!(["h100' OR '1'='1"])),
+        with_spec(w, |b| b["spec"]["placement"]["cluster_selector"] = json!({"region": "eu\u{0000}"})),
+        with_spec(w, |b| b["spec"]["run"]["image"] = json!("img with spaces")),
+        put_json("/api/v1/teams/Robert'); DROP TABLE teams;--", json!({"spec": {}})),
+        put_json(&format!("/api/v1/flavors/{}", "a".repeat(64)), json!({"spec": {}})),
+        // Syntax errors and invalid UTF-8.
+        put(w, "{"),
+        put(w, "{\"spec\": }"),
+        put(w, "not json at all"),
+        put(w, ""),
+        put(w, "{\"spec\": {}} trailing"),
+        put(w, b"{\"metadata\": {\"labels\": {\"a\": \"\xff\xfe\"}}, \"spec\": {}}".to_vec()),
+        put(w, b"\xc3\x28".to_vec()),
+        put(w, "{\"spec\": {\"kind\": \"\\ud800\"}}"),
+        // A 2 MiB body.
+        put(w, format!("{{\"spec\": {{\"kind\": \"training\", \"pad\": \"{}\"}}}}", "x".repeat(2 * 1024 * 1024))),
+        // Wrong or missing content types.
+        Bad {
+            method: Method::PUT,
+            path: w.into(),
+            content_type: Some("text/plain"),
+            body: WorkloadBody::new().json().to_string().into(),
+        },
+        Bad {
+            method: Method::PUT,
+            path: w.into(),
+            content_type: None,
+            body: WorkloadBody::new().json().to_string().into(),
+        },
+        Bad {
+            method: Method::PUT,
+            path: w.into(),
+            content_type: Some("application/x-www-form-urlencoded"),
+            body: b"spec=1".to_vec(),
+        },
+        // Wrong methods and paths.
+        Bad { method: Method::POST, path: w.into(), content_type: Some("application/json"), body: b"{}".to_vec() },
+        Bad {
+            method: Method::PATCH,
+            path: "/api/v1/flavors/h100".into(),
+            content_type: Some("application/json"),
+            body: b"{}".to_vec(),
+        },
+        Bad {
+            method: Method::POST,
+            path: "/api/v1/flavors".into(),
+            content_type: Some("application/json"),
+            body: b"{}".to_vec(),
+        },
+        Bad { method: Method::DELETE, path: "/api/v1/workloads".into(), content_type: None, body: Vec::new() },
+        Bad {
+            method: Method::PUT,
+            path: "/api/v1/teams".into(),
+            content_type: Some("application/json"),
+            body: b"{}".to_vec(),
+        },
+        Bad { method: Method::GET, path: "/api/v2/teams".into(), content_type: None, body: Vec::new() },
+        // Bad query parameters and preconditions.
+        Bad { method: Method::GET, path: "/api/v1/workloads?limit=-1".into(), content_type: None, body: Vec::new() },
+        Bad {
+            method: Method::GET,
+            path: "/api/v1/workloads?limit=99999999999".into(),
+            content_type: None,
+            body: Vec::new(),
+        },
+        Bad {
+            method: Method::GET,
+            path: "/api/v1/workloads?phase=%27%3B--".into(),
+            content_type: None,
+            body: Vec::new(),
+        },
+        Bad { method: Method::GET, path: "/api/v1/audit?cursor=%00%01".into(), content_type: None, body: Vec::new() },
+    ];
+    // An If-Match that is not an entity tag.
+    v.push(put_json("/api/v1/flavors/h100", json!({"spec": {}})));
+    v
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn malformed_requests_get_4xx_problems_and_change_nothing(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let before = s.table_counts().await;
+    let requests = requests();
+    assert!(requests.len() >= 50, "only {} requests", requests.len());
+    let last = requests.len() - 1;
+    for (i, bad) in requests.into_iter().enumerate() {
+        let mut req = s.http.request(bad.method.clone(), s.url(&bad.path)).body(bad.body);
+        if let Some(ct) = bad.content_type {
+            req = req.header("content-type", ct);
+        }
+        if i == last {
+            req = req.header("if-match", "not-a-tag");
+        }
+        let reply = req.send().await.expect("request");
+        let status = reply.status();
+        let content_type = reply.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+        let text = reply.text().await.unwrap();
+        assert!(status.is_client_error(), "#{i} {} {}: got {status}: {text}", bad.method, bad.path);
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"), "#{i}: {text}");
+        let problem: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("#{i}: not JSON: {text}"));
+        assert_eq!(problem["status"], status.as_u16(), "#{i}");
+        assert!(problem["request_id"].is_string(), "#{i}: {text}");
+        assert!(!text.to_lowercase().contains("sqlx") && !text.contains("SELECT"), "#{i} leaks internals: {text}");
+    }
+    assert_eq!(s.table_counts().await, before, "the database is unchanged");
+}

@@ -1,0 +1,171 @@
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::{Server, WorkloadBody, check_declarative_contract, collect_pages};
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn workload_keeps_the_declarative_contract(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let v1 = WorkloadBody::new().json();
+    let v2 = WorkloadBody::new().gpus(4.0).count(2).json();
+    check_declarative_contract(&s, "/api/v1/teams/nlp/workloads/train", &v1, &v2, 202).await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_new_workload_is_pending_with_a_created_event(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let created = s.put_ok("/api/v1/teams/nlp/workloads/train", &WorkloadBody::new().json(), 201).await;
+    assert_eq!(created.body["status"]["phase"], "Pending");
+    assert_eq!(created.body["status"]["attempt"], 0);
+    assert!(created.body["status"]["submitted_at"].is_string());
+    assert_eq!(created.body["metadata"]["team"], "nlp");
+    // Status sent by a client is ignored.
+    let mut forged = WorkloadBody::new().gpus(2.0).json();
+    forged["status"] = json!({"phase": "Succeeded"});
+    let updated = s.put_ok("/api/v1/teams/nlp/workloads/train", &forged, 200).await;
+    assert_eq!(updated.body["status"]["phase"], "Pending");
+    let events = s.get("/api/v1/teams/nlp/workloads/train/events").await;
+    let reasons: Vec<&str> =
+        events.body["items"].as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap()).collect();
+    assert_eq!(reasons, ["Created", "SpecUpdated"]);
+    s.get("/api/v1/teams/nlp/workloads/nope/events").await.assert_problem(404, None);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn workload_lists_page_and_filter(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    s.put_ok("/api/v1/teams/vision", &json!({"spec": {}}), 201).await;
+    for (team, name, kind, tier) in [
+        ("nlp", "b", "training", "gold"),
+        ("nlp", "a", "batch", "gold"),
+        ("vision", "c", "training", "silver"),
+        ("nlp", "d", "inference", "silver"),
+        ("vision", "a", "notebook", "bronze"),
+    ] {
+        let body = WorkloadBody::new().kind(kind).label("tier", tier).json();
+        s.put_ok(&format!("/api/v1/teams/{team}/workloads/{name}"), &body, 201).await;
+    }
+    let page_names = |v: Vec<String>| v;
+    assert_eq!(page_names(collect_pages(&s, "/api/v1/workloads", 2).await), ["a", "b", "d", "a", "c"]);
+    assert_eq!(collect_pages(&s, "/api/v1/teams/vision/workloads", 1).await, ["a", "c"]);
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?team=nlp", 2).await, ["a", "b", "d"]);
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?kind=training", 1).await, ["b", "c"]);
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?phase=Pending&team=vision", 5).await, ["a", "c"]);
+    assert!(collect_pages(&s, "/api/v1/workloads?phase=Running", 5).await.is_empty());
+    assert!(collect_pages(&s, "/api/v1/workloads?cluster=sim-a", 5).await.is_empty());
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?label_selector=tier%3Dgold", 5).await, ["a", "b"]);
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?label_selector=tier!%3Dgold,tier", 1).await, ["d", "a", "c"]);
+    assert!(collect_pages(&s, "/api/v1/workloads?label_selector=!tier", 5).await.is_empty());
+    s.get("/api/v1/workloads?phase=Sleeping").await.assert_problem(400, Some("phase"));
+    s.get("/api/v1/workloads?label_selector=a%3Db%20c").await.assert_problem(422, Some("label_selector"));
+    s.get("/api/v1/workloads?colour=red").await.assert_problem(400, Some("colour"));
+    s.get("/api/v1/teams/ghost/workloads").await.assert_problem(404, None);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn workload_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let before = s.table_counts().await;
+    let path = "/api/v1/teams/nlp/workloads/w";
+    let mut inference_on_training = WorkloadBody::new().json();
+    inference_on_training["spec"]["inference"] = json!({"min_replicas": 1, "max_replicas": 2});
+    let mut bad_env = WorkloadBody::new().json();
+    bad_env["spec"]["run"] = json!({"env": {"1X": "y"}});
+    let mut bad_runtime = WorkloadBody::new().json();
+    bad_runtime["spec"]["max_runtime_seconds"] = json!(0);
+    let mut wrong_team = WorkloadBody::new().json();
+    wrong_team["metadata"]["team"] = json!("vision");
+    let cases = [
+        (WorkloadBody::new().flavors(&["h100", "tpu"]).json(), "/spec/tasks/resources/flavors/1"),
+        (WorkloadBody::new().flavors(&[]).json(), "/spec/tasks/resources/flavors"),
+        (WorkloadBody::new().gpus(1.5).json(), "/spec/tasks/resources/gpus"),
+        (WorkloadBody::new().count(0).json(), "/spec/tasks/count"),
+        (WorkloadBody::new().priority(5000).json(), "/spec/priority"),
+        (WorkloadBody::new().kind("daemon").json(), "/spec/kind"),
+        (inference_on_training, "/spec/inference"),
+        (bad_env, "/spec/run/env/1X"),
+        (bad_runtime, "/spec/max_runtime_seconds"),
+        (wrong_team, "/metadata/team"),
+    ];
+    for (body, field) in cases {
+        s.put(path, &body).await.assert_problem(422, Some(field));
+    }
+    s.put("/api/v1/teams/ghost/workloads/w", &WorkloadBody::new().json()).await.assert_problem(404, None);
+    assert_eq!(s.table_counts().await, before);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn deleting_a_workload_that_reached_a_backend_only_marks_it(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let path = "/api/v1/teams/nlp/workloads/train";
+    s.put_ok(path, &WorkloadBody::new().json(), 201).await;
+    // Pretend the dispatcher got it to a backend (the controllers do this in production).
+    sqlx::query("UPDATE workloads SET phase = 'Running', status = jsonb_set(status, '{phase}', '\"Running\"')")
+        .execute(&s.db)
+        .await
+        .unwrap();
+    let marked = s.delete(path).await;
+    assert_eq!(marked.status, 202);
+    assert!(marked.body["metadata"]["deletion_timestamp"].is_string());
+    let still = s.get(path).await;
+    assert_eq!(still.status, 200, "kept until the controllers cancel the backend job");
+    assert!(still.body["metadata"]["deletion_timestamp"].is_string());
+    // Re-applying a workload that is being deleted is refused; deleting again is harmless.
+    s.put(path, &WorkloadBody::new().json()).await.assert_problem(409, None);
+    assert_eq!(s.send(Method::DELETE, path, None, &[]).await.status, 202);
+    let reasons: Vec<String> = s.get(&format!("{path}/events")).await.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reasons, ["Created", "DeletionRequested"]);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn audit_records_every_mutation_with_generations(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let path = "/api/v1/teams/nlp/workloads/train";
+    s.put_ok(path, &WorkloadBody::new().json(), 201).await;
+    s.put_ok(path, &WorkloadBody::new().json(), 200).await;
+    s.put_ok(path, &WorkloadBody::new().gpus(2.0).json(), 200).await;
+    s.delete(path).await;
+    let audit = s.get("/api/v1/audit?kind=workload&name=train").await;
+    let records = audit.body["items"].as_array().unwrap();
+    let summary: Vec<(String, Option<i64>, Option<i64>)> = records
+        .iter()
+        .map(|r| {
+            (r["verb"].as_str().unwrap().to_owned(), r["generation_before"].as_i64(), r["generation_after"].as_i64())
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("delete".to_owned(), Some(2), None),
+            ("update".to_owned(), Some(1), Some(2)),
+            ("create".to_owned(), None, Some(1)),
+        ]
+    );
+    assert!(records.iter().all(|r| r["actor"] == "anonymous" && r["team"] == "nlp" && r["request_id"].is_string()));
+    let all = collect_audit(&s).await;
+    assert_eq!(all, 7, "2 flavors, 2 teams, and 3 workload writes (the unchanged re-PUT is no mutation)");
+}
+
+async fn collect_audit(s: &Server) -> usize {
+    let mut n = 0;
+    let mut url = "/api/v1/audit?limit=3".to_owned();
+    loop {
+        let page = s.get(&url).await;
+        n += page.body["items"].as_array().unwrap().len();
+        match page.body["next"].as_str() {
+            Some(c) => url = format!("/api/v1/audit?limit=3&cursor={c}"),
+            None => return n,
+        }
+    }
+}
