@@ -169,3 +169,31 @@ async fn collect_audit(s: &Server) -> usize {
         }
     }
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn concurrent_puts_of_one_new_name_create_it_exactly_once(db: berth_store::PgPool) {
+    let s = std::sync::Arc::new(Server::start(db).await);
+    s.seed().await;
+    let path = "/api/v1/teams/nlp/workloads/racy";
+    let puts: Vec<_> = (0..16)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.put(path, &WorkloadBody::new().json()).await.status.as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for put in puts {
+        statuses.push(put.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 200), "{statuses:?}");
+    let counts = s.table_counts().await;
+    assert_eq!(counts["workloads"], 1);
+    assert_eq!(counts["events"], 1, "one Created event");
+    let creates: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE name = 'racy' AND verb = 'create'")
+        .fetch_one(&s.db)
+        .await
+        .unwrap();
+    assert_eq!(creates, 1);
+}

@@ -7,7 +7,7 @@ use berth_core::workload::{Workload, WorkloadApply, WorkloadStatus};
 use berth_core::{Error, WorkloadId};
 use berth_store::event::event_record;
 use berth_store::workload::{NewWorkload, WorkloadFilter};
-use berth_store::{PgPool, flavor as flavors, team as teams, workload as store};
+use berth_store::{PgPool, team as teams, workload as store};
 use chrono::Utc;
 
 use crate::{
@@ -16,6 +16,7 @@ use crate::{
 };
 
 const KIND: &str = "workload";
+const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
 
 /// Creates or replaces a workload. A new workload starts `Pending`.
 ///
@@ -32,14 +33,33 @@ pub async fn workload_apply(
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Workload> {
     input.validate(team, name)?;
-    let team_uid = teams::team_fetch_uid(db, team).await?.ok_or_else(|| crate::team::not_found(team))?;
     let wanted = &input.spec.tasks.resources.flavors;
-    let missing = flavors::flavor_missing(db, wanted).await?;
-    if !missing.is_empty() {
+    let lookup = store::workload_lookup(db, team, name, wanted).await?;
+    let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
+    if !lookup.missing_flavors.is_empty() {
         let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
-        return Err(Error::Invalid(missing_references(&missing, refs, "flavor")));
+        return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
     }
     let labels = input.metadata.labels.clone().unwrap_or_default();
+    // Fast path for the common case, a plain submission of a new name: one statement
+    // writes the workload, its event and its audit record. Anything else (the name
+    // exists, preconditions were given, or another writer won the name meanwhile) takes
+    // the general path below, which locks the row and applies the declarative rules.
+    if !lookup.exists && if_match.is_none() && input.metadata.resource_version.is_none() {
+        let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+        let new = NewWorkload {
+            uid: WorkloadId::new(),
+            team_uid,
+            team,
+            name,
+            labels: &labels,
+            spec: &input.spec,
+            status: &status,
+        };
+        if let Some(w) = store::workload_create_with_history(db, &new, CREATED_MESSAGE, actor).await? {
+            return Ok((w, Applied::Created));
+        }
+    }
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
         let existing = store::workload_fetch_for_update(&mut tx, team, name).await?;

@@ -272,3 +272,94 @@ pub async fn workload_list(
     .map_err(db_error)?;
     Ok(Page::from_rows(rows, page.limit, |r| (r.team_name.clone(), r.name.clone())).map(Workload::from))
 }
+
+/// What an apply needs to know before it writes, read in one round trip.
+pub struct WorkloadLookup {
+    /// The team's uid; `None` when the team does not exist.
+    pub team_uid: Option<TeamId>,
+    /// Of the requested flavors, those that do not exist.
+    pub missing_flavors: Vec<String>,
+    /// Whether a workload of that name exists in the team.
+    pub exists: bool,
+}
+
+/// Resolves a workload's team, its flavors and whether it exists, in one query.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_lookup(
+    db: impl PgExecutor<'_>,
+    team: &str,
+    name: &str,
+    flavors: &[String],
+) -> Result<WorkloadLookup, Error> {
+    let row = sqlx::query!(
+        r#"SELECT (SELECT uid FROM teams WHERE name = $1) AS team_uid,
+                  ARRAY(SELECT f FROM unnest($3::text[]) WITH ORDINALITY AS u (f, i)
+                        WHERE NOT EXISTS (SELECT 1 FROM flavors WHERE flavors.name = u.f)
+                        ORDER BY u.i) AS "missing_flavors!",
+                  EXISTS (SELECT 1 FROM workloads WHERE team_name = $1 AND name = $2) AS "exists!""#,
+        team,
+        name,
+        flavors
+    )
+    .fetch_one(db)
+    .await
+    .map_err(db_error)?;
+    Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors, exists: row.exists })
+}
+
+/// Creates a workload together with its `Created` event and its audit record, in one
+/// statement (so one round trip and one implicit transaction: all three or none).
+/// `None` when the name is already taken; the caller then applies it as an update.
+///
+/// This is the hot path of submission; the general path (`workload_insert` +
+/// `event_record` + `audit_record` in a transaction) writes the same rows.
+///
+/// # Errors
+/// As [`db_error`]; a conflict when the team was deleted meanwhile.
+pub async fn workload_create_with_history(
+    db: impl PgExecutor<'_>,
+    w: &NewWorkload<'_>,
+    event_message: &str,
+    actor: &berth_core::event::Actor,
+) -> Result<Option<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"WITH w AS (
+               INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+               ON CONFLICT (team_name, name) DO NOTHING
+               RETURNING uid, team_name, name, labels, spec, status,
+                         generation, resource_version, created_at, updated_at, deletion_timestamp
+           ), e AS (
+               INSERT INTO events (object_kind, object_uid, type, reason, message)
+               SELECT 'workload', uid, 'Normal', 'Created', $11 FROM w
+           ), a AS (
+               INSERT INTO audit_log (actor, verb, kind, team, name, uid, generation_before, generation_after, request_id)
+               SELECT $12, 'create', 'workload', team_name, name, uid, NULL, generation, $13 FROM w
+           )
+           SELECT uid AS "uid!", team_name AS "team_name!", name AS "name!", labels AS "labels!: _",
+                  spec AS "spec!: _", status AS "status!: _", generation AS "generation!",
+                  resource_version AS "resource_version!", created_at AS "created_at!",
+                  updated_at AS "updated_at!", deletion_timestamp
+           FROM w"#,
+        w.uid.0,
+        w.team_uid.0,
+        w.team,
+        w.name,
+        w.spec.kind.as_str(),
+        w.status.phase.as_str(),
+        &w.spec.tasks.resources.flavors,
+        Json(w.labels) as _,
+        Json(w.spec) as _,
+        Json(w.status) as _,
+        event_message,
+        actor.subject,
+        actor.request_id,
+    )
+    .fetch_optional(db)
+    .await
+    .map(|r| r.map(Workload::from))
+    .map_err(db_error)
+}
