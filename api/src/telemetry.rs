@@ -48,7 +48,8 @@ impl Drop for TelemetryGuard {
 /// # Errors
 /// When the OTLP exporter cannot be built.
 pub fn init(format: LogFormat) -> anyhow::Result<TelemetryGuard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
     let otlp = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));

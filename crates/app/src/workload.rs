@@ -41,24 +41,26 @@ pub async fn workload_apply(
         return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
     }
     let labels = input.metadata.labels.clone().unwrap_or_default();
+    let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+    let new = NewWorkload {
+        uid: WorkloadId::new(),
+        team_uid,
+        team,
+        name,
+        labels: &labels,
+        spec: &input.spec,
+        status: &status,
+    };
     // Fast path for the common case, a plain submission of a new name: one statement
     // writes the workload, its event and its audit record. Anything else (the name
     // exists, preconditions were given, or another writer won the name meanwhile) takes
     // the general path below, which locks the row and applies the declarative rules.
-    if !lookup.exists && if_match.is_none() && input.metadata.resource_version.is_none() {
-        let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
-        let new = NewWorkload {
-            uid: WorkloadId::new(),
-            team_uid,
-            team,
-            name,
-            labels: &labels,
-            spec: &input.spec,
-            status: &status,
-        };
-        if let Some(w) = store::workload_create_with_history(db, &new, CREATED_MESSAGE, actor).await? {
-            return Ok((w, Applied::Created));
-        }
+    if !lookup.exists
+        && if_match.is_none()
+        && input.metadata.resource_version.is_none()
+        && let Some(w) = store::workload_create_with_history(db, &new, CREATED_MESSAGE, actor).await?
+    {
+        return Ok((w, Applied::Created));
     }
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
@@ -75,24 +77,10 @@ pub async fn workload_apply(
                 ApplyAction::Unchanged => {
                     return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged));
                 }
-                ApplyAction::Create => {
-                    let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
-                    let new = NewWorkload {
-                        uid: WorkloadId::new(),
-                        team_uid,
-                        team,
-                        name,
-                        labels: &labels,
-                        spec: &input.spec,
-                        status: &status,
-                    };
-                    match store::workload_insert(&mut tx, &new).await? {
-                        Some(w) => {
-                            (w, Applied::Created, "Created", "workload submitted; waiting for admission".to_owned())
-                        }
-                        None => continue,
-                    }
-                }
+                ApplyAction::Create => match store::workload_insert(&mut tx, &new).await? {
+                    Some(w) => (w, Applied::Created, "Created", "workload submitted; waiting for admission".to_owned()),
+                    None => continue,
+                },
                 ApplyAction::Update { generation } => {
                     let uid = WorkloadId(existing.as_ref().expect("update implies existing").metadata.uid);
                     let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;

@@ -1,45 +1,21 @@
 //! SQL for clusters.
 
 use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec, ClusterStatus};
-use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{ClusterId, Error};
-use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
-use uuid::Uuid;
 
 use crate::db_error;
+use crate::row::ObjectRow;
 
-struct ClusterRow {
-    uid: Uuid,
-    name: String,
-    labels: Json<Labels>,
-    spec: Json<ClusterSpec>,
-    status: Json<ClusterStatus>,
-    generation: i64,
-    resource_version: i64,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
+type ClusterRow = ObjectRow<ClusterSpec, ClusterStatus>;
 
 impl From<ClusterRow> for Cluster {
-    fn from(r: ClusterRow) -> Self {
-        Cluster {
-            metadata: ObjectMeta {
-                name: r.name,
-                team: None,
-                uid: r.uid,
-                labels: r.labels.0,
-                generation: r.generation,
-                resource_version: r.resource_version.to_string(),
-                creation_timestamp: r.created_at,
-                update_timestamp: r.updated_at,
-                deletion_timestamp: None,
-            },
-            spec: r.spec.0,
-            status: r.status.0,
-        }
+    fn from(row: ClusterRow) -> Self {
+        let (metadata, spec, status) = row.into_parts();
+        Cluster { metadata, spec, status }
     }
 }
 
@@ -49,7 +25,7 @@ impl From<ClusterRow> for Cluster {
 /// As [`db_error`].
 pub async fn cluster_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Cluster>, Error> {
     sqlx::query_as!(
-        ClusterRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM clusters WHERE name = $1"#,
@@ -67,7 +43,7 @@ pub async fn cluster_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option
 /// As [`db_error`].
 pub async fn cluster_fetch_for_update(tx: &mut PgConnection, name: &str) -> Result<Option<Cluster>, Error> {
     sqlx::query_as!(
-        ClusterRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM clusters WHERE name = $1 FOR UPDATE"#,
@@ -91,7 +67,7 @@ pub async fn cluster_insert(
     spec: &ClusterSpec,
 ) -> Result<Option<Cluster>, Error> {
     sqlx::query_as!(
-        ClusterRow,
+        ObjectRow,
         r#"INSERT INTO clusters (uid, name, kind, labels, spec) VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (name) DO NOTHING
            RETURNING uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
@@ -120,7 +96,7 @@ pub async fn cluster_update(
     generation: i64,
 ) -> Result<Cluster, Error> {
     sqlx::query_as!(
-        ClusterRow,
+        ObjectRow,
         r#"UPDATE clusters
            SET labels = $2, spec = $3, generation = $4,
                resource_version = nextval('resource_version_seq'), updated_at = now()
@@ -157,7 +133,7 @@ pub async fn cluster_list(
     page: &PageRequest<String>,
 ) -> Result<Page<Cluster>, Error> {
     let rows = sqlx::query_as!(
-        ClusterRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM clusters

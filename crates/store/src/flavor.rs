@@ -1,45 +1,21 @@
 //! SQL for flavors.
 
 use berth_core::flavor::{Flavor, FlavorSpec, FlavorStatus};
-use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{Error, FlavorId};
-use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
-use uuid::Uuid;
 
 use crate::db_error;
+use crate::row::ObjectRow;
 
-struct FlavorRow {
-    uid: Uuid,
-    name: String,
-    labels: Json<Labels>,
-    spec: Json<FlavorSpec>,
-    status: Json<FlavorStatus>,
-    generation: i64,
-    resource_version: i64,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
+type FlavorRow = ObjectRow<FlavorSpec, FlavorStatus>;
 
 impl From<FlavorRow> for Flavor {
-    fn from(r: FlavorRow) -> Self {
-        Flavor {
-            metadata: ObjectMeta {
-                name: r.name,
-                team: None,
-                uid: r.uid,
-                labels: r.labels.0,
-                generation: r.generation,
-                resource_version: r.resource_version.to_string(),
-                creation_timestamp: r.created_at,
-                update_timestamp: r.updated_at,
-                deletion_timestamp: None,
-            },
-            spec: r.spec.0,
-            status: r.status.0,
-        }
+    fn from(row: FlavorRow) -> Self {
+        let (metadata, spec, status) = row.into_parts();
+        Flavor { metadata, spec, status }
     }
 }
 
@@ -49,7 +25,7 @@ impl From<FlavorRow> for Flavor {
 /// As [`db_error`].
 pub async fn flavor_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Flavor>, Error> {
     sqlx::query_as!(
-        FlavorRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM flavors WHERE name = $1"#,
@@ -67,7 +43,7 @@ pub async fn flavor_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option<
 /// As [`db_error`].
 pub async fn flavor_fetch_for_update(tx: &mut PgConnection, name: &str) -> Result<Option<Flavor>, Error> {
     sqlx::query_as!(
-        FlavorRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM flavors WHERE name = $1 FOR UPDATE"#,
@@ -91,7 +67,7 @@ pub async fn flavor_insert(
     spec: &FlavorSpec,
 ) -> Result<Option<Flavor>, Error> {
     sqlx::query_as!(
-        FlavorRow,
+        ObjectRow,
         r#"INSERT INTO flavors (uid, name, labels, spec) VALUES ($1, $2, $3, $4)
            ON CONFLICT (name) DO NOTHING
            RETURNING uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
@@ -119,7 +95,7 @@ pub async fn flavor_update(
     generation: i64,
 ) -> Result<Flavor, Error> {
     sqlx::query_as!(
-        FlavorRow,
+        ObjectRow,
         r#"UPDATE flavors
            SET labels = $2, spec = $3, generation = $4,
                resource_version = nextval('resource_version_seq'), updated_at = now()
@@ -152,7 +128,7 @@ pub async fn flavor_delete(tx: &mut PgConnection, uid: FlavorId) -> Result<(), E
 /// As [`db_error`].
 pub async fn flavor_list(db: impl PgExecutor<'_>, page: &PageRequest<String>) -> Result<Page<Flavor>, Error> {
     let rows = sqlx::query_as!(
-        FlavorRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM flavors WHERE ($1::text IS NULL OR name > $1)

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod cluster;
 pub mod event;
 pub mod flavor;
+mod row;
 pub mod team;
 pub mod workload;
 

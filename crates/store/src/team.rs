@@ -1,45 +1,21 @@
 //! SQL for the team tree.
 
-use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::team::{Team, TeamSpec, TeamStatus};
 use berth_core::{Error, TeamId};
-use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
-use uuid::Uuid;
 
 use crate::db_error;
+use crate::row::ObjectRow;
 
-struct TeamRow {
-    uid: Uuid,
-    name: String,
-    labels: Json<Labels>,
-    spec: Json<TeamSpec>,
-    status: Json<TeamStatus>,
-    generation: i64,
-    resource_version: i64,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
+type TeamRow = ObjectRow<TeamSpec, TeamStatus>;
 
 impl From<TeamRow> for Team {
-    fn from(r: TeamRow) -> Self {
-        Team {
-            metadata: ObjectMeta {
-                name: r.name,
-                team: None,
-                uid: r.uid,
-                labels: r.labels.0,
-                generation: r.generation,
-                resource_version: r.resource_version.to_string(),
-                creation_timestamp: r.created_at,
-                update_timestamp: r.updated_at,
-                deletion_timestamp: None,
-            },
-            spec: r.spec.0,
-            status: r.status.0,
-        }
+    fn from(row: TeamRow) -> Self {
+        let (metadata, spec, status) = row.into_parts();
+        Team { metadata, spec, status }
     }
 }
 
@@ -49,7 +25,7 @@ impl From<TeamRow> for Team {
 /// As [`db_error`].
 pub async fn team_fetch(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Team>, Error> {
     sqlx::query_as!(
-        TeamRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM teams WHERE name = $1"#,
@@ -86,7 +62,7 @@ pub async fn team_insert(
     spec: &TeamSpec,
 ) -> Result<Option<Team>, Error> {
     sqlx::query_as!(
-        TeamRow,
+        ObjectRow,
         r#"INSERT INTO teams (uid, name, parent_uid, labels, spec) VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (name) DO NOTHING
            RETURNING uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
@@ -116,7 +92,7 @@ pub async fn team_update(
     generation: i64,
 ) -> Result<Team, Error> {
     sqlx::query_as!(
-        TeamRow,
+        ObjectRow,
         r#"UPDATE teams
            SET parent_uid = $2, labels = $3, spec = $4, generation = $5,
                resource_version = nextval('resource_version_seq'), updated_at = now()
@@ -154,7 +130,7 @@ pub async fn team_list(
     page: &PageRequest<String>,
 ) -> Result<Page<Team>, Error> {
     let rows = sqlx::query_as!(
-        TeamRow,
+        ObjectRow,
         r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at
            FROM teams

@@ -170,34 +170,6 @@ pub async fn workload_update_spec(
     .map_err(db_error)
 }
 
-/// Writes a workload's status (and its mirrored columns). Used by the controllers.
-///
-/// # Errors
-/// As [`db_error`].
-pub async fn workload_update_status(
-    tx: &mut PgConnection,
-    uid: WorkloadId,
-    status: &WorkloadStatus,
-) -> Result<Workload, Error> {
-    sqlx::query_as!(
-        WorkloadRow,
-        r#"UPDATE workloads
-           SET status = $2, phase = $3, cluster = $4,
-               resource_version = nextval('resource_version_seq'), updated_at = now()
-           WHERE uid = $1
-           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
-        uid.0,
-        Json(status) as _,
-        status.phase.as_str(),
-        status.admission.as_ref().map(|a| a.cluster.as_str()),
-    )
-    .fetch_one(tx)
-    .await
-    .map(Workload::from)
-    .map_err(db_error)
-}
-
 /// Marks a workload for deletion; the controllers finish it.
 ///
 /// # Errors
