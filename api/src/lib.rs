@@ -27,7 +27,7 @@ use crate::state::AppState;
 
 /// The routes and the OpenAPI document they make.
 fn router_parts() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let (router, mut document) = OpenApiRouter::with_openapi(openapi::ApiDoc::base())
+    let (router, mut document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .merge(routes::router())
         .merge(ops::router())
         .split_for_parts();

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
-use utoipa::{IntoParams, Modify, OpenApi as _};
+use utoipa::{IntoParams, Modify};
 
 use crate::problem::PROBLEM_JSON;
 
@@ -108,10 +108,4 @@ pub fn document_json() -> String {
     let mut json = document().to_pretty_json().expect("the OpenAPI document serializes");
     json.push('\n');
     json
-}
-
-impl ApiDoc {
-    pub fn base() -> OpenApi {
-        Self::openapi()
-    }
 }
