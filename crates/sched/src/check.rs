@@ -1,0 +1,243 @@
+//! The invariants every plan must hold. Property tests and the trace replay run
+//! [`violations`] on every plan they get; an empty list means the plan is sound.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use berth_core::workload::TopologyPolicy;
+
+use crate::cycle::{ancestors, gpus, own_shares, pools};
+use crate::nodes::{NodeState, NodeStates, place};
+use crate::plan::{Plan, PreemptionCause, Reason};
+use crate::snapshot::{NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
+
+/// Everything wrong with `plan` as the plan for `s`, one line each.
+///
+/// # Panics
+/// When `s` is not a valid snapshot.
+pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
+    let mut out = Vec::new();
+    let flavors = s.flavors.len();
+    let mut states = NodeStates::build(s).expect("a valid snapshot");
+
+    // Every pending workload is admitted or waits, once; positions count from 1.
+    let mut seen = vec![0u32; s.pending.len()];
+    plan.admissions.iter().for_each(|a| seen[a.workload] += 1);
+    plan.waiting.iter().for_each(|w| seen[w.workload] += 1);
+    for (w, &n) in seen.iter().enumerate().filter(|&(_, &n)| n != 1) {
+        out.push(format!("pending {w} appears {n} times in the plan (admitted + waiting)"));
+    }
+    let mut team_next = vec![1; s.teams.len()];
+    for (i, w) in plan.waiting.iter().enumerate() {
+        let t = s.pending[w.workload].team;
+        if w.position != i as u32 + 1 || w.team_position != team_next[t] {
+            out.push(format!("pending {} has position {}/{} in team", w.workload, w.position, w.team_position));
+        }
+        team_next[t] += 1;
+    }
+
+    // Preemptions: preemptible victims, once each, for a workload that waits for them.
+    let preempted: BTreeSet<RunningIx> = plan.preemptions.iter().map(|p| p.victim).collect();
+    if preempted.len() != plan.preemptions.len() {
+        out.push("a workload is preempted twice".into());
+    }
+    let counted_on: BTreeMap<RunningIx, PendingIx> = plan
+        .waiting
+        .iter()
+        .filter_map(|w| match &w.reason {
+            Reason::WaitingForReclaim { victims, .. } => Some(victims.iter().map(move |&v| (v, w.workload))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    for p in &plan.preemptions {
+        let v = &s.running[p.victim];
+        let w = p.cause.workload();
+        if v.preempting || !v.preemptible {
+            out.push(format!("running {} is preempted but is stopping already or not preemptible", p.victim));
+        }
+        if counted_on.get(&p.victim) != Some(&w) {
+            out.push(format!("running {} is preempted for pending {w}, which does not wait for it", p.victim));
+        }
+        let team = s.pending[w].team;
+        let fitting = match p.cause {
+            PreemptionCause::Reclaim { team: by, .. } => by == team && v.team != team && v.borrowed,
+            PreemptionCause::Priority { .. } => v.team == team && v.priority < s.pending[w].priority,
+        };
+        if !fitting {
+            out.push(format!("running {} is preempted with a cause that does not hold: {:?}", p.victim, p.cause));
+        }
+    }
+    let gone = |v: RunningIx| s.running[v].preempting || preempted.contains(&v);
+
+    // Admissions: allowed cluster and flavor, whole gangs on fitting nodes.
+    for a in &plan.admissions {
+        let p = &s.pending[a.workload];
+        let cluster = &s.clusters[a.cluster];
+        if !p.flavors.contains(&a.flavor) || !p.may_run_on(cluster) || cluster.cordoned {
+            out.push(format!("pending {} admitted to a cluster or flavor it may not use", a.workload));
+        }
+        if !p.preemptible && a.borrowed {
+            out.push(format!("non-preemptible pending {} admitted on borrowed quota", a.workload));
+        }
+        if a.placement.len() != p.tasks.count as usize {
+            out.push(format!("pending {} admitted with {} of {} tasks", a.workload, a.placement.len(), p.tasks.count));
+        }
+        let blocks: BTreeSet<Option<&str>> = a.placement.iter().map(|t| s.nodes[t.node].block.as_deref()).collect();
+        let nodes: BTreeSet<NodeIx> = a.placement.iter().map(|t| t.node).collect();
+        if p.topology == TopologyPolicy::Required && nodes.len() > 1 && (blocks.len() > 1 || blocks.contains(&None)) {
+            out.push(format!("pending {} spans topology blocks though it requires one", a.workload));
+        }
+        for t in &a.placement {
+            let node = &s.nodes[t.node];
+            if node.cluster != a.cluster || node.flavor != a.flavor || node.cordoned {
+                out.push(format!("pending {} has a task on node {} it may not use", a.workload, t.node));
+                continue;
+            }
+            let state = &mut states[t.node];
+            let fits = match t.device {
+                Some(d) => p.tasks.is_fractional() && state.take_at(&p.tasks, d).is_ok(),
+                None => {
+                    !p.tasks.is_fractional() && state.fit_cost(&p.tasks).is_some() && state.take(&p.tasks).is_none()
+                }
+            };
+            if !fits {
+                out.push(format!("node {} is over-committed by pending {}", t.node, a.workload));
+            }
+        }
+    }
+
+    // Quota: usage after the plan (running and not preempted, plus admitted).
+    let ancestors = ancestors(s);
+    let mut subtree = vec![0u64; s.teams.len() * flavors];
+    let mut kept_running = vec![0u64; s.teams.len() * flavors];
+    let mut admitted_into = vec![false; s.teams.len() * flavors];
+    let mut in_quota_own = vec![0u64; s.teams.len() * flavors];
+    for (_, r) in s.running.iter().enumerate().filter(|&(v, _)| !gone(v)) {
+        kept_running[r.team * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+        for &a in &ancestors[r.team] {
+            subtree[a * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+        }
+    }
+    let kept_subtree = subtree.clone();
+    let mut charge = |t: usize, f: usize, amount: u64, in_quota: bool, subtree: &mut Vec<u64>| {
+        if in_quota {
+            in_quota_own[t * flavors + f] += amount;
+        }
+        for &a in &ancestors[t] {
+            subtree[a * flavors + f] += amount;
+            admitted_into[a * flavors + f] = true;
+        }
+    };
+    for a in &plan.admissions {
+        let p = &s.pending[a.workload];
+        charge(p.team, a.flavor, u64::from(p.tasks.total_gpus()), !a.borrowed, &mut subtree);
+    }
+    for w in &plan.waiting {
+        if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
+            let p = &s.pending[w.workload];
+            charge(p.team, flavor, u64::from(p.tasks.total_gpus()), true, &mut subtree);
+        }
+    }
+    for (t, team) in s.teams.iter().enumerate() {
+        for f in 0..flavors {
+            let i = t * flavors + f;
+            if let Some(limit) = team.quotas[f].limit
+                && admitted_into[i]
+                && subtree[i] > u64::from(limit * ONE_GPU)
+            {
+                out.push(format!("team {t} holds {} GPUs of flavor {f}, above its limit {limit}", gpus(subtree[i])));
+            }
+            let guaranteed = u64::from(team.quotas[f].guaranteed * ONE_GPU);
+            if in_quota_own[i] > 0 && kept_subtree[i] + in_quota_own[i] > guaranteed {
+                out.push(format!(
+                    "team {t} runs {} GPUs of flavor {f} in-quota (with what keeps running), above its guarantee {}",
+                    gpus(kept_subtree[i] + in_quota_own[i]),
+                    team.quotas[f].guaranteed
+                ));
+            }
+        }
+    }
+
+    out.extend(reclaim_violations(s, plan, &states, &subtree, &kept_running, &gone, &counted_on));
+    out
+}
+
+/// No in-quota workload waits while preempting borrowed work of teams above their fair
+/// share (or counting on work already stopping) would let it fit.
+fn reclaim_violations(
+    s: &Snapshot,
+    plan: &Plan,
+    states: &[NodeState],
+    subtree: &[u64],
+    kept_running: &[u64],
+    gone: &dyn Fn(RunningIx) -> bool,
+    counted_on: &BTreeMap<RunningIx, PendingIx>,
+) -> Vec<String> {
+    let flavors = s.flavors.len();
+    let ancestors = ancestors(s);
+    let (share, _) = own_shares(s);
+    let (pools, pool_at) = pools(s, states);
+    let mut held: BTreeMap<NodeIx, PendingIx> = BTreeMap::new();
+    for w in &plan.waiting {
+        held.extend(w.reserved_nodes.iter().map(|&n| (n, w.workload)));
+    }
+    let mut out = Vec::new();
+    for waiting in plan.waiting.iter().filter(|w| !matches!(w.reason, Reason::WaitingForReclaim { .. })) {
+        let w = waiting.workload;
+        let p = &s.pending[w];
+        let requested = u64::from(p.tasks.total_gpus());
+        for &f in &p.flavors {
+            let within_limits = ancestors[p.team].iter().all(|&a| {
+                s.teams[a].quotas[f]
+                    .limit
+                    .is_none_or(|l| subtree[a * flavors + f] + requested <= u64::from(l * ONE_GPU))
+            });
+            let in_quota =
+                subtree[p.team * flavors + f] + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+            if !within_limits || !in_quota {
+                continue;
+            }
+            for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
+                let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
+                let open: Vec<NodeIx> =
+                    pool.nodes.iter().copied().filter(|n| held.get(n).is_none_or(|&h| h == w)).collect();
+                let mut local: Vec<NodeState> = states.to_vec();
+                let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
+                for &v in &pool.running {
+                    let r = &s.running[v];
+                    let releasable = if r.preempting {
+                        !counted_on.contains_key(&v)
+                    } else if !gone(v) && r.preemptible && r.borrowed && r.team != p.team {
+                        let i = r.team * flavors + f;
+                        let left = kept_running[i] - taken.get(&r.team).copied().unwrap_or(0);
+                        let above = gpus(left) > share[i] + 1e-9;
+                        if above {
+                            *taken.entry(r.team).or_default() += u64::from(r.tasks.total_gpus());
+                        }
+                        above
+                    } else {
+                        false
+                    };
+                    if releasable {
+                        for t in &r.placement {
+                            local[t.node].give(&r.tasks, t.device);
+                        }
+                    }
+                }
+                let node_sets = if p.topology == TopologyPolicy::Required {
+                    pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
+                } else {
+                    vec![open]
+                };
+                if node_sets.iter().any(|nodes| place(&mut local.clone(), nodes, &p.tasks).is_some()) {
+                    out.push(format!(
+                        "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",
+                        waiting.reason.code(),
+                        cluster.name
+                    ));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,763 @@
+//! One scheduling cycle (DESIGN.md §3): snapshot in, plan out.
+//!
+//! 1. Fair share per flavor ([`crate::fair_share`]) from what each team runs and wants.
+//! 2. Visit order: team by team, always the team furthest below its fair share (used ÷
+//!    share, updated after every admission); inside a team by priority, then submission
+//!    time.
+//! 3. Each workload, flavor by flavor in its order: quota (the team and every ancestor
+//!    stay within their limits; within the team's guarantee it is *in-quota*, beyond it
+//!    *borrowed*, which non-preemptible work may not be, and which may not take the team
+//!    above its fair share — what it borrows is then never what reclaim takes back, so
+//!    work is not admitted only to be preempted next cycle), then the whole gang on one
+//!    cluster: best fit on the nodes, preferring topology fit, then least room left over,
+//!    then tier (reservation → on-demand → spot), then the backend that suits the kind.
+//! 4. A workload that does not fit may preempt, only to run in-quota: first what is
+//!    already stopping, then borrowed work of other teams above their fair share, then
+//!    lower-priority preemptible work of its own team; cheapest first (lowest priority,
+//!    most recently started), and only as many as needed. It then waits for its victims,
+//!    with the nodes it will use held for it.
+//! 5. A starving workload (pending longer than the snapshot's starvation time) that still
+//!    does not fit gets nodes reserved: nothing behind it in the order is placed on them,
+//!    so that work cannot delay it (backfill elsewhere goes on). A workload that cannot fit
+//!    never blocks the ones behind it otherwise.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use berth_core::workload::TopologyPolicy;
+
+use crate::fair_share::{TeamInput, fair_shares};
+use crate::nodes::{NodeState, NodeStates, Placed, place};
+use crate::plan::{
+    Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
+};
+use crate::snapshot::{
+    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, RunningIx, Snapshot, TaskPlacement,
+    TeamIx,
+};
+
+/// Computes the plan for `s`. The same snapshot always yields the same plan.
+///
+/// # Errors
+/// [`InvalidSnapshot`] when the snapshot breaks a rule of [`Snapshot::validate`].
+pub fn schedule(s: &Snapshot) -> Result<Plan, InvalidSnapshot> {
+    s.validate_references()?;
+    let states = NodeStates::build(s).map_err(InvalidSnapshot)?;
+    Ok(Cycle::new(s, states).run())
+}
+
+/// Nodes of one flavor in one cluster.
+pub(crate) struct Pool {
+    pub cluster: ClusterIx,
+    /// Nodes that take new work (not cordoned), by index.
+    pub nodes: Vec<NodeIx>,
+    /// Node sets a gang with a topology wish may use: each block, and each node without one.
+    pub groups: Vec<Vec<NodeIx>>,
+    /// Running workloads on the pool, cheapest victims first.
+    pub running: Vec<RunningIx>,
+    /// Free GPU hundredths on `nodes`.
+    pub free: u64,
+}
+
+/// Builds the pools and a `(cluster, flavor) → pool` table.
+pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Option<usize>>) {
+    let flavors = s.flavors.len();
+    let mut at = vec![None; s.clusters.len() * flavors];
+    let mut pools: Vec<Pool> = Vec::new();
+    let mut blocks: Vec<BTreeMap<&str, usize>> = Vec::new();
+    for (i, n) in s.nodes.iter().enumerate() {
+        let p = *at[n.cluster * flavors + n.flavor].get_or_insert_with(|| {
+            pools.push(Pool {
+                cluster: n.cluster,
+                nodes: Vec::new(),
+                groups: Vec::new(),
+                running: Vec::new(),
+                free: 0,
+            });
+            blocks.push(BTreeMap::new());
+            pools.len() - 1
+        });
+        if n.cordoned {
+            continue;
+        }
+        let pool = &mut pools[p];
+        pool.nodes.push(i);
+        pool.free += u64::from(states[i].free_gpus());
+        match &n.block {
+            Some(b) => {
+                let g = *blocks[p].entry(b).or_insert_with(|| {
+                    pool.groups.push(Vec::new());
+                    pool.groups.len() - 1
+                });
+                pool.groups[g].push(i);
+            }
+            None => pool.groups.push(vec![i]),
+        }
+    }
+    for (i, r) in s.running.iter().enumerate() {
+        if let Some(p) = at[r.cluster * flavors + r.flavor] {
+            pools[p].running.push(i);
+        }
+    }
+    for pool in &mut pools {
+        pool.running.sort_by_key(|&i| (s.running[i].priority, Reverse(s.running[i].started_at), i));
+    }
+    (pools, at)
+}
+
+/// The team and its ancestors, the team first.
+pub(crate) fn ancestors(s: &Snapshot) -> Vec<Vec<TeamIx>> {
+    (0..s.teams.len()).map(|t| std::iter::successors(Some(t), |&a| s.teams[a].parent).collect()).collect()
+}
+
+/// Every team's own fair share per flavor (GPUs), indexed `team * flavors + flavor`, and
+/// its own demand, indexed the same way.
+pub(crate) fn own_shares(s: &Snapshot) -> (Vec<f64>, Vec<f64>) {
+    let flavors = s.flavors.len();
+    let mut demand = vec![0.0; s.teams.len() * flavors];
+    for r in s.running.iter().filter(|r| !r.preempting) {
+        demand[r.team * flavors + r.flavor] += gpus(u64::from(r.tasks.total_gpus()));
+    }
+    for p in &s.pending {
+        // Counted in every acceptable flavor, so that a fallback flavor can be borrowed too.
+        for &f in &p.flavors {
+            demand[p.team * flavors + f] += gpus(u64::from(p.tasks.total_gpus()));
+        }
+    }
+    let mut capacity = vec![0.0; flavors];
+    for n in s.nodes.iter().filter(|n| !n.cordoned && !s.clusters[n.cluster].cordoned) {
+        capacity[n.flavor] += f64::from(n.gpus - n.unavailable_gpus);
+    }
+    let mut share = vec![0.0; s.teams.len() * flavors];
+    for f in 0..flavors {
+        let input: Vec<TeamInput> = s
+            .teams
+            .iter()
+            .enumerate()
+            .map(|(t, team)| {
+                let q = team.quotas[f];
+                TeamInput {
+                    parent: team.parent,
+                    guaranteed: f64::from(q.guaranteed),
+                    limit: q.limit.map(f64::from),
+                    weight: f64::from(q.weight),
+                    own_demand: demand[t * flavors + f],
+                }
+            })
+            .collect();
+        for (t, fs) in fair_shares(&input, capacity[f]).iter().enumerate() {
+            share[t * flavors + f] = fs.own;
+        }
+    }
+    (share, demand)
+}
+
+/// Hundredths to GPUs.
+pub(crate) fn gpus(hundredths: u64) -> f64 {
+    hundredths as f64 / f64::from(ONE_GPU)
+}
+
+/// A gang placed on a cluster, before it is chosen.
+struct Candidate {
+    key: (bool, u32, usize, usize, ClusterIx),
+    pool: usize,
+    placed: Placed,
+    nodes: Vec<NodeIx>,
+}
+
+/// Victims that make room for a workload on one pool.
+struct Reclaim {
+    key: (usize, u64, usize, ClusterIx),
+    pool: usize,
+    victims: Vec<RunningIx>,
+    nodes: Vec<NodeIx>,
+}
+
+struct Cycle<'a> {
+    s: &'a Snapshot,
+    flavors: usize,
+    states: Vec<NodeState>,
+    pools: Vec<Pool>,
+    pool_at: Vec<Option<usize>>,
+    /// The workload a node is held for (starving, or waiting for its victims).
+    reserved_for: Vec<Option<PendingIx>>,
+    /// The same, by workload.
+    held: BTreeMap<PendingIx, Vec<NodeIx>>,
+    pool_reserved: Vec<bool>,
+    ancestors: Vec<Vec<TeamIx>>,
+    /// GPU hundredths per `team * flavors + flavor`: the team's own workloads (running and
+    /// not stopping, admitted, or waiting for victims)…
+    used: Vec<u64>,
+    /// …the same for the team's whole subtree…
+    subtree_used: Vec<u64>,
+    /// …and only what runs (and is not preempted), which decides who is above its share.
+    running_used: Vec<u64>,
+    share: Vec<f64>,
+    demand: Vec<f64>,
+    /// Per `team * flavors + flavor`: a workload of the team waits for reclaim to run
+    /// in-quota, so the subtree may not borrow more in this cycle (that would use up the
+    /// guarantee the waiting workload counts on).
+    paused: Vec<Option<PendingIx>>,
+    /// Per running workload: preempted, or counted on by a waiting workload, in this plan.
+    gone: Vec<bool>,
+    plan: Plan,
+}
+
+impl<'a> Cycle<'a> {
+    fn new(s: &'a Snapshot, states: Vec<NodeState>) -> Self {
+        let flavors = s.flavors.len();
+        let (pools, pool_at) = pools(s, &states);
+        let ancestors = ancestors(s);
+        let (share, demand) = own_shares(s);
+        let mut used = vec![0; s.teams.len() * flavors];
+        let mut subtree_used = used.clone();
+        for r in s.running.iter().filter(|r| !r.preempting) {
+            let amount = u64::from(r.tasks.total_gpus());
+            used[r.team * flavors + r.flavor] += amount;
+            for &a in &ancestors[r.team] {
+                subtree_used[a * flavors + r.flavor] += amount;
+            }
+        }
+        Self {
+            s,
+            flavors,
+            reserved_for: vec![None; s.nodes.len()],
+            held: BTreeMap::new(),
+            pool_reserved: vec![false; pools.len()],
+            running_used: used.clone(),
+            states,
+            pools,
+            pool_at,
+            ancestors,
+            used,
+            subtree_used,
+            share,
+            demand,
+            gone: vec![false; s.running.len()],
+            paused: vec![None; s.teams.len() * flavors],
+            plan: Plan::default(),
+        }
+    }
+
+    fn run(mut self) -> Plan {
+        let s = self.s;
+        let starving: Vec<bool> =
+            s.pending.iter().map(|p| s.now - p.submitted_at >= s.starvation_after_seconds).collect();
+        // (workload, reason) in visit order; `None` once admitted.
+        let mut waiting: Vec<(PendingIx, Option<Reason>)> = Vec::new();
+        let mut queues = vec![Vec::new(); s.teams.len()];
+        for w in 0..s.pending.len() {
+            queues[s.pending[w].team].push(w);
+        }
+        for q in &mut queues {
+            q.sort_by_key(|&w| (Reverse(s.pending[w].priority), s.pending[w].submitted_at, w));
+        }
+        let mut next = vec![0; s.teams.len()];
+        let mut heap: BinaryHeap<Reverse<(u64, TeamIx)>> = (0..s.teams.len())
+            .filter(|&t| !queues[t].is_empty())
+            .map(|t| Reverse((self.team_key(t, &queues[t][0]), t)))
+            .collect();
+        while let Some(Reverse((_, t))) = heap.pop() {
+            let w = queues[t][next[t]];
+            waiting.push((w, self.visit(w, starving[w])));
+            next[t] += 1;
+            if let Some(w) = queues[t].get(next[t]) {
+                heap.push(Reverse((self.team_key(t, w), t)));
+            }
+        }
+        // Preemptions lower the usage of the victims' teams, which can admit (or let reclaim
+        // for) work that an earlier visit found over quota: visit the rest again, in the
+        // same order, until nothing more is preempted.
+        let mut preempted = 0;
+        while self.plan.preemptions.len() > preempted {
+            preempted = self.plan.preemptions.len();
+            for (w, reason) in &mut waiting {
+                if reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
+                    let has_reservation = self.held.get(w).is_some_and(|n| !n.is_empty());
+                    *reason = self.visit(*w, starving[*w] && !has_reservation);
+                }
+            }
+        }
+        let mut team_count = vec![0; s.teams.len()];
+        for (w, reason) in waiting {
+            let Some(reason) = reason else { continue };
+            let t = s.pending[w].team;
+            team_count[t] += 1;
+            self.plan.waiting.push(Waiting {
+                workload: w,
+                reason,
+                position: self.plan.waiting.len() as u32 + 1,
+                team_position: team_count[t],
+                reserved_nodes: self.held.remove(&w).unwrap_or_default(),
+            });
+        }
+        self.plan.shares = self.shares();
+        self.plan
+    }
+
+    /// How far the team is from its fair share of its next workload's first flavor, as an
+    /// order key (used ÷ share; lower goes first).
+    fn team_key(&self, t: TeamIx, next: &PendingIx) -> u64 {
+        let i = t * self.flavors + self.s.pending[*next].flavors[0];
+        let ratio = if self.share[i] > 0.0 { gpus(self.used[i]) / self.share[i] } else { f64::INFINITY };
+        ratio.to_bits() // Non-negative floats order like their bits.
+    }
+
+    /// Admits `w`, or says why it waits (holding nodes for it when it reclaims or starves).
+    fn visit(&mut self, w: PendingIx, starving: bool) -> Option<Reason> {
+        let s = self.s;
+        let p = &s.pending[w];
+        let mut quota_reason = None;
+        let mut attempts = Vec::new();
+        for &f in &p.flavors {
+            let in_quota = match self.quota(p, f, &[]) {
+                Ok(in_quota) => in_quota,
+                Err(reason) => {
+                    quota_reason.get_or_insert(reason);
+                    continue;
+                }
+            };
+            match self.best_cluster(w, f) {
+                Ok(c) => {
+                    self.admit(w, f, in_quota, c);
+                    return None;
+                }
+                Err(misses) => attempts.push(FlavorAttempt { flavor: f, clusters: misses }),
+            }
+        }
+        if let Some(reason) = self.preempt_for(w) {
+            return Some(reason);
+        }
+        if starving {
+            self.reserve(w);
+        }
+        Some(self.reason(p, quota_reason, attempts))
+    }
+
+    /// Holds `nodes` for `w`: no other workload is placed on them in this cycle.
+    fn hold(&mut self, w: PendingIx, nodes: &[NodeIx]) {
+        for &n in nodes {
+            if self.reserved_for[n].is_none() {
+                self.reserved_for[n] = Some(w);
+                self.held.entry(w).or_default().push(n);
+            }
+        }
+    }
+
+    /// Whether `p` may take `f` once `victims` are gone: `Ok(in_quota)`, or why not.
+    fn quota(&self, p: &Pending, f: FlavorIx, victims: &[RunningIx]) -> Result<bool, Reason> {
+        let requested = u64::from(p.tasks.total_gpus());
+        let freed = |a: TeamIx| -> u64 {
+            victims
+                .iter()
+                .map(|&v| &self.s.running[v])
+                .filter(|v| !v.preempting && v.flavor == f && self.ancestors[v.team].contains(&a))
+                .map(|v| u64::from(v.tasks.total_gpus()))
+                .sum()
+        };
+        let used = |a: TeamIx| self.subtree_used[a * self.flavors + f] - freed(a);
+        for &a in &self.ancestors[p.team] {
+            if let Some(limit) = self.s.teams[a].quotas[f].limit
+                && used(a) + requested > u64::from(limit * ONE_GPU)
+            {
+                return Err(Reason::QuotaLimitReached {
+                    team: a,
+                    flavor: f,
+                    used: gpus(used(a)),
+                    limit: f64::from(limit),
+                    requested: gpus(requested),
+                });
+            }
+        }
+        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed;
+        let in_quota = used(p.team) + requested <= u64::from(guaranteed * ONE_GPU);
+        if !in_quota && !p.preemptible {
+            return Err(Reason::GuaranteeExceeded {
+                team: p.team,
+                flavor: f,
+                used: gpus(used(p.team)),
+                guaranteed: f64::from(guaranteed),
+                requested: gpus(requested),
+            });
+        }
+        let i = p.team * self.flavors + f;
+        if !in_quota
+            && let Some(&waiter) =
+                self.ancestors[p.team].iter().find_map(|&a| self.paused[a * self.flavors + f].as_ref())
+        {
+            return Err(Reason::BorrowingPaused { flavor: f, workload: waiter });
+        }
+        if !in_quota && gpus(self.used[i] + requested) > self.share[i] + 1e-9 {
+            return Err(Reason::FairShareReached {
+                team: p.team,
+                flavor: f,
+                used: gpus(self.used[i]),
+                fair_share: self.share[i],
+                requested: gpus(requested),
+            });
+        }
+        Ok(in_quota)
+    }
+
+    /// Clusters `p` may use for flavor `f`, with their pool.
+    fn allowed_pools<'s>(&'s self, p: &'s Pending, f: FlavorIx) -> impl Iterator<Item = (ClusterIx, usize)> + 's {
+        self.s
+            .clusters
+            .iter()
+            .enumerate()
+            .filter(move |(_, c)| p.may_run_on(c))
+            .filter_map(move |(c, _)| self.pool_at[c * self.flavors + f].map(|pool| (c, pool)))
+    }
+
+    /// The best cluster for `w` in flavor `f`, or why each allowed cluster misses.
+    fn best_cluster(&mut self, w: PendingIx, f: FlavorIx) -> Result<Candidate, Vec<ClusterMiss>> {
+        let s = self.s;
+        let p = &s.pending[w];
+        let mut best: Option<Candidate> = None;
+        let mut misses = Vec::new();
+        let allowed: Vec<(ClusterIx, usize)> = self.allowed_pools(p, f).collect();
+        for (c, pool) in allowed {
+            let outcome = if s.clusters[c].cordoned { Err(Miss::Cordoned) } else { self.try_pool(w, pool) };
+            match outcome {
+                Ok(candidate) if best.as_ref().is_none_or(|b| candidate.key < b.key) => best = Some(candidate),
+                Ok(_) => {}
+                Err(miss) => misses.push(ClusterMiss { cluster: c, miss }),
+            }
+        }
+        best.ok_or(misses)
+    }
+
+    /// Nodes of `pool` that `w` may use: not held for another workload.
+    fn open_nodes(&self, w: PendingIx, nodes: &[NodeIx]) -> Vec<NodeIx> {
+        nodes.iter().copied().filter(|&n| self.reserved_for[n].is_none_or(|r| r == w)).collect()
+    }
+
+    /// Tries the gang on one pool without changing anything.
+    fn try_pool(&mut self, w: PendingIx, pool_ix: usize) -> Result<Candidate, Miss> {
+        let s = self.s;
+        let p = &s.pending[w];
+        let pool = &self.pools[pool_ix];
+        let r = &p.tasks;
+        let needed = u64::from(r.total_gpus());
+        if pool.free < needed {
+            return Err(Miss::NotEnoughGpus { free: gpus(pool.free), needed: gpus(needed) });
+        }
+        let open = self.open_nodes(w, &pool.nodes);
+        let mut best: Option<(Placed, Vec<NodeIx>)> = None;
+        if p.topology != TopologyPolicy::None {
+            for group in &pool.groups {
+                let group = self.open_nodes(w, group);
+                if let Some(placed) = trial(&mut self.states, &group, r)
+                    && best.as_ref().is_none_or(|(b, _)| placed.leftover < b.leftover)
+                {
+                    best = Some((placed, group));
+                }
+            }
+        }
+        let topology_fit = best.is_some() || p.topology == TopologyPolicy::None;
+        if best.is_none() && p.topology != TopologyPolicy::Required {
+            best = trial(&mut self.states, &open, r).map(|placed| (placed, open.clone()));
+        }
+        let Some((placed, nodes)) = best else {
+            let open_free: u64 = open.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
+            return Err(if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r).is_some() {
+                Miss::Topology
+            } else if open.len() < pool.nodes.len() && trial(&mut self.states, &pool.nodes, r).is_some() {
+                Miss::Reserved
+            } else if open_free < needed {
+                Miss::NotEnoughGpus { free: gpus(open_free), needed: gpus(needed) }
+            } else {
+                Miss::Fragmented
+            });
+        };
+        let cluster = &self.s.clusters[pool.cluster];
+        let key = (!topology_fit, placed.leftover, cluster.tier_rank(), p.backend_rank(cluster.kind), pool.cluster);
+        Ok(Candidate { key, pool: pool_ix, placed, nodes })
+    }
+
+    fn admit(&mut self, w: PendingIx, f: FlavorIx, in_quota: bool, c: Candidate) {
+        let s = self.s;
+        let p = &s.pending[w];
+        for n in self.held.remove(&w).unwrap_or_default() {
+            self.reserved_for[n] = None;
+        }
+        let placed = place(&mut self.states, &c.nodes, &p.tasks).expect("the chosen placement still fits");
+        debug_assert_eq!(placed, c.placed);
+        self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
+        self.charge(p.team, f, u64::from(p.tasks.total_gpus()));
+        self.plan.admissions.push(Admission {
+            workload: w,
+            cluster: self.pools[c.pool].cluster,
+            flavor: f,
+            borrowed: !in_quota,
+            placement: placed.tasks.iter().map(|&(node, device)| TaskPlacement { node, device }).collect(),
+        });
+    }
+
+    /// Counts `amount` hundredths of `f` against `team` and its ancestors.
+    fn charge(&mut self, team: TeamIx, f: FlavorIx, amount: u64) {
+        self.used[team * self.flavors + f] += amount;
+        for &a in &self.ancestors[team] {
+            self.subtree_used[a * self.flavors + f] += amount;
+        }
+    }
+
+    /// Finds the fewest, cheapest victims that let `w` run in-quota, preempts them and
+    /// holds the nodes for `w`; returns the waiting reason, or `None` when no preemption
+    /// helps.
+    fn preempt_for(&mut self, w: PendingIx) -> Option<Reason> {
+        let s = self.s;
+        let p = &s.pending[w];
+        let mut best: Option<(FlavorIx, Reclaim)> = None;
+        for &f in &p.flavors {
+            let in_quota_now = matches!(self.quota(p, f, &[]), Ok(true));
+            let pools: Vec<(ClusterIx, usize)> =
+                self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
+            for (_, pool) in pools {
+                if let Some(found) = self.reclaim_on(w, f, pool, in_quota_now)
+                    && best.as_ref().is_none_or(|(_, b)| found.key < b.key)
+                {
+                    best = Some((f, found));
+                }
+            }
+            if best.is_some() {
+                break;
+            }
+        }
+        let (f, found) = best?;
+        for &v in &found.victims {
+            self.gone[v] = true;
+            let victim = &s.running[v];
+            if victim.preempting {
+                continue;
+            }
+            let amount = u64::from(victim.tasks.total_gpus());
+            let i = victim.team * self.flavors + victim.flavor;
+            self.used[i] -= amount;
+            self.running_used[i] -= amount;
+            for &a in &self.ancestors[victim.team] {
+                self.subtree_used[a * self.flavors + victim.flavor] -= amount;
+            }
+            let cause = if victim.team == p.team {
+                PreemptionCause::Priority { workload: w }
+            } else {
+                PreemptionCause::Reclaim { team: p.team, workload: w }
+            };
+            self.plan.preemptions.push(Preemption { victim: v, cause });
+        }
+        self.charge(p.team, f, u64::from(p.tasks.total_gpus()));
+        self.paused[p.team * self.flavors + f].get_or_insert(w);
+        self.hold(w, &found.nodes);
+        let cluster = self.pools[found.pool].cluster;
+        Some(Reason::WaitingForReclaim { cluster, flavor: f, victims: found.victims })
+    }
+
+    /// Victims on one pool that let `w` run in-quota in flavor `f`, if any.
+    fn reclaim_on(&self, w: PendingIx, f: FlavorIx, pool_ix: usize, in_quota_now: bool) -> Option<Reclaim> {
+        let s = self.s;
+        let p = &s.pending[w];
+        let pool = &self.pools[pool_ix];
+        let mut candidates: Vec<RunningIx> = Vec::new();
+        // Already stopping: free to count on.
+        candidates.extend(pool.running.iter().filter(|&&v| !self.gone[v] && s.running[v].preempting));
+        if in_quota_now {
+            // Borrowed work of other teams (above their share: checked as victims are taken).
+            candidates.extend(pool.running.iter().filter(|&&v| {
+                let r = &s.running[v];
+                !self.gone[v] && !r.preempting && r.preemptible && r.borrowed && r.team != p.team
+            }));
+        }
+        candidates.extend(pool.running.iter().filter(|&&v| {
+            let r = &s.running[v];
+            !self.gone[v] && !r.preempting && r.preemptible && r.team == p.team && r.priority < p.priority
+        }));
+        let needed = u64::from(p.tasks.total_gpus());
+        let at_most: u64 = candidates.iter().map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum();
+        if candidates.is_empty() || pool.free + at_most < needed {
+            return None;
+        }
+        let open = self.open_nodes(w, &pool.nodes);
+        let position: BTreeMap<NodeIx, usize> = open.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        // Node sets the gang may use, as positions into `open`.
+        let node_sets: Vec<Vec<usize>> = if p.topology == TopologyPolicy::Required {
+            pool.groups.iter().map(|g| g.iter().filter_map(|n| position.get(n).copied()).collect()).collect()
+        } else {
+            vec![(0..open.len()).collect()]
+        };
+        let base: Vec<NodeState> = open.iter().map(|&n| self.states[n]).collect();
+        let release = |states: &mut Vec<NodeState>, victims: &[RunningIx]| {
+            for &v in victims {
+                let r = &s.running[v];
+                for t in &r.placement {
+                    if let Some(&i) = position.get(&t.node) {
+                        states[i].give(&r.tasks, t.device);
+                    }
+                }
+            }
+        };
+        let fits = |victims: &[RunningIx]| -> Option<Placed> {
+            if !matches!(self.quota(p, f, victims), Ok(true)) {
+                return None;
+            }
+            let mut states = base.clone();
+            release(&mut states, victims);
+            node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks))
+        };
+        let mut taken: BTreeMap<TeamIx, u64> = BTreeMap::new();
+        let mut chosen = Vec::new();
+        let mut free: u64 = base.iter().map(|n| u64::from(n.free_gpus())).sum();
+        let mut placed = None;
+        for v in candidates {
+            let r = &s.running[v];
+            if !r.preempting && r.team != p.team {
+                // Only while the victim's team stays above its fair share.
+                let i = r.team * self.flavors + f;
+                let left = self.running_used[i] - taken.get(&r.team).copied().unwrap_or(0);
+                if gpus(left) <= self.share[i] + 1e-9 {
+                    continue;
+                }
+                *taken.entry(r.team).or_default() += u64::from(r.tasks.total_gpus());
+            }
+            chosen.push(v);
+            free += u64::from(r.tasks.total_gpus());
+            if free >= needed
+                && let Some(found) = fits(&chosen)
+            {
+                placed = Some(found);
+                break;
+            }
+        }
+        let mut placed = placed?;
+        // Drop victims not needed after all, the most expensive first.
+        for i in (0..chosen.len()).rev() {
+            let mut fewer = chosen.clone();
+            fewer.remove(i);
+            if let Some(found) = fits(&fewer) {
+                chosen = fewer;
+                placed = found;
+            }
+        }
+        let new_victims = chosen.iter().filter(|&&v| !s.running[v].preempting).count();
+        let lost: u64 = chosen
+            .iter()
+            .map(|&v| &s.running[v])
+            .filter(|r| !r.preempting)
+            .map(|r| (s.now - r.started_at).max(0) as u64 * u64::from(r.tasks.total_gpus()))
+            .sum();
+        let mut nodes: Vec<NodeIx> = placed.tasks.iter().map(|&(i, _)| open[i]).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        Some(Reclaim {
+            key: (new_victims, lost, s.clusters[pool.cluster].tier_rank(), pool.cluster),
+            pool: pool_ix,
+            victims: chosen,
+            nodes,
+        })
+    }
+
+    /// Holds nodes for a starving workload on the allowed pool with the most free room
+    /// that could hold it once those nodes are empty; one reservation per pool.
+    fn reserve(&mut self, w: PendingIx) {
+        let s = self.s;
+        let p = &s.pending[w];
+        let mut best: Option<(u64, Vec<NodeIx>, usize)> = None;
+        for &f in &p.flavors {
+            if self.quota(p, f, &[]).is_err() {
+                continue;
+            }
+            for (c, pool_ix) in self.allowed_pools(p, f) {
+                if self.s.clusters[c].cordoned || self.pool_reserved[pool_ix] {
+                    continue;
+                }
+                let pool = &self.pools[pool_ix];
+                let groups =
+                    if p.topology == TopologyPolicy::Required { pool.groups.clone() } else { vec![pool.nodes.clone()] };
+                for group in groups {
+                    let mut nodes = self.open_nodes(w, &group);
+                    nodes.sort_by_key(|&n| (Reverse(self.states[n].free_gpus()), n));
+                    let mut room = 0;
+                    let mut picked = Vec::new();
+                    for n in nodes {
+                        if room >= p.tasks.count {
+                            break;
+                        }
+                        room += self.states[n].capacity_when_empty(&p.tasks, &self.s.nodes[n]);
+                        picked.push(n);
+                    }
+                    if room < p.tasks.count {
+                        continue;
+                    }
+                    let free: u64 = picked.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
+                    if best.as_ref().is_none_or(|(b, _, _)| free > *b) {
+                        best = Some((free, picked, pool_ix));
+                    }
+                }
+            }
+            if best.is_some() {
+                break;
+            }
+        }
+        let Some((_, mut nodes, pool_ix)) = best else { return };
+        self.pool_reserved[pool_ix] = true;
+        nodes.sort_unstable();
+        self.hold(w, &nodes);
+    }
+
+    /// The reason for a workload neither admitted nor waiting for victims.
+    fn reason(&self, p: &Pending, quota_reason: Option<Reason>, attempts: Vec<FlavorAttempt>) -> Reason {
+        let allowed = p.flavors.iter().any(|&f| self.allowed_pools(p, f).next().is_some());
+        if !allowed {
+            return Reason::PlacementMatchesNoCluster;
+        }
+        let misses = || attempts.iter().flat_map(|a| &a.clusters);
+        if attempts.is_empty() || misses().next().is_none() {
+            return quota_reason.unwrap_or(Reason::PlacementMatchesNoCluster);
+        }
+        if misses().all(|m| m.miss == Miss::Cordoned) {
+            return Reason::ClustersCordoned;
+        }
+        if misses().all(|m| matches!(m.miss, Miss::Topology | Miss::Cordoned)) {
+            let flavor = attempts.iter().find(|a| a.clusters.iter().any(|m| m.miss == Miss::Topology)).unwrap().flavor;
+            return Reason::TopologyUnsatisfiable { flavor };
+        }
+        Reason::NoClusterFits { attempts }
+    }
+
+    fn shares(&self) -> Vec<TeamShare> {
+        // What runs and is not preempted, plus what this plan admits (not what waits).
+        let mut used = self.running_used.clone();
+        for a in &self.plan.admissions {
+            used[self.s.pending[a.workload].team * self.flavors + a.flavor] +=
+                u64::from(self.s.pending[a.workload].tasks.total_gpus());
+        }
+        let mut out = Vec::new();
+        for (t, team) in self.s.teams.iter().enumerate() {
+            for f in 0..self.flavors {
+                let i = t * self.flavors + f;
+                let q = team.quotas[f];
+                if q.guaranteed == 0 && q.limit.is_none() && self.demand[i] == 0.0 && used[i] == 0 {
+                    continue;
+                }
+                out.push(TeamShare {
+                    team: t,
+                    flavor: f,
+                    guaranteed: f64::from(q.guaranteed),
+                    limit: q.limit.map(f64::from),
+                    fair_share: self.share[i],
+                    used: gpus(used[i]),
+                    demand: self.demand[i],
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Places without keeping the placement.
+fn trial(states: &mut [NodeState], nodes: &[NodeIx], r: &crate::snapshot::Resources) -> Option<Placed> {
+    let placed = place(states, nodes, r)?;
+    for &(n, d) in placed.tasks.iter().rev() {
+        states[n].give(r, d);
+    }
+    Some(placed)
+}

@@ -1,0 +1,291 @@
+//! Node-level bookkeeping and gang bin packing.
+//!
+//! Whole-GPU tasks take a number of a node's GPUs (which ones is the backend's business).
+//! Fractional tasks share one GPU, named by its index, with other fractional tasks up to
+//! 100 hundredths; a shared GPU takes no whole-GPU task. Placement is best fit: each task
+//! goes where it leaves the least room unused, so work packs onto busy nodes and whole
+//! nodes stay free for large gangs.
+
+use crate::snapshot::{MAX_GPUS_PER_NODE, Node, ONE_GPU, Resources, Snapshot};
+
+const DEVICES: usize = MAX_GPUS_PER_NODE as usize;
+
+/// What is free on one node. Small and `Copy`, so trial placements work on copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeState {
+    /// Free hundredths of each shared GPU (meaningless for GPUs not shared).
+    shared_free: [u8; DEVICES],
+    /// GPUs Berth may use (bit per GPU).
+    usable: u32,
+    /// GPUs holding fractional tasks (bit per GPU).
+    shared: u32,
+    /// Usable GPUs neither shared nor taken by whole-GPU tasks.
+    whole_free: u32,
+    cpus_free: u32,
+    memory_free: u64,
+}
+
+impl NodeState {
+    pub fn new(node: &Node) -> Self {
+        let usable_count = node.gpus - node.unavailable_gpus;
+        Self {
+            shared_free: [0; DEVICES],
+            usable: if usable_count == 32 { u32::MAX } else { (1 << usable_count) - 1 },
+            shared: 0,
+            whole_free: usable_count,
+            cpus_free: node.cpus_milli,
+            memory_free: node.memory_mib,
+        }
+    }
+
+    /// Free GPU capacity, in hundredths.
+    pub fn free_gpus(&self) -> u32 {
+        self.whole_free * ONE_GPU + self.shared_devices().map(|d| u32::from(self.shared_free[d])).sum::<u32>()
+    }
+
+    pub fn whole_free(&self) -> u32 {
+        self.whole_free
+    }
+
+    /// GPUs Berth may use on the node.
+    pub fn usable_gpus(&self) -> u32 {
+        self.usable.count_ones()
+    }
+
+    fn shared_devices(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..DEVICES).filter(|&d| self.shared & (1 << d) != 0)
+    }
+
+    /// How many of `r`'s tasks an empty node like this one could hold.
+    pub fn capacity_when_empty(&self, r: &Resources, node: &Node) -> u32 {
+        let by_gpu = if r.gpus == 0 {
+            u32::MAX
+        } else if r.is_fractional() {
+            self.usable_gpus() * (ONE_GPU / r.gpus)
+        } else {
+            self.usable_gpus() / (r.gpus / ONE_GPU)
+        };
+        let by_cpu = node.cpus_milli.checked_div(r.cpus_milli).unwrap_or(u32::MAX);
+        let by_memory =
+            node.memory_mib.checked_div(r.memory_mib).map_or(u32::MAX, |m| m.min(u64::from(u32::MAX)) as u32);
+        by_gpu.min(by_cpu).min(by_memory)
+    }
+
+    /// Room one task of `r` would leave unused on the node (lower packs better), or `None`
+    /// when it does not fit.
+    pub fn fit_cost(&self, r: &Resources) -> Option<u32> {
+        if self.cpus_free < r.cpus_milli || self.memory_free < r.memory_mib {
+            return None;
+        }
+        if !r.is_fractional() {
+            let want = r.gpus / ONE_GPU;
+            return (self.whole_free >= want).then(|| (self.whole_free - want) * ONE_GPU);
+        }
+        let shared_fit = self.best_shared(r.gpus).map(|d| u32::from(self.shared_free[d]) - r.gpus);
+        // Opening a fresh GPU for a fraction costs more than filling one already shared.
+        shared_fit.or_else(|| (self.whole_free > 0).then(|| self.whole_free * ONE_GPU - r.gpus + ONE_GPU))
+    }
+
+    /// The shared GPU with the least room that still holds `gpus` hundredths.
+    fn best_shared(&self, gpus: u32) -> Option<usize> {
+        self.shared_devices().filter(|&d| u32::from(self.shared_free[d]) >= gpus).min_by_key(|&d| self.shared_free[d])
+    }
+
+    /// Takes one task of `r`; returns the GPU a fractional task shares. Call only when
+    /// [`Self::fit_cost`] says it fits.
+    pub fn take(&mut self, r: &Resources) -> Option<u8> {
+        assert!(self.fit_cost(r).is_some(), "take() called for a task that does not fit");
+        self.cpus_free -= r.cpus_milli;
+        self.memory_free -= r.memory_mib;
+        if !r.is_fractional() {
+            self.whole_free -= r.gpus / ONE_GPU;
+            return None;
+        }
+        let d = self.best_shared(r.gpus).unwrap_or_else(|| self.first_unshared());
+        self.take_share(d, r.gpus);
+        Some(d as u8)
+    }
+
+    fn first_unshared(&self) -> usize {
+        (0..DEVICES).find(|&d| (self.usable & !self.shared) & (1 << d) != 0).expect("a whole GPU is free")
+    }
+
+    /// Takes one task of `r` sharing GPU `device` (a fractional task whose GPU is known).
+    pub fn take_at(&mut self, r: &Resources, device: u8) -> Result<(), String> {
+        let d = usize::from(device);
+        let room = if self.shared & (1 << d) != 0 {
+            u32::from(self.shared_free[d]) >= r.gpus
+        } else {
+            self.usable & (1 << d) != 0 && self.whole_free > 0
+        };
+        if !room || self.cpus_free < r.cpus_milli || self.memory_free < r.memory_mib {
+            return Err(format!("GPU {d} has no room for {} hundredths", r.gpus));
+        }
+        self.cpus_free -= r.cpus_milli;
+        self.memory_free -= r.memory_mib;
+        self.take_share(d, r.gpus);
+        Ok(())
+    }
+
+    fn take_share(&mut self, d: usize, gpus: u32) {
+        if self.shared & (1 << d) == 0 {
+            self.whole_free -= 1;
+            self.shared |= 1 << d;
+            self.shared_free[d] = ONE_GPU as u8;
+        }
+        self.shared_free[d] -= gpus as u8;
+    }
+
+    /// Gives back one task of `r` (`device`: the GPU a fractional task shared).
+    pub fn give(&mut self, r: &Resources, device: Option<u8>) {
+        self.cpus_free += r.cpus_milli;
+        self.memory_free += r.memory_mib;
+        match device {
+            Some(d) => {
+                let d = usize::from(d);
+                self.shared_free[d] += r.gpus as u8;
+                if u32::from(self.shared_free[d]) == ONE_GPU {
+                    self.shared &= !(1 << d);
+                    self.shared_free[d] = 0;
+                    self.whole_free += 1;
+                }
+            }
+            None => self.whole_free += r.gpus / ONE_GPU,
+        }
+    }
+}
+
+/// Every node's state with the snapshot's running work on it.
+pub struct NodeStates;
+
+impl NodeStates {
+    /// # Errors
+    /// When running work does not fit its nodes (the snapshot over-commits a node).
+    pub fn build(s: &Snapshot) -> Result<Vec<NodeState>, String> {
+        let mut states: Vec<NodeState> = s.nodes.iter().map(NodeState::new).collect();
+        // Fractional tasks first: they name their GPU; whole ones then take any free GPUs.
+        for fractional in [true, false] {
+            for (i, r) in s.running.iter().enumerate().filter(|(_, r)| r.tasks.is_fractional() == fractional) {
+                for p in &r.placement {
+                    let state = &mut states[p.node];
+                    let placed = match p.device {
+                        Some(d) => state.take_at(&r.tasks, d),
+                        None if state.fit_cost(&r.tasks).is_some() => {
+                            state.take(&r.tasks);
+                            Ok(())
+                        }
+                        None => Err("no room".into()),
+                    };
+                    placed.map_err(|e| format!("running {i} over-commits node {}: {e}", p.node))?;
+                }
+            }
+        }
+        Ok(states)
+    }
+}
+
+/// A gang placed on a set of nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// Per task: the position (in the candidate set's state slice) and the shared GPU.
+    pub tasks: Vec<(usize, Option<u8>)>,
+    /// Room left unused on the nodes the gang touches, in hundredths; lower packs better.
+    pub leftover: u32,
+}
+
+/// Places all `r.count` tasks on the nodes at `candidates` (positions into `states`), best
+/// fit task by task, updating `states`; on failure `states` is left as it was.
+pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Placed> {
+    let mut tasks: Vec<(usize, Option<u8>)> = Vec::with_capacity(r.count as usize);
+    for _ in 0..r.count {
+        let best = candidates.iter().filter_map(|&p| states[p].fit_cost(r).map(|c| (c, p))).min();
+        let Some((_, p)) = best else {
+            for &(p, d) in tasks.iter().rev() {
+                states[p].give(r, d);
+            }
+            return None;
+        };
+        tasks.push((p, states[p].take(r)));
+    }
+    let mut touched: Vec<usize> = tasks.iter().map(|&(p, _)| p).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let leftover = touched.iter().map(|&p| states[p].free_gpus()).sum();
+    Some(Placed { tasks, leftover })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(gpus: u32) -> Node {
+        Node {
+            name: "n".into(),
+            cluster: 0,
+            flavor: 0,
+            gpus,
+            unavailable_gpus: 0,
+            cpus_milli: 64_000,
+            memory_mib: 512 * 1024,
+            block: None,
+            cordoned: false,
+        }
+    }
+
+    fn tasks(count: u32, gpus: u32) -> Resources {
+        Resources { count, gpus, cpus_milli: 1000, memory_mib: 1024 }
+    }
+
+    #[test]
+    fn fractions_share_one_gpu_up_to_a_whole() {
+        // 0.5 + 0.3 share GPU 0; 0.3 more does not fit there (1.1), so it opens GPU 1.
+        let mut n = NodeState::new(&node(2));
+        assert_eq!(n.take(&tasks(1, 50)), Some(0));
+        assert_eq!(n.take(&tasks(1, 30)), Some(0));
+        assert_eq!(n.take(&tasks(1, 30)), Some(1));
+        assert_eq!(n.whole_free(), 0);
+        assert_eq!(n.free_gpus(), 20 + 70);
+        // A whole GPU no longer fits; giving the fractions back frees both GPUs whole.
+        assert_eq!(n.fit_cost(&tasks(1, 100)), None);
+        n.give(&tasks(1, 30), Some(1));
+        assert_eq!(n.whole_free(), 1);
+        n.give(&tasks(1, 50), Some(0));
+        n.give(&tasks(1, 30), Some(0));
+        assert_eq!(n, NodeState::new(&node(2)));
+    }
+
+    #[test]
+    fn whole_tasks_never_take_a_shared_gpu() {
+        // GPU 0 carries a 0.2 task; a 2-GPU task takes GPUs 1 and 2, and giving it back
+        // leaves GPU 0 shared.
+        let mut n = NodeState::new(&node(3));
+        n.take(&tasks(1, 20));
+        assert_eq!(n.fit_cost(&tasks(1, 300)), None);
+        assert_eq!(n.fit_cost(&tasks(1, 200)), Some(0));
+        n.take(&tasks(1, 200));
+        n.give(&tasks(1, 200), None);
+        assert_eq!(n.whole_free(), 2);
+        assert_eq!(n.free_gpus(), 280);
+    }
+
+    #[test]
+    fn best_fit_packs_the_busiest_node_that_fits() {
+        // Nodes with 2, 8 and 4 free GPUs; a 2-GPU task goes to the first (nothing left
+        // over), the next to the one with 4 free, keeping the 8-GPU node whole.
+        let mut states = vec![NodeState::new(&node(2)), NodeState::new(&node(8)), NodeState::new(&node(4))];
+        let placed = place(&mut states, &[0, 1, 2], &tasks(2, 200)).unwrap();
+        assert_eq!(placed.tasks, [(0, None), (2, None)]);
+        assert_eq!(placed.leftover, 200);
+        assert_eq!(states[1].whole_free(), 8);
+    }
+
+    #[test]
+    fn a_gang_that_does_not_fit_leaves_nothing_behind() {
+        // Two 4-GPU tasks on 4 + 3 free GPUs: the first fits, the second does not, and the
+        // first is given back.
+        let mut states = vec![NodeState::new(&node(4)), NodeState::new(&node(3))];
+        let before = states.clone();
+        assert_eq!(place(&mut states, &[0, 1], &tasks(2, 400)), None);
+        assert_eq!(states, before);
+    }
+}

@@ -1,0 +1,150 @@
+//! The scheduler's output: what to admit where, whom to preempt and why, and for every
+//! workload left waiting, why and where it stands in the queue.
+
+use serde::Serialize;
+
+use crate::snapshot::{ClusterIx, FlavorIx, NodeIx, PendingIx, RunningIx, TaskPlacement, TeamIx};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Plan {
+    pub admissions: Vec<Admission>,
+    pub preemptions: Vec<Preemption>,
+    /// Every pending workload not admitted, in queue order (position 1 first).
+    pub waiting: Vec<Waiting>,
+    /// Per team and flavor, for the flavors the team has quota for, uses or wants.
+    pub shares: Vec<TeamShare>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Admission {
+    pub workload: PendingIx,
+    pub cluster: ClusterIx,
+    pub flavor: FlavorIx,
+    /// Beyond the team's guarantee: reclaimable by the owners of the capacity.
+    pub borrowed: bool,
+    /// One entry per task.
+    pub placement: Vec<TaskPlacement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Preemption {
+    pub victim: RunningIx,
+    pub cause: PreemptionCause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PreemptionCause {
+    /// `team` takes back its guaranteed capacity for `workload`.
+    Reclaim { team: TeamIx, workload: PendingIx },
+    /// A higher-priority `workload` of the victim's own team.
+    Priority { workload: PendingIx },
+}
+
+impl PreemptionCause {
+    pub fn workload(self) -> PendingIx {
+        match self {
+            Self::Reclaim { workload, .. } | Self::Priority { workload } => workload,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Waiting {
+    pub workload: PendingIx,
+    pub reason: Reason,
+    /// 1 is next, across all teams.
+    pub position: u32,
+    /// 1 is next within the workload's team.
+    pub team_position: u32,
+    /// Nodes held for this workload: it is starving, or waits for victims to stop.
+    pub reserved_nodes: Vec<NodeIx>,
+}
+
+/// Why a workload is not admitted. GPU amounts are in GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum Reason {
+    /// Admitting it would take `team` (the workload's team or an ancestor) over its limit.
+    QuotaLimitReached { team: TeamIx, flavor: FlavorIx, used: f64, limit: f64, requested: f64 },
+    /// A non-preemptible workload may only run within its team's guarantee.
+    GuaranteeExceeded { team: TeamIx, flavor: FlavorIx, used: f64, guaranteed: f64, requested: f64 },
+    /// It would borrow beyond the team's fair share (the rest of the idle capacity is other
+    /// teams' share).
+    FairShareReached { team: TeamIx, flavor: FlavorIx, used: f64, fair_share: f64, requested: f64 },
+    /// It would borrow while `workload`, of its team (or a parent team), waits for reclaim
+    /// to run in-quota: borrowing now would use up the guarantee that workload counts on.
+    BorrowingPaused { flavor: FlavorIx, workload: PendingIx },
+    /// Quota allows it, but no allowed cluster has room; why, per flavor and cluster.
+    NoClusterFits { attempts: Vec<FlavorAttempt> },
+    /// Victims were preempted (or are stopping) to make room; it starts when they are gone.
+    WaitingForReclaim { cluster: ClusterIx, flavor: FlavorIx, victims: Vec<RunningIx> },
+    /// There is room, but on no single topology block as the workload requires.
+    TopologyUnsatisfiable { flavor: FlavorIx },
+    /// Every cluster the placement allows is cordoned.
+    ClustersCordoned,
+    /// No cluster satisfies the placement constraints and has nodes of an acceptable flavor.
+    PlacementMatchesNoCluster,
+}
+
+impl Reason {
+    /// The machine-readable code, as serialized.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::QuotaLimitReached { .. } => "quota_limit_reached",
+            Self::GuaranteeExceeded { .. } => "guarantee_exceeded",
+            Self::FairShareReached { .. } => "fair_share_reached",
+            Self::BorrowingPaused { .. } => "borrowing_paused",
+            Self::NoClusterFits { .. } => "no_cluster_fits",
+            Self::WaitingForReclaim { .. } => "waiting_for_reclaim",
+            Self::TopologyUnsatisfiable { .. } => "topology_unsatisfiable",
+            Self::ClustersCordoned => "clusters_cordoned",
+            Self::PlacementMatchesNoCluster => "placement_matches_no_cluster",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FlavorAttempt {
+    pub flavor: FlavorIx,
+    pub clusters: Vec<ClusterMiss>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterMiss {
+    pub cluster: ClusterIx,
+    pub miss: Miss,
+}
+
+/// Why one cluster could not take the workload in one flavor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum Miss {
+    Cordoned,
+    /// Fewer GPUs free than the gang needs (GPUs).
+    NotEnoughGpus {
+        free: f64,
+        needed: f64,
+    },
+    /// Enough GPUs in total, but not on nodes that each hold whole tasks.
+    Fragmented,
+    /// It would fit, but not within one topology block.
+    Topology,
+    /// The room it could use is held for a starving or reclaiming workload.
+    Reserved,
+}
+
+/// A team's fair share of one flavor, next to what it holds and wants (GPUs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamShare {
+    pub team: TeamIx,
+    pub flavor: FlavorIx,
+    pub guaranteed: f64,
+    pub limit: Option<f64>,
+    /// What the team's own workloads should hold.
+    pub fair_share: f64,
+    /// What they hold after this plan (running, not preempted, plus admitted).
+    pub used: f64,
+    /// What they want: running plus pending.
+    pub demand: f64,
+}

@@ -1,0 +1,275 @@
+//! The scheduler's input: the team tree, the clusters with their nodes, what runs and what
+//! waits, as plain data. Objects refer to each other by index into the snapshot's vectors,
+//! so a cycle needs no lookups by name.
+//!
+//! GPU amounts are in hundredths of a GPU ([`ONE_GPU`] = 100): a task asks for whole GPUs
+//! (a multiple of 100) or for a share of one GPU (1 to 99), and fractional tasks share a
+//! GPU up to 100.
+
+use std::collections::BTreeMap;
+
+use berth_core::cluster::{ClusterKind, TIER_LABEL, TIERS};
+use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use serde::{Deserialize, Serialize};
+
+/// One GPU, in the hundredths every amount is counted in.
+pub const ONE_GPU: u32 = 100;
+/// Most GPUs one node may have.
+pub const MAX_GPUS_PER_NODE: u32 = 32;
+
+pub type FlavorIx = usize;
+pub type TeamIx = usize;
+pub type ClusterIx = usize;
+pub type NodeIx = usize;
+/// Index into [`Snapshot::running`].
+pub type RunningIx = usize;
+/// Index into [`Snapshot::pending`].
+pub type PendingIx = usize;
+
+/// Everything one scheduling cycle looks at.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The cycle's clock, in seconds (any epoch; only differences matter).
+    pub now: i64,
+    /// A workload pending longer than this starves: capacity is reserved for it.
+    pub starvation_after_seconds: i64,
+    pub flavors: Vec<String>,
+    pub teams: Vec<Team>,
+    pub clusters: Vec<Cluster>,
+    pub nodes: Vec<Node>,
+    pub running: Vec<Running>,
+    pub pending: Vec<Pending>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Team {
+    pub name: String,
+    pub parent: Option<TeamIx>,
+    /// One entry per flavor, indexed like [`Snapshot::flavors`].
+    pub quotas: Vec<Quota>,
+}
+
+/// A team's quota for one flavor, in whole GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    pub guaranteed: u32,
+    /// Most the team's subtree may hold, borrowed GPUs included; `None`: no limit.
+    pub limit: Option<u32>,
+    pub weight: u32,
+}
+
+impl Default for Quota {
+    /// What a team has for a flavor it declares nothing for: nothing guaranteed, no limit,
+    /// weight 1.
+    fn default() -> Self {
+        Self { guaranteed: 0, limit: None, weight: 1 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub name: String,
+    pub kind: ClusterKind,
+    pub labels: BTreeMap<String, String>,
+    /// A cordoned cluster keeps its running work but takes nothing new.
+    pub cordoned: bool,
+}
+
+impl Cluster {
+    /// Rank of the cluster's `tier` label: reservation 0, on-demand 1, spot 2. A cluster
+    /// without a tier ranks as on-demand.
+    pub fn tier_rank(&self) -> usize {
+        self.labels.get(TIER_LABEL).and_then(|t| TIERS.iter().position(|x| x == t)).unwrap_or(1)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub cluster: ClusterIx,
+    pub flavor: FlavorIx,
+    /// GPUs in the node, at most [`MAX_GPUS_PER_NODE`].
+    pub gpus: u32,
+    /// GPUs that cannot be used (held by work outside Berth, or broken).
+    pub unavailable_gpus: u32,
+    pub cpus_milli: u32,
+    pub memory_mib: u64,
+    /// Nodes sharing a block (NVLink domain, IB switch) are close to each other.
+    pub block: Option<String>,
+    pub cordoned: bool,
+}
+
+/// What each of a workload's identical tasks needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub count: u32,
+    /// Per task, in hundredths: a multiple of [`ONE_GPU`], or 1–99 for a share of one GPU.
+    pub gpus: u32,
+    pub cpus_milli: u32,
+    pub memory_mib: u64,
+}
+
+impl Resources {
+    /// The whole workload's GPUs, in hundredths.
+    pub fn total_gpus(&self) -> u32 {
+        self.count * self.gpus
+    }
+
+    pub fn is_fractional(&self) -> bool {
+        !self.gpus.is_multiple_of(ONE_GPU)
+    }
+}
+
+/// Where one task runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskPlacement {
+    pub node: NodeIx,
+    /// For a fractional task, the GPU of the node it shares.
+    pub device: Option<u8>,
+}
+
+/// A workload holding GPUs: admitted, dispatched, running, or being preempted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    pub id: String,
+    pub team: TeamIx,
+    pub priority: i32,
+    pub preemptible: bool,
+    /// Admitted beyond its team's guarantee: reclaimable.
+    pub borrowed: bool,
+    pub started_at: i64,
+    /// Already told to stop: its GPUs are about to be free.
+    pub preempting: bool,
+    pub cluster: ClusterIx,
+    pub flavor: FlavorIx,
+    pub tasks: Resources,
+    /// One entry per task.
+    pub placement: Vec<TaskPlacement>,
+}
+
+/// A workload waiting for admission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub id: String,
+    pub team: TeamIx,
+    pub kind: WorkloadKind,
+    pub priority: i32,
+    pub preemptible: bool,
+    pub submitted_at: i64,
+    /// Acceptable flavors, most preferred first.
+    pub flavors: Vec<FlavorIx>,
+    pub tasks: Resources,
+    pub topology: TopologyPolicy,
+    /// Only clusters carrying all these labels.
+    pub cluster_selector: BTreeMap<String, String>,
+    /// Only these backend kinds; empty: any.
+    pub backend_kinds: Vec<ClusterKind>,
+}
+
+impl Pending {
+    /// Whether `cluster` satisfies the workload's placement constraints.
+    pub fn may_run_on(&self, cluster: &Cluster) -> bool {
+        (self.backend_kinds.is_empty() || self.backend_kinds.contains(&cluster.kind))
+            && self.cluster_selector.iter().all(|(k, v)| cluster.labels.get(k) == Some(v))
+    }
+
+    /// 0 when `kind` is the backend that suits this kind of work best: Slurm for training
+    /// and batch, Kubernetes for inference and notebooks; 1 otherwise.
+    pub fn backend_rank(&self, kind: ClusterKind) -> usize {
+        let suits = match self.kind {
+            WorkloadKind::Training | WorkloadKind::Batch => ClusterKind::Slurm,
+            WorkloadKind::Inference | WorkloadKind::Notebook => ClusterKind::Kubernetes,
+        };
+        usize::from(kind != suits)
+    }
+}
+
+/// Why a snapshot cannot be scheduled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid snapshot: {0}")]
+pub struct InvalidSnapshot(pub String);
+
+impl Snapshot {
+    /// Checks references, sizes and that the running work fits its nodes.
+    ///
+    /// # Errors
+    /// The first broken rule.
+    pub fn validate(&self) -> Result<(), InvalidSnapshot> {
+        self.validate_references()?;
+        crate::nodes::NodeStates::build(self).map(|_| ()).map_err(InvalidSnapshot)
+    }
+
+    /// [`Self::validate`] without placing the running work on its nodes.
+    pub(crate) fn validate_references(&self) -> Result<(), InvalidSnapshot> {
+        let bad = |m: String| Err(InvalidSnapshot(m));
+        let flavors = self.flavors.len();
+        for (i, t) in self.teams.iter().enumerate() {
+            if t.quotas.len() != flavors {
+                return bad(format!("team {i} has {} quotas for {flavors} flavors", t.quotas.len()));
+            }
+            if t.parent.is_some_and(|p| p >= self.teams.len()) {
+                return bad(format!("team {i} has an unknown parent"));
+            }
+            // Walking up more steps than there are teams means a cycle.
+            let mut at = t.parent;
+            for _ in 0..=self.teams.len() {
+                match at {
+                    Some(p) => at = self.teams[p].parent,
+                    None => break,
+                }
+            }
+            if at.is_some() {
+                return bad(format!("team {i} is in a parent cycle"));
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.cluster >= self.clusters.len() || n.flavor >= flavors {
+                return bad(format!("node {i} refers to an unknown cluster or flavor"));
+            }
+            if n.gpus > MAX_GPUS_PER_NODE || n.unavailable_gpus > n.gpus {
+                return bad(format!("node {i} has {} GPUs ({} unavailable)", n.gpus, n.unavailable_gpus));
+            }
+        }
+        for (i, r) in self.running.iter().enumerate() {
+            check_resources(&r.tasks).map_err(|m| InvalidSnapshot(format!("running {i}: {m}")))?;
+            if r.team >= self.teams.len() || r.cluster >= self.clusters.len() || r.flavor >= flavors {
+                return bad(format!("running {i} refers to an unknown team, cluster or flavor"));
+            }
+            if r.placement.len() != r.tasks.count as usize {
+                return bad(format!("running {i} places {} of {} tasks", r.placement.len(), r.tasks.count));
+            }
+            for p in &r.placement {
+                let Some(node) = self.nodes.get(p.node) else {
+                    return bad(format!("running {i} is on an unknown node"));
+                };
+                if node.cluster != r.cluster || node.flavor != r.flavor {
+                    return bad(format!("running {i} is on node {} of another cluster or flavor", p.node));
+                }
+                if r.tasks.is_fractional() != p.device.is_some() || p.device.is_some_and(|d| u32::from(d) >= node.gpus)
+                {
+                    return bad(format!("running {i}: a fractional task names its GPU, a whole one does not"));
+                }
+            }
+        }
+        for (i, p) in self.pending.iter().enumerate() {
+            check_resources(&p.tasks).map_err(|m| InvalidSnapshot(format!("pending {i}: {m}")))?;
+            if p.team >= self.teams.len() || p.flavors.is_empty() || p.flavors.iter().any(|&f| f >= flavors) {
+                return bad(format!("pending {i} refers to an unknown team or has no known flavor"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_resources(r: &Resources) -> Result<(), String> {
+    if r.count == 0 {
+        return Err("no tasks".into());
+    }
+    if r.is_fractional() && r.gpus > ONE_GPU {
+        return Err(format!("{} hundredths of a GPU: fractions must stay within one GPU", r.gpus));
+    }
+    if r.gpus > MAX_GPUS_PER_NODE * ONE_GPU {
+        return Err(format!("{} GPUs per task is more than a node has", r.gpus / ONE_GPU));
+    }
+    Ok(())
+}

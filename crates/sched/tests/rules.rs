@@ -1,0 +1,556 @@
+//! One test per scheduling rule, on hand-built snapshots; each comment works out the
+//! expected outcome. Every plan is also run through the invariant checker and scheduled
+//! twice (see `support::World::plan`).
+
+mod support;
+
+use berth_core::cluster::ClusterKind;
+use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_sched::plan::{Miss, PreemptionCause, Reason};
+use berth_sched::snapshot::Quota;
+use berth_sched::what_if::{Change, what_if};
+use support::{GPU, World, admitted, preempted, reason};
+
+/// Teams a and b, guaranteed 8 and 8 H100s, on one cluster of two 8-GPU nodes.
+fn two_owners() -> (World, Vec<usize>) {
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 2, 8, None);
+    (w, nodes)
+}
+
+#[test]
+fn an_idle_owners_quota_is_lent_and_exactly_the_borrowed_work_is_reclaimed() {
+    // a is idle; b submits two 8-GPU jobs: the first runs in b's guarantee, the second on
+    // a's idle 8, borrowed.
+    let (mut w, _) = two_owners();
+    w.submit("b1", "b", 1, 8 * GPU, &["h100"]);
+    w.submit("b2", "b", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["b1", "b2"]);
+    assert_eq!(plan.admissions.iter().map(|a| a.borrowed).collect::<Vec<_>>(), [false, true]);
+    w.carry_out(&plan);
+
+    // The owner a submits 8: b2, the borrowed job, is preempted (b1 is in b's quota), and
+    // a waits for it on the node it frees.
+    let a1 = w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["b2"]);
+    let team_a = w.team_ix("a");
+    assert_eq!(plan.preemptions[0].cause, PreemptionCause::Reclaim { team: team_a, workload: a1 });
+    assert!(matches!(reason(&w, &plan, "a1"), Reason::WaitingForReclaim { victims, .. } if victims.len() == 1));
+    let b2_node = w.s.running[plan.preemptions[0].victim].placement[0].node;
+    assert_eq!(plan.waiting[0].reserved_nodes, [b2_node]);
+    w.carry_out(&plan);
+
+    // While b2 stops, nothing more is preempted: a1 counts on the stopping job.
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(reason(&w, &plan, "a1"), Reason::WaitingForReclaim { .. }));
+
+    // Once b2 is gone (and requeued), a1 runs in-quota and b2 waits: b already holds its
+    // fair share (8), and borrowed work never preempts, so there is no ping-pong.
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["a1"]);
+    assert!(!plan.admissions[0].borrowed);
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(reason(&w, &plan, "b2"), Reason::FairShareReached { used: 8.0, fair_share: 8.0, .. }));
+    w.carry_out(&plan);
+    assert!(w.plan().preemptions.is_empty());
+}
+
+#[test]
+fn the_limit_caps_what_a_team_holds_and_the_reason_says_by_how_much() {
+    // b may hold 12: running 8, an 8-GPU job would make 16 > 12.
+    let (mut w, nodes) = two_owners();
+    w.s.teams[1].quotas[0].limit = Some(12);
+    w.run("b0", "b", &nodes, 1, 8 * GPU, false, 0, 0);
+    w.submit("b1", "b", 1, 8 * GPU, &["h100"]);
+    w.submit("b2", "b", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    // b2 (4) fits under the limit (8 + 4 = 12), b1 does not.
+    assert_eq!(admitted(&w, &plan), ["b2"]);
+    let team_b = w.team_ix("b");
+    assert_eq!(
+        reason(&w, &plan, "b1"),
+        &Reason::QuotaLimitReached { team: team_b, flavor: 0, used: 8.0, limit: 12.0, requested: 8.0 }
+    );
+}
+
+#[test]
+fn a_parents_limit_binds_its_children() {
+    // Department d (limit 8) with child team t (no limit of its own): t's 12-GPU job
+    // would take d to 12 > 8.
+    let mut w = World::new(&["h100"]);
+    let d = w.team("d", None, &[("h100", 0, Some(8), 1)]);
+    w.team("t", Some("d"), &[]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    w.nodes(c, "h100", 2, 8, None);
+    w.submit("t1", "t", 2, 6 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(
+        matches!(reason(&w, &plan, "t1"), Reason::QuotaLimitReached { team, limit, .. } if *team == d && *limit == 8.0)
+    );
+}
+
+#[test]
+fn non_preemptible_work_runs_only_in_quota() {
+    // a is guaranteed 8; a non-preemptible 8 fits in it, a second would borrow: refused.
+    let (mut w, _) = two_owners();
+    let x = w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let y = w.submit("a2", "a", 1, 8 * GPU, &["h100"]);
+    w.pending(x).preemptible = false;
+    w.pending(y).preemptible = false;
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["a1"]);
+    assert!(!plan.admissions[0].borrowed);
+    assert!(
+        matches!(reason(&w, &plan, "a2"), Reason::GuaranteeExceeded { used, guaranteed, .. } if *used == 8.0 && *guaranteed == 8.0)
+    );
+}
+
+#[test]
+fn in_quota_non_preemptible_work_is_never_preempted() {
+    // b runs 16, all non-preemptible though 8 of it is... in-quota only: b0 (8) in-quota
+    // non-preemptible, b1 (8) borrowed but also non-preemptible (admitted before a rule
+    // change). a's claim may only take preemptible borrowed work: nothing, so a1 waits.
+    let (mut w, nodes) = two_owners();
+    let b0 = w.run("b0", "b", &nodes, 1, 8 * GPU, false, 0, 0);
+    let b1 = w.run("b1", "b", &nodes, 1, 8 * GPU, true, 0, 0);
+    w.s.running[b0].preemptible = false;
+    w.s.running[b1].preemptible = false;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(reason(&w, &plan, "a1"), Reason::NoClusterFits { .. }));
+}
+
+#[test]
+fn borrowed_work_never_preempts() {
+    // a has no guarantee; b's borrowed job fills the cluster. a's job would be borrowed,
+    // so it waits rather than take b's place.
+    let (mut w, nodes) = two_owners();
+    w.s.teams[0].quotas[0].guaranteed = 0;
+    w.run("b0", "b", &nodes, 1, 8 * GPU, false, 0, 0);
+    w.run("b1", "b", &nodes, 1, 8 * GPU, true, 0, 0);
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+}
+
+#[test]
+fn reclaim_takes_the_cheapest_victim_lowest_priority_then_most_recent() {
+    // c is idle with guarantee 8 of 24. a and b each run one borrowed 8-GPU job besides
+    // their in-quota ones: a's at priority 5, b's at priority 1. c's claim preempts only
+    // b's (lower priority). With equal priorities the one started last goes.
+    let mut w = World::new(&["h100"]);
+    for t in ["a", "b", "c"] {
+        w.team(t, None, &[("h100", 8, None, 1)]);
+    }
+    let cl = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(cl, "h100", 3, 8, None);
+    w.run("a-in", "a", &nodes[0..1], 1, 4 * GPU, false, 0, 0);
+    w.run("b-in", "b", &nodes[0..1], 1, 4 * GPU, false, 0, 0);
+    w.run("a-borrowed", "a", &nodes[1..2], 1, 8 * GPU, true, 5, 100);
+    w.run("b-borrowed", "b", &nodes[2..3], 1, 8 * GPU, true, 1, 50);
+    w.submit("c1", "c", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["b-borrowed"]);
+
+    w.s.running[3].priority = 5;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["a-borrowed"], "equal priority: the most recently started goes");
+}
+
+#[test]
+fn reclaim_preempts_only_as_many_as_needed() {
+    // c needs 4 GPUs on one node; b runs four borrowed 2-GPU jobs on a full node. Two of
+    // them (the cheapest: lowest priority) are enough.
+    let mut w = World::new(&["h100"]);
+    w.team("b", None, &[("h100", 0, None, 1)]);
+    w.team("c", None, &[("h100", 8, None, 1)]);
+    let cl = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(cl, "h100", 1, 8, None);
+    for (i, prio) in [3, 1, 2, 4].iter().enumerate() {
+        w.run(&format!("b{i}"), "b", &nodes, 1, 2 * GPU, true, *prio, 0);
+    }
+    w.submit("c1", "c", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    let mut victims = preempted(&w, &plan);
+    victims.sort();
+    assert_eq!(victims, ["b1", "b2"]);
+}
+
+#[test]
+fn higher_priority_preempts_lower_priority_work_of_the_same_team() {
+    // a is guaranteed 8 and runs a low-priority job on all of it; a's urgent job (priority
+    // 100) preempts it (cause: priority) and will run in-quota. A non-preemptible
+    // low-priority job would be left alone.
+    let (mut w, nodes) = two_owners();
+    w.run("b0", "b", &nodes[1..], 1, 8 * GPU, false, 0, 0);
+    let low = w.run("a-low", "a", &nodes[..1], 1, 8 * GPU, false, -5, 0);
+    let urgent = w.submit("a-urgent", "a", 1, 8 * GPU, &["h100"]);
+    w.pending(urgent).priority = 100;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["a-low"]);
+    assert_eq!(plan.preemptions[0].cause, PreemptionCause::Priority { workload: urgent });
+
+    w.s.running[low].preemptible = false;
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+}
+
+#[test]
+fn gangs_start_whole_or_not_at_all() {
+    // Two 8-GPU nodes with 4 GPUs busy on each: 8 free in total. A gang of 2 × 4 fits
+    // (one task per node); a gang of 3 × 4 does not, and nothing of it is placed. (a is
+    // guaranteed 16 here, so quota is not what stops it.)
+    let (mut w, nodes) = two_owners();
+    w.s.teams[0].quotas[0].guaranteed = 16;
+    w.run("x", "b", &nodes[..1], 1, 4 * GPU, false, 0, 0);
+    w.run("y", "b", &nodes[1..], 1, 4 * GPU, false, 0, 0);
+    w.submit("big", "a", 3, 4 * GPU, &["h100"]);
+    w.submit("fits", "a", 2, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["fits"]);
+    assert_eq!(plan.admissions[0].placement.len(), 2);
+    assert!(matches!(
+        reason(&w, &plan, "big"),
+        Reason::NoClusterFits { attempts } if attempts[0].clusters[0].miss == Miss::NotEnoughGpus { free: 8.0, needed: 12.0 }
+    ));
+}
+
+#[test]
+fn a_gang_needs_whole_tasks_per_node() {
+    // 8 GPUs free, but 4 + 4 on two nodes: one 8-GPU task does not fit (fragmented).
+    let (mut w, nodes) = two_owners();
+    w.run("x", "b", &nodes[..1], 1, 4 * GPU, false, 0, 0);
+    w.run("y", "b", &nodes[1..], 1, 4 * GPU, false, 0, 0);
+    w.submit("one8", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(
+        matches!(reason(&w, &plan, "one8"), Reason::NoClusterFits { attempts } if attempts[0].clusters[0].miss == Miss::Fragmented)
+    );
+}
+
+#[test]
+fn fractional_tasks_share_a_gpu_and_pack() {
+    // One node with 2 GPUs. Three 0.5-GPU jobs: the first two share GPU 0, the third opens
+    // GPU 1; a whole-GPU job then finds no free GPU.
+    let mut w = World::new(&["l4"]);
+    w.team("a", None, &[("l4", 4, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Kubernetes, &[]);
+    w.nodes(c, "l4", 1, 2, None);
+    for i in 0..3 {
+        w.submit(&format!("half{i}"), "a", 1, GPU / 2, &["l4"]);
+    }
+    w.submit("whole", "a", 1, GPU, &["l4"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["half0", "half1", "half2"]);
+    let devices: Vec<Option<u8>> = plan.admissions.iter().map(|a| a.placement[0].device).collect();
+    assert_eq!(devices, [Some(0), Some(0), Some(1)]);
+    assert!(matches!(reason(&w, &plan, "whole"), Reason::NoClusterFits { .. }));
+}
+
+#[test]
+fn best_fit_packs_onto_busy_nodes_to_keep_whole_nodes_free() {
+    // Node 0 has 2 GPUs busy (6 free), node 1 is empty. A 4-GPU job goes to node 0, so an
+    // 8-GPU job still fits on node 1.
+    let (mut w, nodes) = two_owners();
+    w.run("x", "b", &nodes[..1], 1, 2 * GPU, false, 0, 0);
+    w.submit("four", "a", 1, 4 * GPU, &["h100"]);
+    w.submit("eight", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["four", "eight"]);
+    assert_eq!(plan.admissions[0].placement[0].node, nodes[0]);
+    assert_eq!(plan.admissions[1].placement[0].node, nodes[1]);
+}
+
+#[test]
+fn topology_required_keeps_a_gang_in_one_block_and_preferred_falls_back() {
+    // Block x: 2 nodes, one of them busy; block y: 2 empty nodes. A 2 × 8 gang requiring one
+    // block goes to y. A 3 × 8 gang requiring one block cannot be placed (24 free, but no
+    // block has 3 free nodes): topology unsatisfiable. Preferred instead, it spans blocks.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 32, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Slurm, &[]);
+    let x = w.nodes(c, "h100", 2, 8, Some("x"));
+    let y = w.nodes(c, "h100", 2, 8, Some("y"));
+    w.run("busy", "a", &x[..1], 1, 8 * GPU, false, 0, 0);
+    let pair = w.submit("pair", "a", 2, 8 * GPU, &["h100"]);
+    w.pending(pair).topology = TopologyPolicy::Required;
+    let plan = w.plan();
+    let used: Vec<usize> = plan.admissions[0].placement.iter().map(|t| t.node).collect();
+    assert_eq!(used, y);
+
+    w.s.pending.clear();
+    let three = w.submit("three", "a", 3, 8 * GPU, &["h100"]);
+    w.pending(three).topology = TopologyPolicy::Required;
+    let plan = w.plan();
+    assert_eq!(reason(&w, &plan, "three"), &Reason::TopologyUnsatisfiable { flavor: 0 });
+    w.pending(three).topology = TopologyPolicy::Preferred;
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["three"]);
+}
+
+#[test]
+fn flavors_are_tried_in_the_workloads_order() {
+    // The H100s are full, so a job accepting H100 then A100 lands on A100; one accepting
+    // only H100 waits.
+    let mut w = World::new(&["h100", "a100"]);
+    w.team("a", None, &[("h100", 8, None, 1), ("a100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let h = w.nodes(c, "h100", 1, 8, None);
+    w.nodes(c, "a100", 1, 8, None);
+    w.run("busy", "a", &h, 1, 8 * GPU, false, 0, 0);
+    w.submit("either", "a", 1, 4 * GPU, &["h100", "a100"]);
+    w.submit("h100-only", "a", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["either"]);
+    assert_eq!(plan.admissions[0].flavor, 1);
+}
+
+#[test]
+fn cluster_choice_packs_first_then_prefers_the_cheaper_tier_then_the_suitable_backend() {
+    // Two empty identical clusters, spot and reservation: the reservation one wins.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 32, None, 1)]);
+    let spot = w.cluster("spot", ClusterKind::Kubernetes, &[("tier", "spot")]);
+    let reserved = w.cluster("reserved", ClusterKind::Kubernetes, &[("tier", "reservation")]);
+    let spot_nodes = w.nodes(spot, "h100", 1, 8, None);
+    w.nodes(reserved, "h100", 1, 8, None);
+    w.submit("job", "a", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(plan.admissions[0].cluster, reserved);
+
+    // With 4 GPUs busy on the spot cluster, the job fills it exactly: packing wins over tier.
+    w.run("busy", "a", &spot_nodes, 1, 4 * GPU, false, 0, 0);
+    let plan = w.plan();
+    assert_eq!(plan.admissions[0].cluster, spot);
+
+    // Same tier and fit: training prefers Slurm, inference Kubernetes.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 32, None, 1)]);
+    let k8s = w.cluster("k8s", ClusterKind::Kubernetes, &[]);
+    let slurm = w.cluster("slurm", ClusterKind::Slurm, &[]);
+    w.nodes(k8s, "h100", 1, 8, None);
+    w.nodes(slurm, "h100", 1, 8, None);
+    w.submit("train", "a", 1, 4 * GPU, &["h100"]);
+    assert_eq!(w.plan().admissions[0].cluster, slurm);
+    w.pending(0).kind = WorkloadKind::Inference;
+    assert_eq!(w.plan().admissions[0].cluster, k8s);
+}
+
+#[test]
+fn placement_constraints_and_cordons_explain_themselves() {
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[("region", "us")]);
+    w.nodes(c, "h100", 1, 8, None);
+    let eu = w.submit("eu", "a", 1, GPU, &["h100"]);
+    w.pending(eu).cluster_selector.insert("region".into(), "eu".into());
+    let slurm_only = w.submit("slurm-only", "a", 1, GPU, &["h100"]);
+    w.pending(slurm_only).backend_kinds = vec![ClusterKind::Slurm];
+    let plan = w.plan();
+    assert_eq!(reason(&w, &plan, "eu"), &Reason::PlacementMatchesNoCluster);
+    assert_eq!(reason(&w, &plan, "slurm-only"), &Reason::PlacementMatchesNoCluster);
+
+    w.s.pending.clear();
+    w.submit("any", "a", 1, GPU, &["h100"]);
+    w.s.clusters[c].cordoned = true;
+    let plan = w.plan();
+    assert_eq!(reason(&w, &plan, "any"), &Reason::ClustersCordoned);
+}
+
+#[test]
+fn teams_furthest_below_their_fair_share_go_first_then_priority_then_submission() {
+    // 8 GPUs, a and b with equal weight and no guarantees: fair shares 4 and 4 (both want
+    // more). a already runs 4, b nothing: b goes first and takes the last 4; a waits.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[]);
+    w.team("b", None, &[]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 1, 8, None);
+    w.run("a0", "a", &nodes, 1, 4 * GPU, true, 0, 0);
+    w.submit("a1", "a", 1, 4 * GPU, &["h100"]);
+    w.submit("b1", "b", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["b1"]);
+
+    // Inside a team: higher priority first, then earlier submission. Only 4 GPUs free: two
+    // 2-GPU jobs run, the later low-priority one waits at team position 1.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 1, 8, None);
+    w.run("a0", "a", &nodes, 1, 4 * GPU, true, 0, 0);
+    w.submit("early-low", "a", 1, 2 * GPU, &["h100"]);
+    w.submit("late-low", "a", 1, 2 * GPU, &["h100"]);
+    let high = w.submit("late-high", "a", 1, 2 * GPU, &["h100"]);
+    w.pending(high).priority = 10;
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["late-high", "early-low"]);
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!((plan.waiting[0].position, plan.waiting[0].team_position), (1, 1));
+}
+
+#[test]
+fn a_gang_that_cannot_fit_does_not_block_smaller_work_behind_it() {
+    // 8 free GPUs; the first job in line wants 16, the one behind it 4: the 4 runs.
+    let (mut w, _) = two_owners();
+    w.s.nodes.truncate(1);
+    w.submit("huge", "a", 2, 8 * GPU, &["h100"]);
+    w.submit("small", "a", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["small"]);
+}
+
+#[test]
+fn a_starving_gang_gets_nodes_reserved_and_only_work_elsewhere_backfills() {
+    // Two 8-GPU nodes, 4 GPUs busy on each. A 2 × 8 gang has waited past the starvation
+    // time: both nodes are reserved for it (it needs both once empty). A 2-GPU job behind
+    // it may not use them, so it waits with the reservation as the per-cluster reason.
+    // (a is guaranteed 16 here, so both run in-quota.)
+    let (mut w, nodes) = two_owners();
+    w.s.teams[0].quotas[0].guaranteed = 16;
+    w.run("x", "b", &nodes[..1], 1, 4 * GPU, false, 0, 0);
+    w.run("y", "b", &nodes[1..], 1, 4 * GPU, false, 0, 0);
+    let gang = w.submit("gang", "a", 2, 8 * GPU, &["h100"]);
+    w.pending(gang).submitted_at = w.s.now - 7_200;
+    w.submit("small", "a", 1, 2 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(plan.admissions.is_empty());
+    let gang_wait = plan.waiting.iter().find(|x| x.workload == gang).unwrap();
+    assert_eq!(gang_wait.reserved_nodes, nodes);
+    assert!(
+        matches!(reason(&w, &plan, "small"), Reason::NoClusterFits { attempts } if attempts[0].clusters[0].miss == Miss::Reserved)
+    );
+
+    // Not starving yet: the small job backfills.
+    w.pending(gang).submitted_at = w.s.now - 60;
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["small"]);
+}
+
+#[test]
+fn every_waiting_workload_has_a_global_and_a_team_position() {
+    let (mut w, _) = two_owners();
+    w.s.nodes.clear();
+    w.s.nodes.extend(World::new(&["h100"]).s.nodes);
+    let c = 0;
+    w.nodes(c, "h100", 1, 8, None);
+    for i in 0..3 {
+        w.submit(&format!("a{i}"), "a", 1, 8 * GPU, &["h100"]);
+        w.submit(&format!("b{i}"), "b", 1, 8 * GPU, &["h100"]);
+    }
+    let plan = w.plan();
+    assert_eq!(plan.admissions.len(), 1);
+    let positions: Vec<(u32, u32)> = plan.waiting.iter().map(|x| (x.position, x.team_position)).collect();
+    assert_eq!(positions.len(), 5);
+    assert_eq!(positions.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+    let mut per_team: Vec<u32> = positions.iter().map(|p| p.1).collect();
+    per_team.sort_unstable();
+    assert_eq!(per_team, [1, 1, 2, 2, 3]);
+}
+
+#[test]
+fn fair_shares_are_reported_per_team_and_flavor() {
+    // a guaranteed 8, wants 16; b guaranteed 8, idle: a's fair share is 16, b's 0.
+    let (mut w, _) = two_owners();
+    w.submit("a1", "a", 2, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let a = plan.shares.iter().find(|s| s.team == 0).unwrap();
+    assert_eq!((a.fair_share, a.used, a.demand, a.guaranteed), (16.0, 16.0, 16.0, 8.0));
+    let b = plan.shares.iter().find(|s| s.team == 1).unwrap();
+    assert_eq!((b.fair_share, b.used), (0.0, 0.0));
+}
+
+#[test]
+fn what_if_shows_the_effect_of_a_quota_change_and_of_a_cluster() {
+    // b borrows a's idle 8. What if a's guarantee rose to 16 and a submitted 8? b's
+    // borrowed job would be preempted. What if the cluster were removed? Everything running
+    // there is displaced and requeued.
+    let (mut w, nodes) = two_owners();
+    w.run("b0", "b", &nodes[..1], 1, 8 * GPU, false, 0, 0);
+    w.run("b1", "b", &nodes[1..], 1, 8 * GPU, true, 0, 0);
+    let mut job = w.s.pending.clone();
+    let a1 = w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    job.push(w.s.pending.remove(a1));
+    let quota = Quota { guaranteed: 16, limit: None, weight: 1 };
+    let changes =
+        [Change::SetQuota { team: "a".into(), flavor: "h100".into(), quota }, Change::AddWorkloads { workloads: job }];
+    let result = what_if(&w.s, &changes).unwrap();
+    assert_eq!(result.diff.preempted, ["b1"]);
+    assert!(
+        result
+            .diff
+            .shares
+            .iter()
+            .any(|(t, f, before, after)| t == "a" && f == "h100" && *before == 0.0 && *after == 8.0)
+    );
+
+    // An added cluster lets the waiting job run at once, preempting nobody.
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let mut extra = w.s.clone();
+    let c2 = extra.clusters.len();
+    let more = {
+        let mut x = World { s: std::mem::take(&mut extra) };
+        x.cluster("c2", ClusterKind::Sim, &[]);
+        x.nodes(c2, "h100", 1, 8, None);
+        (x.s.clusters[c2].clone(), x.s.nodes[x.s.nodes.len() - 1].clone())
+    };
+    let result = what_if(&w.s, &[Change::AddCluster { cluster: more.0, nodes: vec![more.1] }]).unwrap();
+    assert_eq!(result.diff.admitted, ["a1"]);
+    assert!(result.diff.preempted.is_empty() && result.before.preemptions.len() == 1);
+    assert_eq!(result.diff.no_longer_preempted, ["b1"]);
+
+    let result = what_if(&w.s, &[Change::RemoveCluster { cluster: "c1".into() }]).unwrap();
+    assert_eq!(result.diff.displaced, ["b0", "b1"]);
+    assert!(result.after.admissions.is_empty());
+    assert_eq!(result.after.waiting.len(), 3);
+}
+
+#[test]
+fn borrowing_stops_at_the_fair_share() {
+    // 16 GPUs, a and b without guarantees and equal weights, both wanting 16: shares 8 and
+    // 8. Each team's first 8-GPU job runs; the second would take its team to 16, above its
+    // share, so it waits.
+    let (mut w, _) = two_owners();
+    w.s.teams[0].quotas[0].guaranteed = 0;
+    w.s.teams[1].quotas[0].guaranteed = 0;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    w.submit("a2", "a", 1, 8 * GPU, &["h100"]);
+    w.submit("b1", "b", 1, 8 * GPU, &["h100"]);
+    w.submit("b2", "b", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let mut ids = admitted(&w, &plan);
+    ids.sort();
+    assert_eq!(ids, ["a1", "b1"]);
+    assert!(matches!(
+        reason(&w, &plan, "a2"),
+        Reason::FairShareReached { used: 8.0, fair_share: 8.0, requested: 8.0, .. }
+    ));
+}
+
+#[test]
+fn while_a_workload_waits_for_reclaim_its_team_does_not_borrow_the_guarantee_away() {
+    // a is guaranteed 8 and runs a low-priority 8-GPU job on node 0; node 1 is free. a's
+    // urgent non-preemptible job needs 8 in-quota, so it preempts the low one. a's
+    // low-priority 4-GPU job behind it would fit on node 1, but only borrowed: admitting it
+    // would use up the guarantee the urgent job counts on (and get it preempted in turn
+    // next cycle), so it waits, borrowing paused.
+    let (mut w, nodes) = two_owners();
+    w.s.teams[0].quotas[0].limit = None;
+    w.run("a-low", "a", &nodes[..1], 1, 8 * GPU, false, -5, 0);
+    let urgent = w.submit("urgent", "a", 1, 8 * GPU, &["h100"]);
+    w.pending(urgent).priority = 100;
+    w.pending(urgent).preemptible = false;
+    let later = w.submit("later", "a", 1, 4 * GPU, &["h100"]);
+    w.pending(later).priority = -10;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["a-low"]);
+    assert_eq!(reason(&w, &plan, "later"), &Reason::BorrowingPaused { flavor: 0, workload: urgent });
+}
