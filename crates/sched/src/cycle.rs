@@ -22,7 +22,7 @@
 //!    never blocks the ones behind it otherwise.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use berth_core::workload::TopologyPolicy;
 
@@ -57,6 +57,20 @@ pub(crate) struct Pool {
     pub running: Vec<RunningIx>,
     /// Free GPU hundredths on `nodes`.
     pub free: u64,
+    /// Bumped whenever what a gang could get here shrinks (an admission, held nodes).
+    version: u64,
+    /// What could be freed here without new victims: GPU hundredths of stopping work not
+    /// yet counted on.
+    stopping: u64,
+    /// Upper bound on what reclaim could free here: borrowed preemptible work of teams that
+    /// were above their fair share when the cycle began.
+    reclaimable: u64,
+    /// Upper bound on what a team could free here by priority: its preemptible work.
+    own: HashMap<TeamIx, u64>,
+    /// The running work behind `stopping`, `reclaimable` and `own`, cheapest first.
+    stopping_list: Vec<RunningIx>,
+    reclaim_list: Vec<RunningIx>,
+    own_list: HashMap<TeamIx, Vec<RunningIx>>,
 }
 
 /// Builds the pools and a `(cluster, flavor) → pool` table.
@@ -73,6 +87,13 @@ pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Optio
                 groups: Vec::new(),
                 running: Vec::new(),
                 free: 0,
+                version: 0,
+                stopping: 0,
+                reclaimable: 0,
+                own: HashMap::new(),
+                stopping_list: Vec::new(),
+                reclaim_list: Vec::new(),
+                own_list: HashMap::new(),
             });
             blocks.push(BTreeMap::new());
             pools.len() - 1
@@ -157,6 +178,9 @@ pub(crate) fn gpus(hundredths: u64) -> f64 {
     hundredths as f64 / f64::from(ONE_GPU)
 }
 
+/// A pool and a gang's shape: count, GPUs, CPUs and memory per task, topology policy.
+type ShapeOnPool = (usize, u32, u32, u32, u64, u8);
+
 /// A gang placed on a cluster, before it is chosen.
 struct Candidate {
     key: (bool, u32, usize, usize, ClusterIx),
@@ -183,6 +207,10 @@ struct Cycle<'a> {
     reserved_for: Vec<Option<PendingIx>>,
     /// The same, by workload.
     held: BTreeMap<PendingIx, Vec<NodeIx>>,
+    /// Why a gang shape missed a pool, and the pool's version then.
+    misses: HashMap<ShapeOnPool, (u64, Miss)>,
+    /// Teams whose subtree usage preemption lowered since the last pass.
+    lowered: BTreeSet<TeamIx>,
     pool_reserved: Vec<bool>,
     ancestors: Vec<Vec<TeamIx>>,
     /// GPU hundredths per `team * flavors + flavor`: the team's own workloads (running and
@@ -200,6 +228,8 @@ struct Cycle<'a> {
     paused: Vec<Option<PendingIx>>,
     /// Per running workload: preempted, or counted on by a waiting workload, in this plan.
     gone: Vec<bool>,
+    /// Per running workload: borrowed, preemptible, of a team above its share at the start.
+    reclaimable: Vec<bool>,
     plan: Plan,
 }
 
@@ -218,11 +248,42 @@ impl<'a> Cycle<'a> {
                 subtree_used[a * flavors + r.flavor] += amount;
             }
         }
+        let mut pools = pools;
+        let reclaimable: Vec<bool> = s
+            .running
+            .iter()
+            .map(|r| {
+                let i = r.team * flavors + r.flavor;
+                !r.preempting && r.preemptible && r.borrowed && gpus(used[i]) > share[i] + 1e-9
+            })
+            .collect();
+        for pool in &mut pools {
+            // `running` is cheapest first, and so is every list taken from it.
+            for &v in &pool.running {
+                let r = &s.running[v];
+                let amount = u64::from(r.tasks.total_gpus());
+                if r.preempting {
+                    pool.stopping += amount;
+                    pool.stopping_list.push(v);
+                    continue;
+                }
+                if reclaimable[v] {
+                    pool.reclaimable += amount;
+                    pool.reclaim_list.push(v);
+                }
+                if r.preemptible {
+                    *pool.own.entry(r.team).or_default() += amount;
+                    pool.own_list.entry(r.team).or_default().push(v);
+                }
+            }
+        }
         Self {
             s,
             flavors,
             reserved_for: vec![None; s.nodes.len()],
             held: BTreeMap::new(),
+            misses: HashMap::new(),
+            lowered: BTreeSet::new(),
             pool_reserved: vec![false; pools.len()],
             running_used: used.clone(),
             states,
@@ -234,6 +295,7 @@ impl<'a> Cycle<'a> {
             share,
             demand,
             gone: vec![false; s.running.len()],
+            reclaimable,
             paused: vec![None; s.teams.len() * flavors],
             plan: Plan::default(),
         }
@@ -268,11 +330,16 @@ impl<'a> Cycle<'a> {
         // Preemptions lower the usage of the victims' teams, which can admit (or let reclaim
         // for) work that an earlier visit found over quota: visit the rest again, in the
         // same order, until nothing more is preempted.
-        let mut preempted = 0;
-        while self.plan.preemptions.len() > preempted {
-            preempted = self.plan.preemptions.len();
+        while !self.lowered.is_empty() {
+            let lowered = std::mem::take(&mut self.lowered);
             for (w, reason) in &mut waiting {
-                if reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
+                let t = s.pending[*w].team;
+                // Quota depends on the team's own subtree and on its ancestors' limits.
+                let affected = lowered.contains(&t)
+                    || self.ancestors[t]
+                        .iter()
+                        .any(|&a| lowered.contains(&a) && s.teams[a].quotas.iter().any(|q| q.limit.is_some()));
+                if affected && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
                     let has_reservation = self.held.get(w).is_some_and(|n| !n.is_empty());
                     *reason = self.visit(*w, starving[*w] && !has_reservation);
                 }
@@ -340,6 +407,10 @@ impl<'a> Cycle<'a> {
             if self.reserved_for[n].is_none() {
                 self.reserved_for[n] = Some(w);
                 self.held.entry(w).or_default().push(n);
+                let node = &self.s.nodes[n];
+                if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
+                    self.pools[pool].version += 1;
+                }
             }
         }
     }
@@ -415,11 +486,20 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         let mut best: Option<Candidate> = None;
         let mut misses = Vec::new();
-        let allowed: Vec<(ClusterIx, usize)> = self.allowed_pools(p, f).collect();
+        let mut allowed: Vec<(ClusterIx, usize)> = self.allowed_pools(p, f).collect();
+        // In tier and backend order, so that a perfect fit (in one block, nothing left over)
+        // ends the search: no cluster after it can beat it.
+        allowed.sort_by_key(|&(c, _)| (s.clusters[c].tier_rank(), p.backend_rank(s.clusters[c].kind), c));
         for (c, pool) in allowed {
             let outcome = if s.clusters[c].cordoned { Err(Miss::Cordoned) } else { self.try_pool(w, pool) };
             match outcome {
-                Ok(candidate) if best.as_ref().is_none_or(|b| candidate.key < b.key) => best = Some(candidate),
+                Ok(candidate) if best.as_ref().is_none_or(|b| candidate.key < b.key) => {
+                    let perfect = !candidate.key.0 && candidate.key.1 == 0;
+                    best = Some(candidate);
+                    if perfect {
+                        break;
+                    }
+                }
                 Ok(_) => {}
                 Err(miss) => misses.push(ClusterMiss { cluster: c, miss }),
             }
@@ -429,6 +509,9 @@ impl<'a> Cycle<'a> {
 
     /// Nodes of `pool` that `w` may use: not held for another workload.
     fn open_nodes(&self, w: PendingIx, nodes: &[NodeIx]) -> Vec<NodeIx> {
+        if self.held.is_empty() {
+            return nodes.to_vec();
+        }
         nodes.iter().copied().filter(|&n| self.reserved_for[n].is_none_or(|r| r == w)).collect()
     }
 
@@ -441,6 +524,16 @@ impl<'a> Cycle<'a> {
         let needed = u64::from(r.total_gpus());
         if pool.free < needed {
             return Err(Miss::NotEnoughGpus { free: gpus(pool.free), needed: gpus(needed) });
+        }
+        // A gang of the same shape that missed here since the pool last shrank misses again
+        // (unless nodes are held for this workload, which only it may use).
+        let key = (pool_ix, r.count, r.gpus, r.cpus_milli, r.memory_mib, p.topology as u8);
+        let cacheable = !self.held.contains_key(&w);
+        if cacheable
+            && let Some((version, miss)) = self.misses.get(&key)
+            && *version == pool.version
+        {
+            return Err(miss.clone());
         }
         let open = self.open_nodes(w, &pool.nodes);
         let mut best: Option<(Placed, Vec<NodeIx>)> = None;
@@ -460,7 +553,7 @@ impl<'a> Cycle<'a> {
         }
         let Some((placed, nodes)) = best else {
             let open_free: u64 = open.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
-            return Err(if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r).is_some() {
+            let miss = if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r).is_some() {
                 Miss::Topology
             } else if open.len() < pool.nodes.len() && trial(&mut self.states, &pool.nodes, r).is_some() {
                 Miss::Reserved
@@ -468,7 +561,11 @@ impl<'a> Cycle<'a> {
                 Miss::NotEnoughGpus { free: gpus(open_free), needed: gpus(needed) }
             } else {
                 Miss::Fragmented
-            });
+            };
+            if cacheable {
+                self.misses.insert(key, (pool.version, miss.clone()));
+            }
+            return Err(miss);
         };
         let cluster = &self.s.clusters[pool.cluster];
         let key = (!topology_fit, placed.leftover, cluster.tier_rank(), p.backend_rank(cluster.kind), pool.cluster);
@@ -484,6 +581,7 @@ impl<'a> Cycle<'a> {
         let placed = place(&mut self.states, &c.nodes, &p.tasks).expect("the chosen placement still fits");
         debug_assert_eq!(placed, c.placed);
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
+        self.pools[c.pool].version += 1;
         self.charge(p.team, f, u64::from(p.tasks.total_gpus()));
         self.plan.admissions.push(Admission {
             workload: w,
@@ -528,10 +626,17 @@ impl<'a> Cycle<'a> {
         for &v in &found.victims {
             self.gone[v] = true;
             let victim = &s.running[v];
+            let amount = u64::from(victim.tasks.total_gpus());
+            let pool = &mut self.pools[found.pool];
             if victim.preempting {
+                pool.stopping -= amount;
                 continue;
             }
-            let amount = u64::from(victim.tasks.total_gpus());
+            if self.reclaimable[v] {
+                pool.reclaimable -= amount;
+            }
+            *pool.own.get_mut(&victim.team).expect("counted") -= amount;
+            self.lowered.extend(&self.ancestors[victim.team]);
             let i = victim.team * self.flavors + victim.flavor;
             self.used[i] -= amount;
             self.running_used[i] -= amount;
@@ -557,20 +662,21 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         let p = &s.pending[w];
         let pool = &self.pools[pool_ix];
+        let reclaim_bound = if in_quota_now { pool.reclaimable } else { 0 };
+        let own_bound = pool.own.get(&p.team).copied().unwrap_or(0);
+        if pool.free + pool.stopping + reclaim_bound + own_bound < u64::from(p.tasks.total_gpus()) {
+            return None;
+        }
         let mut candidates: Vec<RunningIx> = Vec::new();
         // Already stopping: free to count on.
-        candidates.extend(pool.running.iter().filter(|&&v| !self.gone[v] && s.running[v].preempting));
+        candidates.extend(pool.stopping_list.iter().filter(|&&v| !self.gone[v]));
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).
-            candidates.extend(pool.running.iter().filter(|&&v| {
-                let r = &s.running[v];
-                !self.gone[v] && !r.preempting && r.preemptible && r.borrowed && r.team != p.team
-            }));
+            candidates.extend(pool.reclaim_list.iter().filter(|&&v| !self.gone[v] && s.running[v].team != p.team));
         }
-        candidates.extend(pool.running.iter().filter(|&&v| {
-            let r = &s.running[v];
-            !self.gone[v] && !r.preempting && r.preemptible && r.team == p.team && r.priority < p.priority
-        }));
+        if let Some(own) = pool.own_list.get(&p.team) {
+            candidates.extend(own.iter().filter(|&&v| !self.gone[v] && s.running[v].priority < p.priority));
+        }
         let needed = u64::from(p.tasks.total_gpus());
         let at_most: u64 = candidates.iter().map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum();
         if candidates.is_empty() || pool.free + at_most < needed {

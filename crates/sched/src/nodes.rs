@@ -52,8 +52,15 @@ impl NodeState {
         self.usable.count_ones()
     }
 
-    fn shared_devices(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..DEVICES).filter(|&d| self.shared & (1 << d) != 0)
+    fn shared_devices(&self) -> impl Iterator<Item = usize> + use<> {
+        let mut bits = self.shared;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let d = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                d
+            })
+        })
     }
 
     /// How many of `r`'s tasks an empty node like this one could hold.
@@ -198,7 +205,17 @@ pub struct Placed {
 pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Placed> {
     let mut tasks: Vec<(usize, Option<u8>)> = Vec::with_capacity(r.count as usize);
     for _ in 0..r.count {
-        let best = candidates.iter().filter_map(|&p| states[p].fit_cost(r).map(|c| (c, p))).min();
+        let mut best: Option<(u32, usize)> = None;
+        for &p in candidates {
+            if let Some(cost) = states[p].fit_cost(r)
+                && best.is_none_or(|b| (cost, p) < b)
+            {
+                best = Some((cost, p));
+                if cost == 0 {
+                    break; // Nothing packs better.
+                }
+            }
+        }
         let Some((_, p)) = best else {
             for &(p, d) in tasks.iter().rev() {
                 states[p].give(r, d);

@@ -1,0 +1,180 @@
+//! One full scheduling cycle (validation, node states, fair share, ordering, placement,
+//! preemption, reasons), single thread, on large synthetic snapshots:
+//!
+//! - `small`: 5,000 pending, 1,000 nodes (8,000 GPUs), 100 teams, 4 clusters;
+//! - `large`: 50,000 pending, 10,000 nodes (80,000 GPUs), 1,000 teams, 50 clusters.
+//!
+//! Clusters start about 70 % full with running work (some of it borrowed); pending work is
+//! mostly single GPUs, with fractions, multi-GPU tasks and multi-node gangs, two flavors,
+//! priorities, topology wishes and placement constraints. Run: `cargo bench -p berth-sched`.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use berth_core::cluster::ClusterKind;
+use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_sched::schedule;
+use berth_sched::snapshot::{
+    Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
+};
+
+fn main() {
+    for (name, s) in [("small", &*SMALL), ("large", &*LARGE)] {
+        let plan = schedule(s).expect("valid snapshot");
+        println!(
+            "{name}: {} pending, {} nodes, {} teams, {} clusters, {} running → {} admitted, {} preempted, {} waiting",
+            s.pending.len(),
+            s.nodes.len(),
+            s.teams.len(),
+            s.clusters.len(),
+            s.running.len(),
+            plan.admissions.len(),
+            plan.preemptions.len(),
+            plan.waiting.len()
+        );
+    }
+    divan::main();
+}
+
+static SMALL: LazyLock<Snapshot> = LazyLock::new(|| synthetic(5_000, 1_000, 100, 4, 1));
+static LARGE: LazyLock<Snapshot> = LazyLock::new(|| synthetic(50_000, 10_000, 1_000, 50, 2));
+
+#[divan::bench(sample_count = 20, sample_size = 1)]
+fn small_5k_pending_1k_nodes_100_teams() -> berth_sched::Plan {
+    schedule(divan::black_box(&SMALL)).unwrap()
+}
+
+#[divan::bench(sample_count = 10, sample_size = 1)]
+fn large_50k_pending_10k_nodes_1k_teams_50_clusters() -> berth_sched::Plan {
+    schedule(divan::black_box(&LARGE)).unwrap()
+}
+
+/// SplitMix64: deterministic, so every run benchmarks the same snapshot.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: u64) -> Snapshot {
+    let mut rng = Rng(seed);
+    let flavors = 2;
+    let mut s = Snapshot {
+        now: 1_000_000,
+        starvation_after_seconds: 6 * 3600,
+        flavors: vec!["h100".into(), "a100".into()],
+        ..Snapshot::default()
+    };
+    // Ten departments, the other teams below them; guarantees add up to about 80 % of
+    // capacity, split evenly, with a limit on every third team.
+    let capacity_per_flavor = (nodes * 8 / flavors) as u32;
+    let departments = 10;
+    let leaves = teams - departments;
+    for t in 0..teams {
+        let leaf = t >= departments;
+        let quotas = (0..flavors)
+            .map(|_| {
+                let guaranteed =
+                    if leaf { capacity_per_flavor * 8 / 10 / leaves as u32 } else { capacity_per_flavor * 8 / 100 };
+                let limit = (leaf && t % 3 == 0).then_some(guaranteed * 4 + 8);
+                Quota { guaranteed, limit, weight: 1 + (t % 3) as u32 }
+            })
+            .collect();
+        let parent = leaf.then_some(t % departments);
+        s.teams.push(Team { name: format!("team-{t}"), parent, quotas });
+    }
+    let tiers = ["reservation", "on-demand", "spot"];
+    let kinds = [ClusterKind::Slurm, ClusterKind::Kubernetes, ClusterKind::Sim];
+    for c in 0..clusters {
+        let labels = BTreeMap::from([("tier".to_string(), tiers[c % 3].to_string())]);
+        s.clusters.push(Cluster { name: format!("cluster-{c}"), kind: kinds[c % 3], labels, cordoned: false });
+    }
+    for n in 0..nodes {
+        let cluster = n % clusters;
+        s.nodes.push(Node {
+            name: format!("node-{n}"),
+            cluster,
+            flavor: (n / clusters) % flavors,
+            gpus: 8,
+            unavailable_gpus: 0,
+            cpus_milli: 128_000,
+            memory_mib: 1 << 20,
+            block: Some(format!("block-{}", n / (clusters * 16))),
+            cordoned: false,
+        });
+    }
+    // Fill nodes about 70 % with whole-GPU work of random teams.
+    let mut used = vec![0u32; teams * flavors];
+    for n in 0..nodes {
+        let node = &s.nodes[n];
+        let mut free = 8;
+        while free > 2 && rng.chance(75) {
+            let gpus = [1, 1, 2, 4][rng.below(4) as usize].min(free);
+            free -= gpus;
+            let team = departments + rng.below(leaves as u64) as usize;
+            let i = team * flavors + node.flavor;
+            used[i] += gpus;
+            s.running.push(Running {
+                id: format!("run-{}", s.running.len()),
+                team,
+                priority: rng.below(3) as i32,
+                preemptible: rng.chance(90),
+                borrowed: used[i] > s.teams[team].quotas[node.flavor].guaranteed,
+                started_at: s.now - rng.below(86_400) as i64,
+                preempting: false,
+                cluster: node.cluster,
+                flavor: node.flavor,
+                tasks: Resources { count: 1, gpus: gpus * ONE_GPU, cpus_milli: 4_000, memory_mib: 32_768 },
+                placement: vec![TaskPlacement { node: n, device: None }],
+            });
+        }
+    }
+    for i in 0..pending {
+        let (count, gpus) = match rng.below(100) {
+            0..60 => (1, ONE_GPU),
+            60..70 => (1, [25, 50][rng.below(2) as usize]),
+            70..80 => (1, 2 * ONE_GPU),
+            80..88 => (1, 4 * ONE_GPU),
+            88..95 => (1, 8 * ONE_GPU),
+            95..98 => (2, 8 * ONE_GPU),
+            _ => (4, 8 * ONE_GPU),
+        };
+        let flavors = match rng.below(3) {
+            0 => vec![0],
+            1 => vec![1],
+            _ => vec![0, 1],
+        };
+        let mut cluster_selector = BTreeMap::new();
+        if rng.chance(10) {
+            cluster_selector.insert("tier".into(), tiers[rng.below(3) as usize].into());
+        }
+        s.pending.push(Pending {
+            id: format!("pending-{i}"),
+            team: departments + rng.below(leaves as u64) as usize,
+            kind: if rng.chance(80) { WorkloadKind::Training } else { WorkloadKind::Inference },
+            priority: rng.below(5) as i32 - 2,
+            preemptible: rng.chance(85),
+            submitted_at: s.now - rng.below(12 * 3600) as i64,
+            flavors,
+            tasks: Resources { count, gpus, cpus_milli: 4_000, memory_mib: 32_768 },
+            topology: if count > 1 && rng.chance(50) { TopologyPolicy::Preferred } else { TopologyPolicy::None },
+            cluster_selector,
+            backend_kinds: Vec::new(),
+        });
+    }
+    s
+}
