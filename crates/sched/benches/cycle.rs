@@ -18,6 +18,11 @@ use berth_sched::snapshot::{
     Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
 };
 
+#[path = "../tests/support/rng.rs"]
+mod rng;
+
+use rng::Rng;
+
 fn main() {
     for (name, s) in [("small", &*SMALL), ("large", &*LARGE)] {
         let plan = schedule(s).expect("valid snapshot");
@@ -47,27 +52,6 @@ fn small_5k_pending_1k_nodes_100_teams() -> berth_sched::Plan {
 #[divan::bench(sample_count = 10, sample_size = 1)]
 fn large_50k_pending_10k_nodes_1k_teams_50_clusters() -> berth_sched::Plan {
     schedule(divan::black_box(&LARGE)).unwrap()
-}
-
-/// SplitMix64: deterministic, so every run benchmarks the same snapshot.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
 }
 
 fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: u64) -> Snapshot {

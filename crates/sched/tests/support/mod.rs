@@ -1,6 +1,8 @@
 //! A small builder for hand-made snapshots.
 #![allow(dead_code)]
 
+pub mod rng;
+
 use std::collections::BTreeMap;
 
 use berth_core::cluster::ClusterKind;
