@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use berth_core::workload::TopologyPolicy;
 
 use crate::cycle::{ancestors, gpus, own_shares, pools};
-use crate::nodes::{NodeState, NodeStates, place};
+use crate::nodes::{NodeState, node_states, place};
 use crate::plan::{Plan, PreemptionCause, Reason};
 use crate::snapshot::{NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
 
@@ -17,7 +17,7 @@ use crate::snapshot::{NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
 pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
     let flavors = s.flavors.len();
-    let mut states = NodeStates::build(s).expect("a valid snapshot");
+    let mut states = node_states(s).expect("a valid snapshot");
 
     // Every pending workload is admitted or waits, once; positions count from 1.
     let mut seen = vec![0u32; s.pending.len()];
@@ -112,30 +112,29 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     let mut kept_running = vec![0u64; s.teams.len() * flavors];
     let mut admitted_into = vec![false; s.teams.len() * flavors];
     let mut in_quota_own = vec![0u64; s.teams.len() * flavors];
-    for (_, r) in s.running.iter().enumerate().filter(|&(v, _)| !gone(v)) {
+    for r in s.running.iter().enumerate().filter(|&(v, _)| !gone(v)).map(|(_, r)| r) {
         kept_running[r.team * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
         for &a in &ancestors[r.team] {
             subtree[a * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
         }
     }
     let kept_subtree = subtree.clone();
-    let mut charge = |t: usize, f: usize, amount: u64, in_quota: bool, subtree: &mut Vec<u64>| {
+    // Admitted work, and work waiting for reclaim (it counts on its GPUs): (pending,
+    // flavor, in-quota).
+    let admitted = plan.admissions.iter().map(|a| (a.workload, a.flavor, !a.borrowed));
+    let reclaiming = plan.waiting.iter().filter_map(|w| match w.reason {
+        Reason::WaitingForReclaim { flavor, .. } => Some((w.workload, flavor, true)),
+        _ => None,
+    });
+    for (w, f, in_quota) in admitted.chain(reclaiming) {
+        let p = &s.pending[w];
+        let amount = u64::from(p.tasks.total_gpus());
         if in_quota {
-            in_quota_own[t * flavors + f] += amount;
+            in_quota_own[p.team * flavors + f] += amount;
         }
-        for &a in &ancestors[t] {
+        for &a in &ancestors[p.team] {
             subtree[a * flavors + f] += amount;
             admitted_into[a * flavors + f] = true;
-        }
-    };
-    for a in &plan.admissions {
-        let p = &s.pending[a.workload];
-        charge(p.team, a.flavor, u64::from(p.tasks.total_gpus()), !a.borrowed, &mut subtree);
-    }
-    for w in &plan.waiting {
-        if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
-            let p = &s.pending[w.workload];
-            charge(p.team, flavor, u64::from(p.tasks.total_gpus()), true, &mut subtree);
         }
     }
     for (t, team) in s.teams.iter().enumerate() {
@@ -158,15 +157,17 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
         }
     }
 
-    out.extend(reclaim_violations(s, plan, &states, &subtree, &kept_running, &gone, &counted_on));
+    out.extend(reclaim_violations(s, plan, &ancestors, &states, &subtree, &kept_running, &gone, &counted_on));
     out
 }
 
 /// No in-quota workload waits while preempting borrowed work of teams above their fair
 /// share (or counting on work already stopping) would let it fit.
+#[allow(clippy::too_many_arguments)]
 fn reclaim_violations(
     s: &Snapshot,
     plan: &Plan,
+    ancestors: &[Vec<usize>],
     states: &[NodeState],
     subtree: &[u64],
     kept_running: &[u64],
@@ -174,7 +175,6 @@ fn reclaim_violations(
     counted_on: &BTreeMap<RunningIx, PendingIx>,
 ) -> Vec<String> {
     let flavors = s.flavors.len();
-    let ancestors = ancestors(s);
     let (share, _) = own_shares(s);
     let (pools, pool_at) = pools(s, states);
     let mut held: BTreeMap<NodeIx, PendingIx> = BTreeMap::new();

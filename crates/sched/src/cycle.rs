@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use berth_core::workload::TopologyPolicy;
 
 use crate::fair_share::{TeamInput, fair_shares};
-use crate::nodes::{NodeState, NodeStates, Placed, place};
+use crate::nodes::{NodeState, Placed, node_states, place};
 use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
 };
@@ -42,7 +42,7 @@ use crate::snapshot::{
 /// [`InvalidSnapshot`] when the snapshot breaks a rule of [`Snapshot::validate`].
 pub fn schedule(s: &Snapshot) -> Result<Plan, InvalidSnapshot> {
     s.validate_references()?;
-    let states = NodeStates::build(s).map_err(InvalidSnapshot)?;
+    let states = node_states(s).map_err(InvalidSnapshot)?;
     Ok(Cycle::new(s, states).run())
 }
 

@@ -101,7 +101,7 @@ impl NodeState {
     /// Takes one task of `r`; returns the GPU a fractional task shares. Call only when
     /// [`Self::fit_cost`] says it fits.
     pub fn take(&mut self, r: &Resources) -> Option<u8> {
-        assert!(self.fit_cost(r).is_some(), "take() called for a task that does not fit");
+        debug_assert!(self.fit_cost(r).is_some(), "take() called for a task that does not fit");
         self.cpus_free -= r.cpus_milli;
         self.memory_free -= r.memory_mib;
         if !r.is_fractional() {
@@ -163,32 +163,29 @@ impl NodeState {
 }
 
 /// Every node's state with the snapshot's running work on it.
-pub struct NodeStates;
-
-impl NodeStates {
-    /// # Errors
-    /// When running work does not fit its nodes (the snapshot over-commits a node).
-    pub fn build(s: &Snapshot) -> Result<Vec<NodeState>, String> {
-        let mut states: Vec<NodeState> = s.nodes.iter().map(NodeState::new).collect();
-        // Fractional tasks first: they name their GPU; whole ones then take any free GPUs.
-        for fractional in [true, false] {
-            for (i, r) in s.running.iter().enumerate().filter(|(_, r)| r.tasks.is_fractional() == fractional) {
-                for p in &r.placement {
-                    let state = &mut states[p.node];
-                    let placed = match p.device {
-                        Some(d) => state.take_at(&r.tasks, d),
-                        None if state.fit_cost(&r.tasks).is_some() => {
-                            state.take(&r.tasks);
-                            Ok(())
-                        }
-                        None => Err("no room".into()),
-                    };
-                    placed.map_err(|e| format!("running {i} over-commits node {}: {e}", p.node))?;
-                }
+///
+/// # Errors
+/// When running work does not fit its nodes (the snapshot over-commits a node).
+pub fn node_states(s: &Snapshot) -> Result<Vec<NodeState>, String> {
+    let mut states: Vec<NodeState> = s.nodes.iter().map(NodeState::new).collect();
+    // Fractional tasks first: they name their GPU; whole ones then take any free GPUs.
+    for fractional in [true, false] {
+        for (i, r) in s.running.iter().enumerate().filter(|(_, r)| r.tasks.is_fractional() == fractional) {
+            for p in &r.placement {
+                let state = &mut states[p.node];
+                let placed = match p.device {
+                    Some(d) => state.take_at(&r.tasks, d),
+                    None if state.fit_cost(&r.tasks).is_some() => {
+                        state.take(&r.tasks);
+                        Ok(())
+                    }
+                    None => Err("no room".into()),
+                };
+                placed.map_err(|e| format!("running {i} over-commits node {}: {e}", p.node))?;
             }
         }
-        Ok(states)
     }
+    Ok(states)
 }
 
 /// A gang placed on a set of nodes.

@@ -196,7 +196,7 @@ impl Snapshot {
     /// The first broken rule.
     pub fn validate(&self) -> Result<(), InvalidSnapshot> {
         self.validate_references()?;
-        crate::nodes::NodeStates::build(self).map(|_| ()).map_err(InvalidSnapshot)
+        crate::nodes::node_states(self).map(|_| ()).map_err(InvalidSnapshot)
     }
 
     /// [`Self::validate`] without placing the running work on its nodes.

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
-use berth_sched::nodes::{NodeStates, place};
+use berth_sched::nodes::{node_states, place};
 use berth_sched::schedule;
 use berth_sched::snapshot::{
     Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
@@ -62,7 +62,7 @@ fn snapshot(seed: u64) -> Snapshot {
             });
         }
     }
-    let mut states = NodeStates::build(&s).unwrap();
+    let mut states = node_states(&s).unwrap();
     for i in 0..rng.below(14) {
         let team = rng.below(s.teams.len() as u64) as usize;
         let tasks = resources(&mut rng);

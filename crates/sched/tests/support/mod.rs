@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
-use berth_sched::nodes::{NodeStates, place};
+use berth_sched::nodes::{node_states, place};
 use berth_sched::plan::{Plan, Reason};
 use berth_sched::schedule;
 use berth_sched::snapshot::{
@@ -97,7 +97,7 @@ impl World {
         let node = &self.s.nodes[nodes[0]];
         let (cluster, flavor) = (node.cluster, node.flavor);
         let tasks = Resources { count, gpus, cpus_milli: 1000, memory_mib: 1024 };
-        let mut states = NodeStates::build(&self.s).unwrap();
+        let mut states = node_states(&self.s).unwrap();
         let placed = place(&mut states, nodes, &tasks).expect("running work fits where the test puts it");
         self.s.running.push(Running {
             id: id.into(),
@@ -200,10 +200,6 @@ impl World {
                 });
             }
         }
-    }
-
-    pub fn id_of_pending(&self, w: PendingIx) -> &str {
-        &self.s.pending[w].id
     }
 }
 
