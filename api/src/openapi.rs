@@ -29,6 +29,7 @@ use crate::problem::PROBLEM_JSON;
         (name = "clusters", description = "Registered backends"),
         (name = "workloads", description = "Declared work and its history"),
         (name = "audit", description = "Who changed what"),
+        (name = "controllers", description = "The reconcilers and which replica leads them"),
         (name = "operations", description = "Health, readiness and metrics"),
     ),
 )]

@@ -2,6 +2,7 @@
 //! `berth_app` function, shape the response.
 
 pub mod cluster;
+pub mod controller;
 pub mod flavor;
 pub mod history;
 pub mod team;
@@ -25,6 +26,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(cluster::router())
         .merge(workload::router())
         .merge(history::router())
+        .merge(controller::router())
 }
 
 /// The `ETag` of an object: its resource version, quoted.

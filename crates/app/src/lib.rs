@@ -5,6 +5,8 @@
 //! The HTTP layer calls exactly one of these per request; controllers will call them too.
 
 pub mod cluster;
+pub mod controller;
+pub mod demo;
 pub mod flavor;
 pub mod history;
 pub mod team;

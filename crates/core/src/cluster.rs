@@ -74,11 +74,61 @@ pub struct ClusterSpec {
     pub sim: Option<SimSpec>,
 }
 
-/// The simulated hardware of a `sim` cluster.
+/// The simulated hardware of a `sim` cluster, its clock and the faults to inject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimSpec {
     pub node_groups: Vec<NodeGroup>,
+    /// Simulated seconds per real second: 60 runs a ten-minute job in ten seconds.
+    #[serde(default = "one")]
+    #[schema(example = 60)]
+    pub time_scale: f64,
+    /// Run time of a job whose workload does not set `spec.sim.duration_seconds`.
+    #[serde(default = "default_duration")]
+    pub default_duration_seconds: f64,
+    /// Chance (0 to 1) that a job fails partway through, decided per job from `seed`.
+    #[serde(default)]
+    pub job_failure_probability: f64,
+    /// Seeds the simulated failures, so a run can be repeated exactly.
+    #[serde(default)]
+    pub seed: u64,
+    /// Nodes that have failed: their jobs fail and they take no new work until removed
+    /// from this list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_nodes: Vec<String>,
+    /// Makes the simulated backend unreachable: every call fails, as if it were down.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreachable: bool,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn default_duration() -> f64 {
+    300.0
+}
+
+impl SimSpec {
+    /// Simulated hardware with the defaults for everything else (real time, no faults).
+    pub fn new(node_groups: Vec<NodeGroup>) -> Self {
+        Self {
+            node_groups,
+            time_scale: one(),
+            default_duration_seconds: default_duration(),
+            job_failure_probability: 0.0,
+            seed: 0,
+            failed_nodes: Vec::new(),
+            unreachable: false,
+        }
+    }
+}
+
+impl NodeGroup {
+    /// The name of node `i` (0-based) of the group: `{group}-{i}`.
+    pub fn node_name(&self, i: u32) -> String {
+        format!("{}-{i}", self.name)
+    }
 }
 
 /// `count` identical nodes.
@@ -111,6 +161,15 @@ fn default_memory() -> u64 {
 }
 
 /// Health of a cluster as seen by the controllers.
+///
+/// ```text
+///  Unknown ──► Healthy ◄──► Degraded (a refresh failed) ──► Unreachable (N in a row)
+///                 ▲                                              │
+///                 └──────────────── a refresh succeeds ──────────┘
+/// ```
+///
+/// An `Unreachable` cluster receives no new work; its not-yet-started work is re-placed
+/// and its running work becomes `Unknown`, then is requeued or failed after a timeout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum ClusterHealth {
     /// Not yet contacted.
@@ -126,8 +185,15 @@ pub enum ClusterHealth {
 #[serde(default)]
 pub struct ClusterStatus {
     pub health: ClusterHealth,
+    /// When the backend last answered an inventory refresh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync: Option<DateTime<Utc>>,
+    /// Inventory refreshes that failed in a row, counted up to the configured threshold at
+    /// which the cluster becomes `Unreachable`.
+    pub consecutive_failures: u32,
+    /// Why the cluster is not healthy (the backend's error), if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// GPUs per flavor, as last observed.
     #[serde(default)]
     pub inventory: Vec<InventoryEntry>,
@@ -204,7 +270,26 @@ impl ClusterApply {
                     format!("only a sim cluster has simulated hardware, not a {} cluster", kind.as_str()),
                 );
             }
-            (Some(sim), _) => validate_node_groups(&mut v, &sim.node_groups),
+            (Some(sim), _) => {
+                validate_node_groups(&mut v, &sim.node_groups);
+                v.check(sim.time_scale > 0.0 && sim.time_scale <= 1e6, "/spec/sim/time_scale", || {
+                    "must be above 0 and at most 1000000".into()
+                });
+                v.check(
+                    sim.default_duration_seconds > 0.0 && sim.default_duration_seconds <= 1e8,
+                    "/spec/sim/default_duration_seconds",
+                    || "must be above 0 and at most 100000000".into(),
+                );
+                v.check(
+                    (0.0..=1.0).contains(&sim.job_failure_probability),
+                    "/spec/sim/job_failure_probability",
+                    || "must be between 0 and 1".into(),
+                );
+                v.check(sim.failed_nodes.len() <= 100_000, "/spec/sim/failed_nodes", || "at most 100000 nodes".into());
+                for (i, n) in sim.failed_nodes.iter().enumerate() {
+                    v.name(&format!("/spec/sim/failed_nodes/{i}"), n);
+                }
+            }
             (None, _) => {}
         }
         v.finish()
@@ -223,7 +308,7 @@ fn validate_node_groups(v: &mut Validator, groups: &[NodeGroup]) {
         }
         v.check((1..=100_000).contains(&g.count), at("count"), || "must be between 1 and 100000".into());
         v.name(&at("flavor"), &g.flavor);
-        v.check(g.gpus_per_node <= 64, at("gpus_per_node"), || "must be at most 64".into());
+        v.check(g.gpus_per_node <= 32, at("gpus_per_node"), || "must be at most 32".into());
         v.check((1..=4096).contains(&g.cpus_per_node), at("cpus_per_node"), || "must be between 1 and 4096".into());
         v.check((1..=1 << 24).contains(&g.memory_mib_per_node), at("memory_mib_per_node"), || {
             "must be between 1 and 16777216 (16 TiB)".into()
@@ -246,7 +331,7 @@ mod tests {
                 endpoint: None,
                 credentials_ref: None,
                 cordoned: false,
-                sim: Some(SimSpec { node_groups: groups }),
+                sim: Some(SimSpec::new(groups)),
             },
             status: None,
         }

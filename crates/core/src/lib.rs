@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod cluster;
+pub mod controller;
 pub mod error;
 pub mod event;
 pub mod flavor;

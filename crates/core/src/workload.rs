@@ -246,6 +246,18 @@ pub struct Admission {
     pub flavor: String,
     /// True when the team runs it on borrowed quota (it may be reclaimed).
     pub borrowed: bool,
+    /// One entry per task: the node it runs on.
+    #[serde(default)]
+    pub placement: Vec<TaskPlacement>,
+}
+
+/// Where one task of a workload runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskPlacement {
+    pub node: String,
+    /// For a task using a fraction of a GPU: which GPU of the node it shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u8>,
 }
 
 /// The backend's handle on the workload's job.
@@ -296,8 +308,18 @@ pub struct WorkloadStatus {
     pub finished_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Why it is in its phase, machine-readable (`Preempted`, `ClusterUnreachable`,
+    /// `BackendJobLost`, `JobFailed` …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When Berth asked the backend to stop the job (preemption or deletion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// When the workload became `Unknown` (its cluster stopped answering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_since: Option<DateTime<Utc>>,
 }
 
 /// A workload.

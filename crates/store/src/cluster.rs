@@ -163,3 +163,124 @@ pub async fn cluster_users(db: &mut PgConnection, name: &str) -> Result<Vec<Stri
     .await
     .map_err(db_error)
 }
+
+/// Every cluster, by name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn cluster_list_all(db: impl PgExecutor<'_>) -> Result<Vec<Cluster>, Error> {
+    sqlx::query_as!(
+        ObjectRow,
+        r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at
+           FROM clusters ORDER BY name"#
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Cluster::from).collect())
+    .map_err(db_error)
+}
+
+/// Writes a cluster's status (the cluster-health controller is its only writer).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn cluster_write_status(
+    db: impl PgExecutor<'_>,
+    uid: ClusterId,
+    status: &ClusterStatus,
+) -> Result<(), Error> {
+    sqlx::query!(
+        r#"UPDATE clusters SET status = $2, resource_version = nextval('resource_version_seq'), updated_at = now()
+           WHERE uid = $1"#,
+        uid.0,
+        Json(status) as _,
+    )
+    .execute(db)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}
+
+/// One node of a cluster, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub name: String,
+    pub flavor: Option<String>,
+    pub gpus: i32,
+    pub unavailable_gpus: i32,
+    pub cpus: i32,
+    pub memory_mib: i64,
+    pub block: Option<String>,
+    pub schedulable: bool,
+}
+
+/// Every cluster's nodes: (cluster uid, node), by cluster and name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn cluster_nodes_list(db: impl PgExecutor<'_>) -> Result<Vec<(ClusterId, ClusterNode)>, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT cluster_uid, name, flavor, gpus, unavailable_gpus, cpus, memory_mib, block, schedulable
+           FROM cluster_nodes ORDER BY cluster_uid, name"#
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let node = ClusterNode {
+                name: r.name,
+                flavor: r.flavor,
+                gpus: r.gpus,
+                unavailable_gpus: r.unavailable_gpus,
+                cpus: r.cpus,
+                memory_mib: r.memory_mib,
+                block: r.block,
+                schedulable: r.schedulable,
+            };
+            (ClusterId(r.cluster_uid), node)
+        })
+        .collect())
+}
+
+/// Replaces a cluster's nodes.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn cluster_nodes_replace(
+    tx: &mut PgConnection,
+    cluster: ClusterId,
+    nodes: &[ClusterNode],
+) -> Result<(), Error> {
+    sqlx::query!("DELETE FROM cluster_nodes WHERE cluster_uid = $1", cluster.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let flavors: Vec<Option<String>> = nodes.iter().map(|n| n.flavor.clone()).collect();
+    let gpus: Vec<i32> = nodes.iter().map(|n| n.gpus).collect();
+    let unavailable: Vec<i32> = nodes.iter().map(|n| n.unavailable_gpus).collect();
+    let cpus: Vec<i32> = nodes.iter().map(|n| n.cpus).collect();
+    let memory: Vec<i64> = nodes.iter().map(|n| n.memory_mib).collect();
+    let blocks: Vec<Option<String>> = nodes.iter().map(|n| n.block.clone()).collect();
+    let schedulable: Vec<bool> = nodes.iter().map(|n| n.schedulable).collect();
+    sqlx::query!(
+        r#"INSERT INTO cluster_nodes (cluster_uid, name, flavor, gpus, unavailable_gpus, cpus, memory_mib, block, schedulable)
+           SELECT $1, * FROM unnest($2::text[], $3::text[], $4::int[], $5::int[], $6::int[], $7::bigint[], $8::text[], $9::bool[])"#,
+        cluster.0,
+        &names as &[&str],
+        &flavors as &[Option<String>],
+        &gpus,
+        &unavailable,
+        &cpus,
+        &memory,
+        &blocks as &[Option<String>],
+        &schedulable,
+    )
+    .execute(tx)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}

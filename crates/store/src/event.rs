@@ -58,3 +58,44 @@ pub async fn event_list(db: impl PgExecutor<'_>, uid: Uuid, page: &PageRequest<i
         time: r.created_at,
     }))
 }
+
+/// An event to record with [`event_record_many`].
+pub struct NewEvent {
+    pub uid: Uuid,
+    pub event_type: EventType,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<serde_json::Value>,
+}
+
+/// Records many events about objects of one kind, in one statement, in the given order.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn event_record_many(db: impl PgExecutor<'_>, kind: &str, events: &[NewEvent]) -> Result<(), Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let uids: Vec<Uuid> = events.iter().map(|e| e.uid).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason).collect();
+    let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    let details: Vec<Option<serde_json::Value>> = events.iter().map(|e| e.details.clone()).collect();
+    sqlx::query!(
+        r#"INSERT INTO events (object_kind, object_uid, type, reason, message, details)
+           SELECT $1, u.uid, u.type, u.reason, u.message, u.details
+           FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
+                WITH ORDINALITY AS u (uid, type, reason, message, details, i)
+           ORDER BY u.i"#,
+        kind,
+        &uids,
+        &types as &[&str],
+        &reasons as &[&str],
+        &messages as &[&str],
+        &details as &[Option<serde_json::Value>],
+    )
+    .execute(db)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}

@@ -175,3 +175,11 @@ pub async fn flavor_users(db: &mut PgConnection, name: &str) -> Result<Vec<Strin
     .map(|v| v.into_iter().flatten().collect())
     .map_err(db_error)
 }
+
+/// Every flavor's name, sorted.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn flavor_names(db: impl PgExecutor<'_>) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar!("SELECT name FROM flavors ORDER BY name").fetch_all(db).await.map_err(db_error)
+}

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod cluster;
+pub mod controller;
 pub mod event;
 pub mod flavor;
 mod row;
@@ -114,4 +115,18 @@ pub async fn lock_team_tree(tx: &mut Tx<'_>) -> Result<(), Error> {
     // An arbitrary constant key: ASCII "berthtre".
     sqlx::query!("SELECT pg_advisory_xact_lock(7089067706085893477)").execute(&mut **tx).await.map_err(db_error)?;
     Ok(())
+}
+
+/// Begins a read-only transaction that sees one consistent snapshot of the database (for
+/// the scheduler, which reads several tables and must not see half of a change).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn begin_snapshot(pool: &PgPool) -> Result<Tx<'static>, Error> {
+    let mut tx = pool.begin().await.map_err(db_error)?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    Ok(tx)
 }

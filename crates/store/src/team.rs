@@ -228,3 +228,44 @@ pub async fn team_lock(tx: &mut PgConnection, team: TeamId) -> Result<(), Error>
         .map_err(db_error)?;
     Ok(())
 }
+
+/// Every team, by name.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_list_all(db: impl PgExecutor<'_>) -> Result<Vec<Team>, Error> {
+    sqlx::query_as!(
+        ObjectRow,
+        r#"SELECT uid, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at
+           FROM teams ORDER BY name"#
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Team::from).collect())
+    .map_err(db_error)
+}
+
+/// Writes teams' statuses (the scheduler loop is their only writer).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_write_statuses(tx: &mut PgConnection, writes: &[(TeamId, TeamStatus)]) -> Result<(), Error> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let uids: Vec<uuid::Uuid> = writes.iter().map(|(uid, _)| uid.0).collect();
+    let statuses: Vec<serde_json::Value> =
+        writes.iter().map(|(_, s)| serde_json::to_value(s).expect("status serializes")).collect();
+    sqlx::query!(
+        r#"UPDATE teams t SET status = u.status, resource_version = nextval('resource_version_seq'), updated_at = now()
+           FROM unnest($1::uuid[], $2::jsonb[]) AS u (uid, status)
+           WHERE t.uid = u.uid"#,
+        &uids,
+        &statuses,
+    )
+    .execute(tx)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}

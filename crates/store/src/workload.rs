@@ -335,3 +335,131 @@ pub async fn workload_create_with_history(
     .map(|r| r.map(Workload::from))
     .map_err(db_error)
 }
+
+/// Every workload not yet finished (final ones are history), ordered by uid.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+           ORDER BY uid"#
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// Claims up to `limit` workloads in `phase`, other than `except`, for the rest of the
+/// transaction, skipping rows another transaction holds: two dispatchers never work on
+/// the same workload.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_claim(
+    tx: &mut PgConnection,
+    phase: Phase,
+    except: &[Uuid],
+    limit: i64,
+) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE phase = $1 AND NOT (uid = ANY($2))
+           ORDER BY updated_at LIMIT $3
+           FOR UPDATE SKIP LOCKED"#,
+        phase.as_str(),
+        except,
+        limit
+    )
+    .fetch_all(tx)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// A status a controller computed from the workload it read at `resource_version`.
+pub struct StatusWrite {
+    pub uid: WorkloadId,
+    pub resource_version: i64,
+    pub status: WorkloadStatus,
+}
+
+/// Writes statuses, each only if the workload is still at the version its writer read
+/// (compare-and-set): a workload that changed meanwhile is left alone for the next pass.
+/// Returns the uids written.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrite]) -> Result<Vec<Uuid>, Error> {
+    if writes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let uids: Vec<Uuid> = writes.iter().map(|w| w.uid.0).collect();
+    let versions: Vec<i64> = writes.iter().map(|w| w.resource_version).collect();
+    let statuses: Vec<serde_json::Value> =
+        writes.iter().map(|w| serde_json::to_value(&w.status).expect("status serializes")).collect();
+    let phases: Vec<&str> = writes.iter().map(|w| w.status.phase.as_str()).collect();
+    let clusters: Vec<Option<String>> =
+        writes.iter().map(|w| w.status.admission.as_ref().map(|a| a.cluster.clone())).collect();
+    sqlx::query_scalar!(
+        r#"UPDATE workloads w
+           SET status = u.status, phase = u.phase, cluster = u.cluster,
+               resource_version = nextval('resource_version_seq'), updated_at = now()
+           FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::text[], $5::text[])
+                AS u (uid, version, status, phase, cluster)
+           WHERE w.uid = u.uid AND w.resource_version = u.version
+           RETURNING w.uid"#,
+        &uids,
+        &versions,
+        &statuses,
+        &phases as &[&str],
+        &clusters as &[Option<String>],
+    )
+    .fetch_all(tx)
+    .await
+    .map_err(db_error)
+}
+
+/// Removes a workload if it is still at `resource_version`; whether it did.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_delete_at_version(
+    tx: &mut PgConnection,
+    uid: WorkloadId,
+    resource_version: i64,
+) -> Result<bool, Error> {
+    let done = sqlx::query!("DELETE FROM workloads WHERE uid = $1 AND resource_version = $2", uid.0, resource_version)
+        .execute(tx)
+        .await
+        .map_err(db_error)?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The phase and attempt of each of the given workloads that still exists.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_attempts(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Result<Vec<(Uuid, Phase, u32)>, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) AS "attempt!"
+           FROM workloads WHERE uid = ANY($1)"#,
+        uids
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    rows.into_iter()
+        .map(|r| {
+            let phase = Phase::parse(&r.phase)
+                .ok_or_else(|| Error::Internal(format!("unknown phase {:?} in the database", r.phase)))?;
+            Ok((r.uid, phase, u32::try_from(r.attempt).unwrap_or(0)))
+        })
+        .collect()
+}

@@ -1,0 +1,177 @@
+//! The contract between the controllers and a backend.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::cluster::ClusterKind;
+use berth_core::workload::{Run, WorkloadKind};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The key every backend job carries (as its name, comment or label): the workload's uid
+/// and the attempt. A retry finds the job it already made by this key, and a job whose key
+/// matches no live workload is an orphan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobKey {
+    pub workload: Uuid,
+    pub attempt: u32,
+}
+
+impl JobKey {
+    const PREFIX: &str = "berth-";
+
+    /// The job name: `berth-{uid}-{attempt}`.
+    pub fn name(&self) -> String {
+        format!("{}{}-{}", Self::PREFIX, self.workload, self.attempt)
+    }
+
+    /// Reads a job name back; `None` for jobs Berth did not make.
+    pub fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix(Self::PREFIX)?;
+        let (uid, attempt) = rest.rsplit_once('-')?;
+        Some(Self { workload: uid.parse().ok()?, attempt: attempt.parse().ok()? })
+    }
+}
+
+impl std::fmt::Display for JobKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// What a backend is asked to run: one admitted workload, on the flavor and nodes the
+/// scheduler chose.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRequest {
+    pub key: JobKey,
+    pub team: String,
+    pub workload: String,
+    pub kind: WorkloadKind,
+    pub flavor: String,
+    pub tasks: u32,
+    /// Per task, in hundredths of a GPU (100 = one GPU).
+    pub gpus_per_task: u32,
+    pub cpus_per_task: Option<f64>,
+    pub memory_mib_per_task: Option<u64>,
+    /// One node per task, as the scheduler placed them; a backend that places jobs itself
+    /// may treat this as a hint.
+    pub nodes: Vec<String>,
+    pub run: Run,
+    pub max_runtime_seconds: Option<u64>,
+    /// How long a simulated cluster runs it (simulated seconds).
+    pub sim_duration_seconds: Option<f64>,
+}
+
+/// A backend job's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobState {
+    /// Accepted, waiting for resources on the backend.
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// One of Berth's jobs as the backend sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub key: JobKey,
+    /// The backend's own id for the job (Slurm job id, Kubernetes Job name, sim number).
+    pub job_id: String,
+    pub state: JobState,
+    pub exit_code: Option<i32>,
+    /// Why it failed or was cancelled, in the backend's words.
+    pub reason: Option<String>,
+    pub submitted_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// A cancel was requested and the grace period is running.
+    pub cancelling: bool,
+}
+
+/// The nodes of a cluster, as the backend reports them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub nodes: Vec<InventoryNode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InventoryNode {
+    pub name: String,
+    /// Berth's flavor name for the node's GPUs; `None` for nodes of no known flavor.
+    pub flavor: Option<String>,
+    pub gpus: u32,
+    /// GPUs in use, in hundredths, by any job (Berth's or not).
+    pub gpus_used: u32,
+    /// Of those, the hundredths held by jobs Berth did not start.
+    pub gpus_used_outside_berth: u32,
+    pub cpus: u32,
+    pub memory_mib: u64,
+    /// Topology block (NVLink domain, IB switch).
+    pub block: Option<String>,
+    /// False for a node that is down, drained or failed.
+    pub schedulable: bool,
+}
+
+/// Why a backend call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The backend did not answer (down, network, timeout). Worth retrying later.
+    #[error("backend unreachable: {0}")]
+    Unreachable(String),
+    /// The backend refused the request; retrying the same request will not help.
+    #[error("backend rejected the request: {0}")]
+    Rejected(String),
+    /// Berth cannot drive this kind of backend (yet).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// What every backend implements.
+///
+/// # Guarantees an implementation gives
+/// - `submit` is idempotent: when a job with the request's key exists it is returned and
+///   no second one is made.
+/// - `jobs` lists every job carrying a Berth key that the backend still knows, finished
+///   ones included for as long as the backend keeps them.
+/// - `cancel` of a finished or unknown job succeeds and does nothing; a second cancel does
+///   not extend the grace period.
+#[async_trait]
+pub trait ClusterBackend: Send + Sync {
+    fn kind(&self) -> ClusterKind;
+
+    /// Whether the backend answers at all.
+    async fn health(&self) -> Result<(), BackendError>;
+
+    async fn inventory(&self) -> Result<Inventory, BackendError>;
+
+    async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError>;
+
+    async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError>;
+
+    async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError>;
+
+    /// Asks the job to stop; it gets `grace` to checkpoint before it is killed.
+    async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_keys_round_trip_through_their_names() {
+        let key = JobKey { workload: Uuid::now_v7(), attempt: 3 };
+        assert_eq!(JobKey::parse(&key.name()), Some(key));
+        assert_eq!(JobKey::parse("train-job-1"), None);
+        assert_eq!(JobKey::parse("berth-not-a-uuid-1"), None);
+    }
+}

@@ -1,0 +1,106 @@
+//! The demo world a fresh install starts with (`berthd serve --demo`): two simulated
+//! clusters, two flavors, a small team tree with quotas, and a trickle of workloads, so a
+//! newcomer sees work flow at once. Applying it again changes nothing.
+
+use std::time::Duration;
+
+use berth_core::Error;
+use berth_core::event::Actor;
+use serde_json::{Value, json};
+
+use crate::PgPool;
+
+fn actor() -> Actor {
+    Actor { subject: "berth-demo".into(), request_id: None }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Error> {
+    serde_json::from_value(v).map_err(|e| Error::Internal(format!("demo object does not parse: {e}")))
+}
+
+/// Applies the demo flavors, clusters and teams.
+///
+/// # Errors
+/// Whatever applying them reports.
+pub async fn seed(db: &PgPool) -> Result<(), Error> {
+    let a = actor();
+    for (name, memory) in [("h100-80gb", 80), ("a100-80gb", 80)] {
+        let body = parse(json!({"spec": {"description": format!("demo {name}"), "gpu_memory_gib": memory}}))?;
+        crate::flavor::flavor_apply(db, &a, name, &body, None).await?;
+    }
+    let clusters = [
+        (
+            "sim-east",
+            "reservation",
+            json!([
+                {"name": "h100-a", "count": 4, "flavor": "h100-80gb", "gpus_per_node": 8, "topology_block": "nvl-a"},
+                {"name": "h100-b", "count": 4, "flavor": "h100-80gb", "gpus_per_node": 8, "topology_block": "nvl-b"}
+            ]),
+        ),
+        (
+            "sim-west",
+            "on-demand",
+            json!([
+                {"name": "a100", "count": 6, "flavor": "a100-80gb", "gpus_per_node": 8},
+                {"name": "h100", "count": 2, "flavor": "h100-80gb", "gpus_per_node": 8}
+            ]),
+        ),
+    ];
+    for (name, tier, groups) in clusters {
+        let body = parse(json!({
+            "metadata": {"labels": {"tier": tier, "demo": "true"}},
+            "spec": {"kind": "sim", "sim": {"node_groups": groups, "time_scale": 60, "seed": 1}}
+        }))?;
+        crate::cluster::cluster_apply(db, &a, name, &body, None).await?;
+    }
+    let teams = [
+        (
+            "research",
+            None,
+            json!([{"flavor": "h100-80gb", "guaranteed": 40}, {"flavor": "a100-80gb", "guaranteed": 24}]),
+        ),
+        ("nlp", Some("research"), json!([{"flavor": "h100-80gb", "guaranteed": 24, "weight": 2}])),
+        (
+            "vision",
+            Some("research"),
+            json!([{"flavor": "h100-80gb", "guaranteed": 16}, {"flavor": "a100-80gb", "guaranteed": 24}]),
+        ),
+        ("platform", None, json!([{"flavor": "a100-80gb", "guaranteed": 16, "limit": 32}])),
+    ];
+    for (name, parent, quotas) in teams {
+        let body = parse(json!({"spec": {"parent": parent, "description": "demo team", "quotas": quotas}}))?;
+        crate::team::team_apply(db, &a, name, &body, None).await?;
+    }
+    Ok(())
+}
+
+/// Submits a demo workload every `every`, forever: varied teams, sizes, priorities and
+/// durations (on the demo clusters' 60× clock, minutes of real time).
+pub async fn trickle(db: PgPool, every: Duration) {
+    const TEAMS: [(&str, &str); 3] = [("nlp", "h100-80gb"), ("vision", "a100-80gb"), ("platform", "a100-80gb")];
+    let mut n: u64 = chrono::Utc::now().timestamp().unsigned_abs();
+    loop {
+        n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let pick = |bits: u32, of: u64| (n >> bits) % of;
+        let (team, flavor) = TEAMS[pick(10, 3) as usize];
+        let gpus = [1, 2, 4, 8][pick(14, 4) as usize];
+        let count = if gpus == 8 { 1 + pick(18, 2) } else { 1 };
+        let body = json!({"metadata": {"labels": {"demo": "true"}}, "spec": {
+            "kind": if pick(22, 4) == 0 { "inference" } else { "training" },
+            "priority": pick(26, 3) * 10,
+            "resumable": pick(30, 2) == 0,
+            "tasks": {"count": count, "resources": {"flavors": [flavor], "gpus": gpus}},
+            "sim": {"duration_seconds": 600 + pick(34, 3000)},
+        }});
+        let name = format!("demo-{}", n % 1_000_000_000);
+        match parse(body) {
+            Ok(input) => {
+                if let Err(e) = crate::workload::workload_apply(&db, &actor(), team, &name, &input, None).await {
+                    tracing::warn!(error = %e, "demo workload not submitted");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "demo workload does not parse"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}

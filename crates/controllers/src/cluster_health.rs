@@ -1,0 +1,181 @@
+//! Cluster health: refreshes each cluster's inventory (its nodes, for the scheduler, and
+//! GPUs per flavor, for people), counts failed refreshes, and after
+//! `unreachable_after_failures` in a row marks the cluster `Unreachable`. While it is:
+//! the scheduler gives it nothing new, its not-yet-started work (`Admitted`, `Dispatched`)
+//! is requeued so it can be placed elsewhere, its running work becomes `Unknown`, and work
+//! `Unknown` longer than `unknown_timeout` is requeued (resumable) or failed. A successful
+//! refresh makes it `Healthy` again; status sync then settles the `Unknown` work.
+
+use std::collections::{BTreeMap, HashMap};
+
+use berth_adapters::Inventory;
+use berth_core::cluster::{ClusterHealth, ClusterStatus, InventoryEntry};
+use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_core::{ClusterId, Error};
+use berth_store::cluster::ClusterNode;
+use chrono::Utc;
+use serde::Serialize;
+
+use crate::{Context, Transition, finished, requeued};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ClusterHealthStatus {
+    pub healthy: usize,
+    pub degraded: usize,
+    pub unreachable: usize,
+    pub inventories_changed: usize,
+    pub replaced: usize,
+    pub unknown: usize,
+    pub timed_out: usize,
+}
+
+impl ClusterHealthStatus {
+    pub fn changes(&self) -> usize {
+        self.inventories_changed + self.replaced + self.unknown + self.timed_out
+    }
+}
+
+/// # Errors
+/// Store errors.
+pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
+    let mut status = ClusterHealthStatus::default();
+    let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    let mut stored: HashMap<ClusterId, Vec<ClusterNode>> = HashMap::new();
+    for (c, n) in berth_store::cluster::cluster_nodes_list(&ctx.db).await? {
+        stored.entry(c).or_default().push(n);
+    }
+    let mut unreachable = Vec::new();
+    for cluster in &clusters {
+        let uid = ClusterId(cluster.metadata.uid);
+        let refreshed = match ctx.backends.backend(cluster) {
+            Ok(b) => b.inventory().await,
+            Err(e) => Err(e),
+        };
+        let now = Utc::now();
+        let next = match refreshed {
+            Ok(inventory) => {
+                let nodes = nodes(&inventory);
+                if stored.get(&uid).map_or(&[][..], Vec::as_slice) != nodes.as_slice() {
+                    let mut tx = berth_store::begin(&ctx.db).await?;
+                    berth_store::cluster::cluster_nodes_replace(&mut tx, uid, &nodes).await?;
+                    berth_store::commit(tx).await?;
+                    status.inventories_changed += 1;
+                }
+                ClusterStatus {
+                    health: ClusterHealth::Healthy,
+                    last_sync: Some(now),
+                    consecutive_failures: 0,
+                    message: None,
+                    inventory: per_flavor(&inventory),
+                }
+            }
+            Err(e) => {
+                // Counted up to the threshold only, so an unreachable cluster's status
+                // stays the same from one pass to the next.
+                let threshold = ctx.config.unreachable_after_failures;
+                let failures = cluster.status.consecutive_failures.saturating_add(1).min(threshold);
+                let health = if failures >= threshold { ClusterHealth::Unreachable } else { ClusterHealth::Degraded };
+                if health != cluster.status.health {
+                    tracing::warn!(cluster = %cluster.metadata.name, ?health, error = %e, "cluster refresh failed");
+                }
+                ClusterStatus {
+                    health,
+                    consecutive_failures: failures,
+                    message: Some(e.to_string()),
+                    ..cluster.status.clone()
+                }
+            }
+        };
+        match next.health {
+            ClusterHealth::Healthy => status.healthy += 1,
+            ClusterHealth::Degraded => status.degraded += 1,
+            ClusterHealth::Unreachable => {
+                status.unreachable += 1;
+                unreachable.push(cluster.metadata.name.clone());
+            }
+            ClusterHealth::Unknown => {}
+        }
+        if next != cluster.status {
+            berth_store::cluster::cluster_write_status(&ctx.db, uid, &next).await?;
+        }
+    }
+    if !unreachable.is_empty() {
+        let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
+        let transitions: Vec<_> = workloads
+            .iter()
+            .filter(|w| w.metadata.deletion_timestamp.is_none())
+            .filter(|w| w.status.admission.as_ref().is_some_and(|a| unreachable.contains(&a.cluster)))
+            .filter_map(|w| on_unreachable(ctx, w, &mut status).map(|s| Transition { workload: w, status: s }))
+            .collect();
+        crate::commit(ctx, &transitions).await?;
+    }
+    Ok(status)
+}
+
+/// What becomes of a workload on an unreachable cluster.
+fn on_unreachable(ctx: &Context, w: &Workload, status: &mut ClusterHealthStatus) -> Option<WorkloadStatus> {
+    let cluster = &w.status.admission.as_ref()?.cluster;
+    let now = Utc::now();
+    match w.status.phase {
+        Phase::Admitted | Phase::Dispatched => {
+            status.replaced += 1;
+            Some(requeued(w, "ClusterUnreachable", format!("cluster {cluster} is unreachable; placing it again")))
+        }
+        Phase::Running | Phase::Preempting => {
+            status.unknown += 1;
+            Some(WorkloadStatus {
+                phase: Phase::Unknown,
+                unknown_since: Some(now),
+                message: Some(format!("cluster {cluster} is unreachable; the job's state is unknown")),
+                ..w.status.clone()
+            })
+        }
+        Phase::Unknown => {
+            let since = w.status.unknown_since.unwrap_or(now);
+            if (now - since).to_std().unwrap_or_default() < ctx.config.unknown_timeout {
+                return None;
+            }
+            status.timed_out += 1;
+            let message = format!("cluster {cluster} stayed unreachable");
+            Some(if w.spec.resumable {
+                requeued(w, "ClusterUnreachable", message)
+            } else {
+                finished(w, Phase::Failed, "ClusterUnreachable", message, None, now)
+            })
+        }
+        _ => None,
+    }
+}
+
+fn nodes(inventory: &Inventory) -> Vec<ClusterNode> {
+    let mut nodes: Vec<ClusterNode> = inventory
+        .nodes
+        .iter()
+        .map(|n| ClusterNode {
+            name: n.name.clone(),
+            flavor: n.flavor.clone(),
+            gpus: i32::try_from(n.gpus).unwrap_or(i32::MAX),
+            unavailable_gpus: i32::try_from(n.gpus_used_outside_berth.div_ceil(100)).unwrap_or(i32::MAX),
+            cpus: i32::try_from(n.cpus).unwrap_or(i32::MAX),
+            memory_mib: i64::try_from(n.memory_mib).unwrap_or(i64::MAX),
+            block: n.block.clone(),
+            schedulable: n.schedulable,
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes
+}
+
+fn per_flavor(inventory: &Inventory) -> Vec<InventoryEntry> {
+    let mut by: BTreeMap<&str, InventoryEntry> = BTreeMap::new();
+    for n in &inventory.nodes {
+        let Some(f) = &n.flavor else { continue };
+        let e = by.entry(f).or_insert_with(|| InventoryEntry { flavor: f.clone(), ..InventoryEntry::default() });
+        e.nodes += 1;
+        e.gpus_total += f64::from(n.gpus);
+        if n.schedulable {
+            e.gpus_free += (f64::from(n.gpus * 100) - f64::from(n.gpus_used)).max(0.0) / 100.0;
+        }
+    }
+    by.into_values().collect()
+}

@@ -1,0 +1,88 @@
+//! The deletion finalizer: a workload whose deletion was requested after it reached a
+//! backend has its job cancelled (with the grace period); once the job is gone the
+//! workload is removed. If its cluster stays unreachable past the unknown timeout the
+//! workload is removed anyway, and the orphan collector cancels the job when the cluster
+//! answers again.
+
+use berth_core::cluster::ClusterHealth;
+use berth_core::event::EventType;
+use berth_core::workload::{Workload, WorkloadStatus};
+use berth_core::{Error, WorkloadId};
+use chrono::Utc;
+use serde::Serialize;
+
+use crate::{Context, EVENT_KIND, Transition, job_key, version};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeletionStatus {
+    pub deleting: usize,
+    pub cancels_sent: usize,
+    pub removed: usize,
+}
+
+impl DeletionStatus {
+    pub fn changes(&self) -> usize {
+        self.cancels_sent + self.removed
+    }
+}
+
+/// # Errors
+/// Store errors.
+pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
+    let mut status = DeletionStatus::default();
+    let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
+    let deleting: Vec<&Workload> = workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_some()).collect();
+    status.deleting = deleting.len();
+    if deleting.is_empty() {
+        return Ok(status);
+    }
+    let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    let now = Utc::now();
+    let mut remove = Vec::new();
+    let mut transitions = Vec::new();
+    for w in deleting {
+        let cluster = w.status.admission.as_ref().and_then(|a| clusters.iter().find(|c| c.metadata.name == a.cluster));
+        let Some(cluster) = cluster else {
+            remove.push((w, "deleted; it had no backend job"));
+            continue;
+        };
+        let requested = w.metadata.deletion_timestamp.unwrap_or(now);
+        let timed_out = (now - requested).to_std().unwrap_or_default() > ctx.config.unknown_timeout;
+        let job = match ctx.backends.backend(cluster) {
+            Ok(b) if cluster.status.health != ClusterHealth::Unreachable => match b.job(job_key(w)).await {
+                Ok(job) => Some((b, job)),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        match job {
+            None if timed_out => {
+                remove.push((w, "deleted; its cluster did not answer, so its job is left to the orphan collector"))
+            }
+            None => {}
+            Some((_, None)) => remove.push((w, "deleted; its job is gone")),
+            Some((_, Some(job))) if job.state.is_final() => remove.push((w, "deleted; its job was cancelled")),
+            Some((_, Some(_))) if w.status.cancel_requested_at.is_some() => {}
+            Some((backend, Some(job))) => {
+                let sent = backend.cancel(job.key, ctx.config.cancel_grace).await;
+                if sent.is_ok() {
+                    status.cancels_sent += 1;
+                    let next = WorkloadStatus { cancel_requested_at: Some(now), ..w.status.clone() };
+                    transitions.push(Transition { workload: w, status: next });
+                }
+            }
+        }
+    }
+    crate::commit(ctx, &transitions).await?;
+    let mut tx = berth_store::begin(&ctx.db).await?;
+    for (w, message) in remove {
+        let uid = WorkloadId(w.metadata.uid);
+        if berth_store::workload::workload_delete_at_version(&mut tx, uid, version(w)?).await? {
+            berth_store::event::event_record(&mut *tx, EVENT_KIND, uid.0, EventType::Normal, "Deleted", message)
+                .await?;
+            status.removed += 1;
+        }
+    }
+    berth_store::commit(tx).await?;
+    Ok(status)
+}

@@ -1,0 +1,120 @@
+//! Turns the scheduler's reasons (indices into a snapshot) into the pending reason a
+//! workload's status carries (names, and a sentence a person can read).
+
+use berth_core::workload::PendingReason;
+use berth_sched::plan::{Miss, Reason};
+use berth_sched::snapshot::Snapshot;
+use serde_json::json;
+
+/// `running_name(i)` names the workload behind `snapshot.running[i]` (`team/name`);
+/// `pending_name(i)` the one behind `snapshot.pending[i]`.
+pub fn pending_reason(
+    s: &Snapshot,
+    reason: &Reason,
+    running_name: impl Fn(usize) -> String,
+    pending_name: impl Fn(usize) -> String,
+) -> PendingReason {
+    let team = |t: usize| s.teams[t].name.as_str();
+    let flavor = |f: usize| s.flavors[f].as_str();
+    let cluster = |c: usize| s.clusters[c].name.as_str();
+    let (code, message, details) = match reason {
+        Reason::QuotaLimitReached { team: t, flavor: f, used, limit, requested } => (
+            "QuotaLimitReached",
+            format!(
+                "team {} would exceed its {} limit: uses {used}, limit {limit}, requests {requested}",
+                team(*t),
+                flavor(*f)
+            ),
+            json!({"team": team(*t), "flavor": flavor(*f), "used": used, "limit": limit, "requested": requested}),
+        ),
+        Reason::GuaranteeExceeded { team: t, flavor: f, used, guaranteed, requested } => (
+            "GuaranteeExceeded",
+            format!(
+                "non-preemptible work runs only within the guarantee: team {} uses {used} of {guaranteed} {} guaranteed, requests {requested}",
+                team(*t),
+                flavor(*f)
+            ),
+            json!({"team": team(*t), "flavor": flavor(*f), "used": used, "guaranteed": guaranteed, "requested": requested}),
+        ),
+        Reason::FairShareReached { team: t, flavor: f, used, fair_share, requested } => (
+            "FairShareReached",
+            format!(
+                "team {} would borrow beyond its fair share of {}: uses {used}, fair share {fair_share}, requests {requested}",
+                team(*t),
+                flavor(*f)
+            ),
+            json!({"team": team(*t), "flavor": flavor(*f), "used": used, "fair_share": fair_share, "requested": requested}),
+        ),
+        Reason::BorrowingPaused { flavor: f, workload } => (
+            "BorrowingPaused",
+            format!(
+                "borrowing {} is paused while {} waits for reclaimed capacity",
+                flavor(*f),
+                pending_name(*workload)
+            ),
+            json!({"flavor": flavor(*f), "waiting_workload": pending_name(*workload)}),
+        ),
+        Reason::NoClusterFits { attempts } => {
+            let per_flavor: Vec<_> = attempts
+                .iter()
+                .map(|a| {
+                    let clusters: Vec<_> = a
+                        .clusters
+                        .iter()
+                        .map(|m| {
+                            let miss = match &m.miss {
+                                Miss::Cordoned => json!({"code": "Cordoned"}),
+                                Miss::NotEnoughGpus { free, needed } => {
+                                    json!({"code": "NotEnoughGpus", "free": free, "needed": needed})
+                                }
+                                Miss::Fragmented => json!({"code": "Fragmented"}),
+                                Miss::Topology => json!({"code": "Topology"}),
+                                Miss::Reserved => json!({"code": "Reserved"}),
+                            };
+                            json!({"cluster": cluster(m.cluster), "miss": miss})
+                        })
+                        .collect();
+                    json!({"flavor": flavor(a.flavor), "clusters": clusters})
+                })
+                .collect();
+            let summary: Vec<String> = attempts
+                .iter()
+                .flat_map(|a| {
+                    a.clusters.iter().map(move |m| {
+                        let why = match &m.miss {
+                            Miss::Cordoned => "cordoned".to_owned(),
+                            Miss::NotEnoughGpus { free, needed } => format!("{free} GPUs free, {needed} needed"),
+                            Miss::Fragmented => "free GPUs are spread over too many nodes".to_owned(),
+                            Miss::Topology => "no single topology block has room".to_owned(),
+                            Miss::Reserved => "room is held for a starving or reclaiming workload".to_owned(),
+                        };
+                        format!("{}/{}: {why}", cluster(m.cluster), flavor(a.flavor))
+                    })
+                })
+                .collect();
+            ("NoClusterFits", format!("no cluster has room: {}", summary.join("; ")), json!({"attempts": per_flavor}))
+        }
+        Reason::WaitingForReclaim { cluster: c, flavor: f, victims } => {
+            let victims: Vec<String> = victims.iter().map(|&v| running_name(v)).collect();
+            (
+                "WaitingForReclaim",
+                format!("waiting for {} to stop on {}/{}", victims.join(", "), cluster(*c), flavor(*f)),
+                json!({"cluster": cluster(*c), "flavor": flavor(*f), "victims": victims}),
+            )
+        }
+        Reason::TopologyUnsatisfiable { flavor: f } => (
+            "TopologyUnsatisfiable",
+            format!("no single topology block of {} can hold all tasks", flavor(*f)),
+            json!({"flavor": flavor(*f)}),
+        ),
+        Reason::ClustersCordoned => {
+            ("ClustersCordoned", "every cluster the placement allows is cordoned or unreachable".to_owned(), json!({}))
+        }
+        Reason::PlacementMatchesNoCluster => (
+            "PlacementMatchesNoCluster",
+            "no cluster matches the placement and has nodes of an acceptable flavor".to_owned(),
+            json!({}),
+        ),
+    };
+    PendingReason { code: code.into(), message, details: Some(details) }
+}

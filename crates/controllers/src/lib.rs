@@ -1,0 +1,210 @@
+//! Berth's controllers: the reconcilers that turn declared workloads into backend jobs and
+//! keep the two in sync, and the lease that lets only one replica run them.
+//!
+//! Each reconciler (one module each) reads desired and observed state and moves one step
+//! toward desired; it takes no description of what changed, is safe to repeat after a
+//! crash anywhere, does not retry inside itself (its loop runs it again) and returns a
+//! small typed status, which [`runner`] stores for `/api/v1/controllers`.
+//!
+//! - [`scheduler`]: pending → admitted, preemption marks, reasons and queue positions;
+//! - [`dispatcher`]: admitted → a backend job (looked up by key first) → dispatched;
+//! - [`status_sync`]: backend job state → running / succeeded / failed; drift;
+//! - [`preemption`]: cancels preempted jobs with a grace period, then requeues or fails;
+//! - [`deletion`]: cancels the job of a deleted workload, then removes the workload;
+//! - [`orphans`]: cancels backend jobs carrying Berth's key that no workload owns;
+//! - [`cluster_health`]: inventory refresh, unreachable clusters, re-placement.
+//!
+//! Every workload write is a compare-and-set on the version the reconciler read, and every
+//! transition is recorded as an event.
+
+pub mod cluster_health;
+pub mod deletion;
+pub mod dispatcher;
+mod explain;
+pub mod leader;
+pub mod orphans;
+pub mod preemption;
+pub mod runner;
+pub mod scheduler;
+pub mod snapshot;
+pub mod status_sync;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_adapters::{JobKey, Registry};
+use berth_core::Error;
+use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_store::PgPool;
+use chrono::{DateTime, Utc};
+
+/// The kind events about workloads are recorded under.
+pub const EVENT_KIND: &str = "workload";
+
+/// How the controllers behave; every field has a production default.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Full pass of every controller even when nothing woke it.
+    pub resync: Duration,
+    /// Least time between two scheduling cycles: wake-ups within it coalesce.
+    pub min_cycle_interval: Duration,
+    /// How often backend job states are read.
+    pub sync_interval: Duration,
+    /// How often each cluster's inventory is refreshed.
+    pub health_interval: Duration,
+    /// Failed refreshes in a row after which a cluster is `Unreachable`.
+    pub unreachable_after_failures: u32,
+    /// How long running work on an unreachable cluster stays `Unknown` before it is
+    /// requeued (resumable) or failed.
+    pub unknown_timeout: Duration,
+    /// Time a cancelled job gets to checkpoint before it is killed.
+    pub cancel_grace: Duration,
+    /// Age below which a backend job without a workload is not yet an orphan (its
+    /// workload's write may still be in flight).
+    pub orphan_grace: Duration,
+    /// Pending time after which capacity is reserved for a workload.
+    pub starvation_after: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            resync: Duration::from_secs(10),
+            min_cycle_interval: Duration::from_millis(100),
+            sync_interval: Duration::from_millis(500),
+            health_interval: Duration::from_secs(2),
+            unreachable_after_failures: 3,
+            unknown_timeout: Duration::from_secs(120),
+            cancel_grace: Duration::from_secs(30),
+            orphan_grace: Duration::from_secs(60),
+            starvation_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What every reconciler reaches.
+#[derive(Clone)]
+pub struct Context {
+    pub db: PgPool,
+    pub backends: Arc<Registry>,
+    pub config: Config,
+}
+
+/// The workload's resource version as the compare-and-set value.
+fn version(w: &Workload) -> Result<i64, Error> {
+    w.metadata
+        .resource_version
+        .parse()
+        .map_err(|_| Error::Internal(format!("resource_version {:?} is not a number", w.metadata.resource_version)))
+}
+
+/// The key of the backend job for the workload's current attempt.
+pub fn job_key(w: &Workload) -> JobKey {
+    JobKey { workload: w.metadata.uid, attempt: w.status.attempt }
+}
+
+/// Back to `Pending` for another attempt, keeping the original submit time (its place in
+/// the queue).
+fn requeued(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
+    WorkloadStatus {
+        phase: Phase::Pending,
+        attempt: w.status.attempt + 1,
+        submitted_at: w.status.submitted_at,
+        reason: Some(reason.into()),
+        message: Some(message),
+        ..WorkloadStatus::default()
+    }
+}
+
+/// A final phase.
+fn finished(
+    w: &Workload,
+    phase: Phase,
+    reason: &str,
+    message: String,
+    exit_code: Option<i32>,
+    at: DateTime<Utc>,
+) -> WorkloadStatus {
+    WorkloadStatus {
+        phase,
+        reason: Some(reason.into()),
+        message: Some(message),
+        exit_code,
+        finished_at: Some(at),
+        pending_reason: None,
+        queue_position: None,
+        ..w.status.clone()
+    }
+}
+
+/// The event reason recorded when a workload enters `phase`.
+fn event_reason(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Pending => "Requeued",
+        Phase::Admitted => "Admitted",
+        Phase::Dispatched => "Dispatched",
+        Phase::Running => "Running",
+        Phase::Preempting => "Preempted",
+        Phase::Unknown => "Unknown",
+        Phase::Succeeded => "Succeeded",
+        Phase::Failed => "Failed",
+        Phase::Cancelled => "Cancelled",
+    }
+}
+
+/// A new status for a workload, as read.
+pub(crate) struct Transition<'a> {
+    pub workload: &'a Workload,
+    pub status: WorkloadStatus,
+}
+
+/// Writes transitions in one transaction (each a compare-and-set on the version read) with
+/// an event for each phase change. Returns how many were written; the rest lost a race
+/// and are left for the next pass.
+async fn commit(ctx: &Context, transitions: &[Transition<'_>]) -> Result<usize, Error> {
+    if transitions.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = berth_store::begin(&ctx.db).await?;
+    let written = write(&mut tx, transitions).await?;
+    berth_store::commit(tx).await?;
+    Ok(written)
+}
+
+/// [`commit`] inside the caller's transaction.
+async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> Result<usize, Error> {
+    let mut writes = Vec::with_capacity(transitions.len());
+    for t in transitions {
+        writes.push(berth_store::workload::StatusWrite {
+            uid: berth_core::WorkloadId(t.workload.metadata.uid),
+            resource_version: version(t.workload)?,
+            status: t.status.clone(),
+        });
+    }
+    let written: std::collections::HashSet<_> =
+        berth_store::workload::workload_write_statuses(&mut *tx, &writes).await?.into_iter().collect();
+    let events: Vec<_> = transitions
+        .iter()
+        .filter(|t| written.contains(&t.workload.metadata.uid) && t.status.phase != t.workload.status.phase)
+        .map(|t| {
+            let phase = t.status.phase;
+            let failed = matches!(phase, Phase::Failed | Phase::Unknown);
+            berth_store::event::NewEvent {
+                uid: t.workload.metadata.uid,
+                event_type: if failed {
+                    berth_core::event::EventType::Warning
+                } else {
+                    berth_core::event::EventType::Normal
+                },
+                reason: event_reason(phase),
+                message: t.status.message.clone().unwrap_or_else(|| phase.as_str().to_owned()),
+                details: Some(serde_json::json!({
+                    "from": t.workload.status.phase, "to": phase, "attempt": t.workload.status.attempt,
+                    "reason": t.status.reason,
+                })),
+            }
+        })
+        .collect();
+    berth_store::event::event_record_many(&mut **tx, EVENT_KIND, &events).await?;
+    Ok(written.len())
+}

@@ -1,0 +1,63 @@
+//! The orphan collector: a backend job that carries Berth's key but belongs to no live
+//! workload attempt (the workload is gone, finished, or on a later attempt) is cancelled,
+//! once it is older than the orphan grace period (its workload's write may be in flight).
+
+use std::collections::HashMap;
+
+use berth_core::Error;
+use berth_core::cluster::ClusterHealth;
+use chrono::Utc;
+use serde::Serialize;
+
+use crate::Context;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct OrphanStatus {
+    pub clusters: usize,
+    pub active_jobs: usize,
+    pub cancelled: usize,
+}
+
+impl OrphanStatus {
+    pub fn changes(&self) -> usize {
+        self.cancelled
+    }
+}
+
+/// # Errors
+/// Store errors.
+pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
+    let mut status = OrphanStatus::default();
+    let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    let now = Utc::now();
+    for cluster in clusters.iter().filter(|c| c.status.health != ClusterHealth::Unreachable) {
+        let Ok(backend) = ctx.backends.backend(cluster) else { continue };
+        let Ok(jobs) = backend.jobs().await else { continue };
+        status.clusters += 1;
+        let old: Vec<_> = jobs
+            .into_iter()
+            .filter(|j| !j.state.is_final() && !j.cancelling)
+            .inspect(|_| status.active_jobs += 1)
+            .filter(|j| (now - j.submitted_at).to_std().unwrap_or_default() >= ctx.config.orphan_grace)
+            .collect();
+        if old.is_empty() {
+            continue;
+        }
+        let uids: Vec<_> = old.iter().map(|j| j.key.workload).collect();
+        let live: HashMap<_, _> = berth_store::workload::workload_attempts(&ctx.db, &uids)
+            .await?
+            .into_iter()
+            .filter(|(_, phase, _)| !phase.is_final())
+            .map(|(uid, _, attempt)| (uid, attempt))
+            .collect();
+        for job in old {
+            if live.get(&job.key.workload) != Some(&job.key.attempt)
+                && backend.cancel(job.key, ctx.config.cancel_grace).await.is_ok()
+            {
+                tracing::warn!(cluster = %cluster.metadata.name, job = %job.job_id, key = %job.key, "cancelled an orphaned backend job");
+                status.cancelled += 1;
+            }
+        }
+    }
+    Ok(status)
+}

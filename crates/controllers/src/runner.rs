@@ -1,0 +1,159 @@
+//! Runs every reconciler in its own loop: woken by Postgres `LISTEN/NOTIFY` (channel
+//! `berth_changes`) or its interval, whichever comes first; wake-ups that arrive while a
+//! pass runs fold into one more pass. Each pass's status is stored (at most once a second
+//! per controller) for `/api/v1/controllers`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_core::Error;
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::{Context, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
+
+/// The channel the store's triggers notify on.
+pub const CHANNEL: &str = "berth_changes";
+
+/// A reconciler's typed status.
+pub trait Report: Serialize + Send {
+    /// How many objects the pass changed; 0 means it is caught up.
+    fn changes(&self) -> usize;
+}
+
+macro_rules! report {
+    ($($t:ty),*) => {$(impl Report for $t { fn changes(&self) -> usize { <$t>::changes(self) } })*};
+}
+report!(
+    scheduler::SchedulerStatus,
+    dispatcher::DispatcherStatus,
+    status_sync::StatusSyncStatus,
+    preemption::PreemptionStatus,
+    deletion::DeletionStatus,
+    orphans::OrphanStatus,
+    cluster_health::ClusterHealthStatus
+);
+
+/// A controller's loop: name, what wakes it, its interval, the least gap between passes,
+/// and its pass.
+type Loop = (&'static str, Option<Arc<Notify>>, Duration, Duration, fn(Context) -> Pass);
+
+/// A pass of each controller, boxed so every loop has the same type.
+macro_rules! pass {
+    ($name:ident, $module:ident) => {
+        fn $name(ctx: Context) -> Pass {
+            Box::pin(async move { boxed($module::reconcile(&ctx).await) })
+        }
+    };
+}
+pass!(scheduler_pass, scheduler);
+pass!(dispatcher_pass, dispatcher);
+pass!(preemption_pass, preemption);
+pass!(deletion_pass, deletion);
+pass!(status_sync_pass, status_sync);
+pass!(orphans_pass, orphans);
+pass!(cluster_health_pass, cluster_health);
+
+/// Starts every controller (the one list of them); they run until the returned set is
+/// shut down.
+pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
+    let c = &ctx.config;
+    let woken: Vec<Arc<Notify>> = (0..4).map(|_| Arc::new(Notify::new())).collect();
+    let loops: [Loop; 7] = [
+        ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
+        ("dispatcher", Some(woken[1].clone()), c.resync, Duration::ZERO, dispatcher_pass),
+        ("preemption", Some(woken[2].clone()), c.sync_interval, Duration::ZERO, preemption_pass),
+        ("deletion", Some(woken[3].clone()), c.sync_interval, Duration::ZERO, deletion_pass),
+        ("status_sync", None, c.sync_interval, Duration::ZERO, status_sync_pass),
+        ("orphans", None, c.resync, Duration::ZERO, orphans_pass),
+        ("cluster_health", None, c.health_interval, Duration::ZERO, cluster_health_pass),
+    ];
+    let mut set = JoinSet::new();
+    for (name, wake, every, gap, pass) in loops {
+        set.spawn(run_loop(name, ctx.clone(), holder.to_owned(), wake, every, gap, pass));
+    }
+    set.spawn(listen(ctx.clone(), woken));
+    set
+}
+
+/// One pass: how many objects it changed, and its status as JSON.
+type Pass = std::pin::Pin<Box<dyn Future<Output = Result<(usize, serde_json::Value), Error>> + Send>>;
+
+fn boxed<S: Report>(r: Result<S, Error>) -> Result<(usize, serde_json::Value), Error> {
+    r.map(|s| (s.changes(), serde_json::to_value(&s).unwrap_or_default()))
+}
+
+/// Forwards change notifications to the controllers that react to them.
+async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
+    loop {
+        let listener = async {
+            let mut l = sqlx::postgres::PgListener::connect_with(&ctx.db).await?;
+            l.listen(CHANNEL).await?;
+            loop {
+                l.recv().await?;
+                woken.iter().for_each(|n| n.notify_one());
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        if let Err(e) = listener.await {
+            tracing::warn!(error = %e, "change listener failed; retrying (controllers still resync on their interval)");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn run_loop(
+    name: &'static str,
+    ctx: Context,
+    holder: String,
+    wake: Option<Arc<Notify>>,
+    every: Duration,
+    min_gap: Duration,
+    pass: impl Fn(Context) -> Pass,
+) {
+    let mut runs: u64 = 0;
+    let mut errors: u64 = 0;
+    let mut last_saved: Option<Instant> = None;
+    loop {
+        let started = Instant::now();
+        let result = pass(ctx.clone()).await;
+        runs += 1;
+        let (again, last) = match &result {
+            Ok((changes, status)) => (*changes > 0, json!({"ok": status})),
+            Err(e) => {
+                errors += 1;
+                tracing::warn!(controller = name, error = %e, "controller pass failed");
+                (false, json!({"error": e.to_string()}))
+            }
+        };
+        if result.is_err() || last_saved.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            let report = json!({
+                "runs": runs, "errors": errors,
+                "last_pass_ms": started.elapsed().as_secs_f64() * 1000.0, "last": last,
+            });
+            if berth_store::controller::controller_status_write(&ctx.db, name, &holder, &report).await.is_ok() {
+                last_saved = Some(Instant::now());
+            }
+        }
+        if !again {
+            let sleep = tokio::time::sleep(every);
+            match &wake {
+                Some(n) => {
+                    tokio::select! {
+                        () = n.notified() => {}
+                        () = sleep => {}
+                    }
+                }
+                None => sleep.await,
+            }
+        }
+        let since = started.elapsed();
+        if since < min_gap {
+            tokio::time::sleep(min_gap - since).await;
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The scheduler loop: snapshot from the store → `berth_sched::schedule` → the plan
+//! committed in one transaction (admissions, preemption marks, pending reasons and queue
+//! positions, team usage), every workload write a compare-and-set on the version the
+//! snapshot read. A workload that changed meanwhile is left for the next cycle.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use berth_core::event::EventType;
+use berth_core::team::{FlavorUsage, TeamStatus};
+use berth_core::workload::{Admission, Phase, QueuePosition, TaskPlacement, Workload, WorkloadStatus};
+use berth_core::{Error, WorkloadId};
+use berth_sched::plan::PreemptionCause;
+use berth_store::event::NewEvent;
+use berth_store::workload::StatusWrite;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::snapshot::{self, World};
+use crate::{Context, EVENT_KIND, version};
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SchedulerStatus {
+    pub pending: usize,
+    pub running: usize,
+    pub admitted: usize,
+    pub preempted: usize,
+    /// Pending workloads whose reason or queue position changed.
+    pub explained: usize,
+    pub teams_updated: usize,
+    /// Writes skipped because the workload changed after the snapshot was read.
+    pub stale: usize,
+    pub cycle_ms: f64,
+}
+
+impl SchedulerStatus {
+    pub fn changes(&self) -> usize {
+        self.admitted + self.preempted + self.explained + self.teams_updated
+    }
+}
+
+/// Reads everything the scheduler looks at, in one consistent snapshot.
+///
+/// # Errors
+/// Store errors.
+pub async fn load_world(ctx: &Context) -> Result<World, Error> {
+    let mut tx = berth_store::begin_snapshot(&ctx.db).await?;
+    let world = World {
+        now: chrono::Utc::now(),
+        flavors: berth_store::flavor::flavor_names(&mut *tx).await?,
+        teams: berth_store::team::team_list_all(&mut *tx).await?,
+        clusters: berth_store::cluster::cluster_list_all(&mut *tx).await?,
+        nodes: berth_store::cluster::cluster_nodes_list(&mut *tx).await?,
+        workloads: berth_store::workload::workload_list_active(&mut *tx).await?,
+    };
+    berth_store::commit(tx).await?;
+    Ok(world)
+}
+
+/// One scheduling cycle.
+///
+/// # Errors
+/// Store errors; `Internal` if the snapshot is inconsistent.
+pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
+    let started = Instant::now();
+    let world = load_world(ctx).await?;
+    let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
+    let s = &built.snapshot;
+    let plan = berth_sched::schedule(s).map_err(|e| Error::Internal(e.to_string()))?;
+    let name = |w: &Workload| format!("{}/{}", w.metadata.team.as_deref().unwrap_or_default(), w.metadata.name);
+    let running_name = |i: usize| name(&world.workloads[built.running[i]]);
+    let pending_name = |i: usize| name(&world.workloads[built.pending[i]]);
+
+    let mut writes = Vec::new();
+    let mut events = Vec::new();
+    let mut status = SchedulerStatus { pending: s.pending.len(), running: s.running.len(), ..Default::default() };
+    for a in &plan.admissions {
+        let w = &world.workloads[built.pending[a.workload]];
+        let placement =
+            a.placement.iter().map(|p| TaskPlacement { node: s.nodes[p.node].name.clone(), gpu: p.device }).collect();
+        let admission = Admission {
+            cluster: s.clusters[a.cluster].name.clone(),
+            flavor: s.flavors[a.flavor].clone(),
+            borrowed: a.borrowed,
+            placement,
+        };
+        let quota = if a.borrowed { "borrowed quota" } else { "its guarantee" };
+        let message = format!("admitted to {}/{} on {quota}", admission.cluster, admission.flavor);
+        let tasks = &s.pending[a.workload].tasks;
+        events.push(NewEvent {
+            uid: w.metadata.uid,
+            event_type: EventType::Normal,
+            reason: "Admitted",
+            message: message.clone(),
+            details: Some(json!({
+                "team": w.metadata.team, "flavor": admission.flavor, "cluster": admission.cluster,
+                "gpus": f64::from(tasks.total_gpus()) / 100.0, "borrowed": a.borrowed,
+                "preemptible": w.spec.preemptible, "attempt": w.status.attempt,
+            })),
+        });
+        let next = WorkloadStatus {
+            phase: Phase::Admitted,
+            admission: Some(admission),
+            pending_reason: None,
+            queue_position: None,
+            reason: None,
+            message: Some(message),
+            ..w.status.clone()
+        };
+        writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+    }
+    for p in &plan.preemptions {
+        let w = &world.workloads[built.running[p.victim]];
+        if w.status.phase == Phase::Preempting || w.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let (cause, by) = match p.cause {
+            PreemptionCause::Reclaim { team, workload } => {
+                (format!("team {} reclaims its guarantee", s.teams[team].name), pending_name(workload))
+            }
+            PreemptionCause::Priority { workload } => {
+                ("a higher-priority workload of the team".to_owned(), pending_name(workload))
+            }
+        };
+        let message = format!("preempted: {cause} for {by}");
+        events.push(NewEvent {
+            uid: w.metadata.uid,
+            event_type: EventType::Warning,
+            reason: "Preempted",
+            message: message.clone(),
+            details: Some(json!({"for": by, "cause": p.cause})),
+        });
+        let next = WorkloadStatus {
+            phase: Phase::Preempting,
+            reason: Some("Preempted".into()),
+            message: Some(message),
+            ..w.status.clone()
+        };
+        writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+    }
+    let mut explain = |w: &Workload, reason, position| -> Result<(), Error> {
+        if w.status.pending_reason.as_ref() != Some(&reason) || w.status.queue_position != position {
+            let next = WorkloadStatus { pending_reason: Some(reason), queue_position: position, ..w.status.clone() };
+            writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+            status.explained += 1;
+        }
+        Ok(())
+    };
+    for wt in &plan.waiting {
+        let w = &world.workloads[built.pending[wt.workload]];
+        let reason = crate::explain::pending_reason(s, &wt.reason, running_name, pending_name);
+        explain(w, reason, Some(QueuePosition { global: wt.position, team: wt.team_position }))?;
+    }
+    for (i, reason) in &built.unschedulable {
+        explain(&world.workloads[*i], reason.clone(), None)?;
+    }
+
+    let mut usage: BTreeMap<usize, Vec<FlavorUsage>> = BTreeMap::new();
+    for share in &plan.shares {
+        usage.entry(share.team).or_default().push(FlavorUsage {
+            flavor: s.flavors[share.flavor].clone(),
+            allocated: share.used,
+            borrowed: (share.used - share.guaranteed).max(0.0),
+            fair_share: share.fair_share,
+        });
+    }
+    let team_writes: Vec<_> = world
+        .teams
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default() };
+            (t.status != next).then(|| (snapshot::team_uid(&world, i), next))
+        })
+        .collect();
+    status.teams_updated = team_writes.len();
+
+    let mut tx = berth_store::begin(&ctx.db).await?;
+    let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
+    status.stale = writes.len() - written.len();
+    let written: std::collections::HashSet<_> = written.into_iter().collect();
+    for w in &writes {
+        if written.contains(&w.uid.0) {
+            match w.status.phase {
+                Phase::Admitted => status.admitted += 1,
+                Phase::Preempting => status.preempted += 1,
+                _ => {}
+            }
+        }
+    }
+    events.retain(|e| written.contains(&e.uid));
+    berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
+    berth_store::team::team_write_statuses(&mut tx, &team_writes).await?;
+    berth_store::commit(tx).await?;
+    status.explained -=
+        writes.iter().filter(|w| w.status.phase == Phase::Pending && !written.contains(&w.uid.0)).count();
+    status.cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(status)
+}

@@ -1,0 +1,284 @@
+//! Builds the scheduler's snapshot from what the store holds, and keeps the way back from
+//! the snapshot's indices to workloads, teams, clusters and nodes.
+
+use std::collections::{BTreeSet, HashMap};
+
+use berth_core::cluster::{Cluster, ClusterHealth};
+use berth_core::team::Team;
+use berth_core::workload::{PendingReason, Phase, TaskPlacement, Workload};
+use berth_core::{ClusterId, TeamId};
+use berth_sched::snapshot::{self as s, MAX_GPUS_PER_NODE, ONE_GPU, Resources};
+use berth_store::cluster::ClusterNode;
+use chrono::{DateTime, Utc};
+
+/// What the store holds that the scheduler looks at.
+pub struct World {
+    pub now: DateTime<Utc>,
+    pub flavors: Vec<String>,
+    pub teams: Vec<Team>,
+    pub clusters: Vec<Cluster>,
+    pub nodes: Vec<(ClusterId, ClusterNode)>,
+    /// Every workload that is not finished.
+    pub workloads: Vec<Workload>,
+}
+
+/// A snapshot and the objects behind its indices.
+pub struct Built {
+    pub snapshot: s::Snapshot,
+    /// Index into `World::workloads` of each `snapshot.running`.
+    pub running: Vec<usize>,
+    /// Index into `World::workloads` of each `snapshot.pending`.
+    pub pending: Vec<usize>,
+    /// Pending workloads the scheduler cannot consider at all, with why.
+    pub unschedulable: Vec<(usize, PendingReason)>,
+}
+
+/// Whether a workload in this phase holds (or is about to hold) GPUs on its cluster.
+pub fn holds_gpus(phase: Phase) -> bool {
+    matches!(phase, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting | Phase::Unknown)
+}
+
+/// GPUs per task in hundredths.
+pub fn hundredths(gpus: f64) -> u32 {
+    (gpus * f64::from(ONE_GPU)).round() as u32
+}
+
+fn resources(w: &Workload) -> Resources {
+    let r = &w.spec.tasks.resources;
+    Resources {
+        count: w.spec.tasks.count,
+        gpus: hundredths(r.gpus),
+        cpus_milli: r.cpus.map_or(0, |c| (c * 1000.0).round() as u32),
+        memory_mib: r.memory_mib.unwrap_or(0),
+    }
+}
+
+fn seconds(t: DateTime<Utc>) -> i64 {
+    t.timestamp()
+}
+
+pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
+    let flavor_ix: HashMap<&str, usize> = world.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
+    let team_ix: HashMap<&str, usize> =
+        world.teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+    let cluster_ix: HashMap<&str, usize> =
+        world.clusters.iter().enumerate().map(|(i, c)| (c.metadata.name.as_str(), i)).collect();
+    let cluster_by_uid: HashMap<ClusterId, usize> =
+        world.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
+
+    let teams = world
+        .teams
+        .iter()
+        .map(|t| {
+            let mut quotas = vec![s::Quota::default(); world.flavors.len()];
+            for q in &t.spec.quotas {
+                if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
+                    quotas[f] = s::Quota { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight };
+                }
+            }
+            s::Team {
+                name: t.metadata.name.clone(),
+                parent: t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied()),
+                quotas,
+            }
+        })
+        .collect();
+    let clusters = world
+        .clusters
+        .iter()
+        .map(|c| s::Cluster {
+            name: c.metadata.name.clone(),
+            kind: c.spec.kind,
+            labels: c.metadata.labels.clone(),
+            cordoned: c.spec.cordoned || c.status.health == ClusterHealth::Unreachable,
+        })
+        .collect();
+    let mut nodes: Vec<s::Node> = Vec::new();
+    let mut node_ix: HashMap<(usize, &str), usize> = HashMap::new();
+    for (cluster, n) in &world.nodes {
+        let (Some(&c), Some(&f)) = (cluster_by_uid.get(cluster), n.flavor.as_deref().and_then(|f| flavor_ix.get(f)))
+        else {
+            continue;
+        };
+        let gpus = u32::try_from(n.gpus).unwrap_or(0).min(MAX_GPUS_PER_NODE);
+        node_ix.insert((c, n.name.as_str()), nodes.len());
+        nodes.push(s::Node {
+            name: n.name.clone(),
+            cluster: c,
+            flavor: f,
+            gpus,
+            unavailable_gpus: u32::try_from(n.unavailable_gpus).unwrap_or(0).min(gpus),
+            cpus_milli: u32::try_from(n.cpus).unwrap_or(0).saturating_mul(1000),
+            memory_mib: u64::try_from(n.memory_mib).unwrap_or(0),
+            block: n.block.clone(),
+            cordoned: !n.schedulable,
+        });
+    }
+
+    let mut running = Vec::new();
+    let mut running_ix = Vec::new();
+    let mut pending = Vec::new();
+    let mut pending_ix = Vec::new();
+    let mut unschedulable = Vec::new();
+    for (i, w) in world.workloads.iter().enumerate() {
+        let team = w.metadata.team.as_deref().and_then(|t| team_ix.get(t).copied());
+        let Some(team) = team else { continue };
+        let tasks = resources(w);
+        let phase = w.status.phase;
+        if holds_gpus(phase) {
+            let Some(a) = &w.status.admission else { continue };
+            let (Some(&cluster), Some(&flavor)) =
+                (cluster_ix.get(a.cluster.as_str()), flavor_ix.get(a.flavor.as_str()))
+            else {
+                continue;
+            };
+            let placement = place_running(&mut nodes, &mut node_ix, cluster, flavor, &a.placement, &tasks);
+            running_ix.push(i);
+            running.push(s::Running {
+                id: w.metadata.uid.to_string(),
+                team,
+                priority: w.spec.priority,
+                preemptible: w.spec.preemptible,
+                borrowed: a.borrowed,
+                started_at: seconds(w.status.started_at.unwrap_or(w.metadata.update_timestamp)),
+                preempting: phase == Phase::Preempting || w.metadata.deletion_timestamp.is_some(),
+                cluster,
+                flavor,
+                tasks,
+                placement,
+            });
+        } else if phase == Phase::Pending && w.metadata.deletion_timestamp.is_none() {
+            let flavors: Vec<usize> =
+                w.spec.tasks.resources.flavors.iter().filter_map(|f| flavor_ix.get(f.as_str()).copied()).collect();
+            if tasks.gpus > MAX_GPUS_PER_NODE * ONE_GPU || flavors.is_empty() {
+                unschedulable.push((
+                    i,
+                    PendingReason {
+                        code: "TaskLargerThanAnyNode".into(),
+                        message: format!(
+                            "each task asks for {} GPUs; no node has more than {MAX_GPUS_PER_NODE}",
+                            w.spec.tasks.resources.gpus
+                        ),
+                        details: None,
+                    },
+                ));
+                continue;
+            }
+            pending_ix.push(i);
+            pending.push(s::Pending {
+                id: w.metadata.uid.to_string(),
+                team,
+                kind: w.spec.kind,
+                priority: w.spec.priority,
+                preemptible: w.spec.preemptible,
+                submitted_at: seconds(w.status.submitted_at.unwrap_or(w.metadata.creation_timestamp)),
+                flavors,
+                tasks,
+                topology: w.spec.topology,
+                cluster_selector: w.spec.placement.cluster_selector.clone(),
+                backend_kinds: w.spec.placement.backend_kinds.clone(),
+            });
+        }
+    }
+    make_room_for_running(&mut nodes, &running);
+    Built {
+        snapshot: s::Snapshot {
+            now: seconds(world.now),
+            starvation_after_seconds,
+            flavors: world.flavors.clone(),
+            teams,
+            clusters,
+            nodes,
+            running,
+            pending,
+        },
+        running: running_ix,
+        pending: pending_ix,
+        unschedulable,
+    }
+}
+
+/// Maps a running workload's stored placement to node indices. A node the inventory no
+/// longer lists gets a cordoned stand-in, so the work still counts where it runs.
+fn place_running<'a>(
+    nodes: &mut Vec<s::Node>,
+    node_ix: &mut HashMap<(usize, &'a str), usize>,
+    cluster: usize,
+    flavor: usize,
+    placement: &'a [TaskPlacement],
+    tasks: &Resources,
+) -> Vec<s::TaskPlacement> {
+    let mut out = Vec::with_capacity(tasks.count as usize);
+    for t in 0..tasks.count as usize {
+        let (name, gpu) = match placement.get(t) {
+            Some(p) => (p.node.as_str(), p.gpu),
+            None => ("(unknown)", None),
+        };
+        let ix = *node_ix.entry((cluster, name)).or_insert_with(|| {
+            nodes.push(s::Node {
+                name: name.to_owned(),
+                cluster,
+                flavor,
+                gpus: 0,
+                unavailable_gpus: 0,
+                cpus_milli: 0,
+                memory_mib: 0,
+                block: None,
+                cordoned: true,
+            });
+            nodes.len() - 1
+        });
+        let device = if tasks.is_fractional() { Some(gpu.unwrap_or(0)) } else { None };
+        // A node of another flavor than the admission says cannot hold it: use a stand-in.
+        let ix = if nodes[ix].flavor == flavor {
+            ix
+        } else {
+            nodes.push(s::Node { flavor, cordoned: true, gpus: 0, ..nodes[ix].clone() });
+            nodes.len() - 1
+        };
+        out.push(s::TaskPlacement { node: ix, device });
+    }
+    out
+}
+
+/// The store can lag the backends (a node shrank, a stand-in has no GPUs): grow a node
+/// that holds more than it has, and cordon it, so the snapshot stays consistent.
+fn make_room_for_running(nodes: &mut [s::Node], running: &[s::Running]) {
+    let mut whole = vec![0u32; nodes.len()];
+    let mut shared: Vec<BTreeSet<u8>> = vec![BTreeSet::new(); nodes.len()];
+    let mut cpus = vec![0u32; nodes.len()];
+    let mut memory = vec![0u64; nodes.len()];
+    for r in running {
+        for p in &r.placement {
+            match p.device {
+                Some(d) => {
+                    shared[p.node].insert(d);
+                }
+                None => whole[p.node] += r.tasks.gpus / ONE_GPU,
+            }
+            cpus[p.node] = cpus[p.node].saturating_add(r.tasks.cpus_milli);
+            memory[p.node] = memory[p.node].saturating_add(r.tasks.memory_mib);
+        }
+    }
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let top_device = shared[i].last().map_or(0, |&d| u32::from(d) + 1);
+        let needed = (whole[i] + shared[i].len() as u32).max(top_device);
+        if needed + n.unavailable_gpus > n.gpus {
+            n.unavailable_gpus = n.gpus.saturating_sub(needed);
+        }
+        if needed > n.gpus {
+            n.gpus = needed.min(MAX_GPUS_PER_NODE);
+            n.cordoned = true;
+        }
+        if cpus[i] > n.cpus_milli || memory[i] > n.memory_mib {
+            n.cpus_milli = n.cpus_milli.max(cpus[i]);
+            n.memory_mib = n.memory_mib.max(memory[i]);
+            n.cordoned = true;
+        }
+    }
+}
+
+/// Team uid by snapshot index.
+pub fn team_uid(world: &World, team: usize) -> TeamId {
+    TeamId(world.teams[team].metadata.uid)
+}

@@ -1,0 +1,198 @@
+//! End-to-end flows on real Postgres with simulated clusters: the store, the scheduler,
+//! the reconcilers and the sim backend together. DATABASE_URL must point at a server that
+//! lets the role create databases (scripts/test sets that up).
+
+mod support;
+
+use berth_adapters::JobState;
+use berth_controllers::{cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
+use berth_core::workload::Phase;
+use serde_json::json;
+use support::Plane;
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_submitted_workload_runs_and_succeeds(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    let w = p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let running = p.workload("nlp", "train").await;
+    assert_eq!(running.status.phase, Phase::Running);
+    let a = running.status.admission.as_ref().unwrap();
+    assert_eq!((a.cluster.as_str(), a.borrowed, a.placement.len()), ("sim-a", false, 1));
+    assert!(running.status.backend_ref.is_some() && running.status.started_at.is_some());
+    let team = berth_app::team::team_get(&p.ctx.db, "nlp").await.unwrap();
+    assert_eq!(team.status.usage[0].allocated, 8.0);
+
+    p.advance(600);
+    p.settle().await;
+    let done = p.workload("nlp", "train").await;
+    assert_eq!((done.status.phase, done.status.exit_code), (Phase::Succeeded, Some(0)));
+    assert_eq!(p.events(&w).await, ["Created", "Admitted", "Running", "Succeeded"]);
+    assert_eq!(p.jobs("sim-a").await.len(), 1);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn borrowed_work_is_reclaimed_and_a_resumable_workload_is_requeued(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 8, None).await;
+    p.team("b", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    let first = p.submit("b", "b1", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    let second = p.submit("b", "b2", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    assert_eq!(p.phase("b", "b1").await, Phase::Running);
+    let borrowed = p.workload("b", "b2").await;
+    assert_eq!(borrowed.status.phase, Phase::Running);
+    assert!(borrowed.status.admission.as_ref().unwrap().borrowed);
+
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    // b2 is told to stop and gets its grace period; a1 waits for its GPUs.
+    assert_eq!(p.phase("b", "b2").await, Phase::Preempting);
+    let waiting = p.workload("a", "a1").await;
+    assert_eq!(waiting.status.pending_reason.unwrap().code, "WaitingForReclaim");
+
+    p.advance(30);
+    p.settle().await;
+    assert_eq!(p.phase("a", "a1").await, Phase::Running);
+    assert_eq!(p.phase("b", "b1").await, Phase::Running, "only the borrowed workload is preempted");
+    let requeued = p.workload("b", "b2").await;
+    assert_eq!((requeued.status.phase, requeued.status.attempt), (Phase::Pending, 1));
+    assert_eq!(requeued.status.submitted_at, second.status.submitted_at, "keeps its place in the queue");
+    assert_eq!(p.events(&requeued).await, ["Created", "Admitted", "Running", "Preempted", "Requeued"]);
+    let cancelled: Vec<_> = p.jobs("sim-a").await.into_iter().filter(|j| j.state == JobState::Cancelled).collect();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].key.workload, second.metadata.uid);
+    let _ = first;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn higher_priority_work_preempts_lower_priority_work_of_the_same_team(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, Some(8)).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    p.submit("nlp", "low", 1, 8.0, json!({"priority": 1})).await;
+    p.settle().await;
+    p.submit("nlp", "high", 1, 8.0, json!({"priority": 100})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "low").await, Phase::Preempting);
+    p.advance(30);
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "high").await, Phase::Running);
+    let low = p.workload("nlp", "low").await;
+    assert_eq!((low.status.phase, low.status.reason.as_deref()), (Phase::Failed, Some("Preempted")), "not resumable");
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_gang_that_fits_on_only_one_cluster_goes_there(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 32, None).await;
+    p.cluster("small", 1, json!({})).await;
+    p.cluster("big", 3, json!({})).await;
+    p.submit("nlp", "gang", 3, 8.0, json!({})).await;
+    p.settle().await;
+    let w = p.workload("nlp", "gang").await;
+    assert_eq!(w.status.phase, Phase::Running);
+    assert_eq!(w.status.admission.unwrap().cluster, "big");
+    assert!(p.jobs("small").await.is_empty());
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_cordoned_cluster_receives_nothing(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    let spec = json!({"kind": "sim", "cordoned": true,
+        "sim": {"node_groups": [{"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}});
+    p.apply_cluster("sim-a", json!({"spec": spec})).await;
+    p.submit("nlp", "train", 1, 1.0, json!({})).await;
+    p.settle().await;
+    let w = p.workload("nlp", "train").await;
+    assert_eq!(w.status.phase, Phase::Pending);
+    assert_eq!(w.status.pending_reason.unwrap().code, "ClustersCordoned");
+    assert!(p.jobs("sim-a").await.is_empty());
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn deleting_a_running_workload_cancels_its_job_then_removes_it(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    let w = p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let actor = berth_core::event::Actor::anonymous(None);
+    berth_app::workload::workload_delete(&p.ctx.db, &actor, "nlp", "train", None).await.unwrap();
+    p.settle().await;
+    let jobs = p.jobs("sim-a").await;
+    assert!(jobs[0].cancelling && jobs[0].state == JobState::Running, "the job has its grace period");
+    p.advance(30);
+    p.settle().await;
+    assert!(berth_app::workload::workload_get(&p.ctx.db, "nlp", "train").await.is_err(), "removed");
+    assert_eq!(p.jobs("sim-a").await[0].state, JobState::Cancelled);
+    let reasons = p.events(&w).await;
+    assert_eq!(reasons.last().map(String::as_str), Some("Deleted"));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_unreachable_clusters_pending_work_moves_to_the_other_cluster(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 16, None).await;
+    p.cluster("a", 1, json!({"node_groups": [{"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]})).await;
+    p.apply_cluster(
+        "b",
+        json!({"metadata": {"labels": {"tier": "spot"}}, "spec": {"kind": "sim",
+        "sim": {"node_groups": [{"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}}}),
+    )
+    .await;
+    p.step().await; // inventories
+    // Admitted to a (reservation tier first), but a goes down before it is dispatched.
+    p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(p.workload("nlp", "train").await.status.admission.unwrap().cluster, "a");
+    p.cluster("a", 1, json!({"unreachable": true})).await;
+    dispatcher::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(p.phase("nlp", "train").await, Phase::Admitted, "not dispatched to a cluster that does not answer");
+    p.settle().await;
+    let w = p.workload("nlp", "train").await;
+    assert_eq!(w.status.phase, Phase::Running);
+    assert_eq!((w.status.admission.unwrap().cluster.as_str(), w.status.attempt), ("b", 1));
+    let a = berth_store::cluster::cluster_fetch(&p.ctx.db, "a").await.unwrap().unwrap();
+    assert_eq!(a.status.health, berth_core::cluster::ClusterHealth::Unreachable);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn every_reconciler_changes_nothing_when_run_twice(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 8, None).await;
+    p.team("b", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    for i in 0..3 {
+        p.submit("b", &format!("b{i}"), 1, 8.0, json!({"resumable": true})).await;
+    }
+    p.settle().await;
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.submit("a", "a2", 1, 4.0, json!({})).await;
+    let actor = berth_core::event::Actor::anonymous(None);
+    berth_app::workload::workload_delete(&p.ctx.db, &actor, "b", "b0", None).await.unwrap();
+    // Each reconciler, on a state with work in every phase: the first run may act; the
+    // second finds nothing to do and writes nothing.
+    let c = &p.ctx;
+    macro_rules! twice {
+        ($m:ident) => {{
+            $m::reconcile(c).await.unwrap();
+            let before = p.fingerprint().await;
+            let again = $m::reconcile(c).await.unwrap();
+            assert_eq!(again.changes(), 0, "{} acted twice: {again:?}", stringify!($m));
+            assert_eq!(p.fingerprint().await, before, "{} wrote on its second run", stringify!($m));
+        }};
+    }
+    twice!(cluster_health);
+    twice!(scheduler);
+    twice!(dispatcher);
+    twice!(status_sync);
+    twice!(preemption);
+    twice!(deletion);
+    twice!(orphans);
+}

@@ -1,0 +1,134 @@
+//! A control plane in a test: a fresh database, simulated clusters on a clock the test
+//! moves by hand, and the reconcilers run one pass at a time in a fixed order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use berth_adapters::sim::Clock;
+use berth_adapters::{JobStatus, Registry};
+use berth_controllers::{
+    Config, Context, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync,
+};
+use berth_core::event::Actor;
+use berth_core::workload::{Phase, Workload};
+use berth_store::PgPool;
+use serde_json::{Value, json};
+
+pub struct Plane {
+    pub ctx: Context,
+    clock: Arc<AtomicI64>,
+    actor: Actor,
+}
+
+impl Plane {
+    pub async fn new(db: PgPool) -> Self {
+        let clock = Arc::new(AtomicI64::new(chrono::Utc::now().timestamp_millis()));
+        let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
+        let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
+        let plane = Self { ctx: Context { db, backends, config }, clock, actor: Actor::anonymous(None) };
+        plane.flavor("h100").await;
+        plane
+    }
+
+    /// Moves the simulated clusters' clock forward.
+    pub fn advance(&self, seconds: i64) {
+        self.clock.fetch_add(seconds * 1000, Ordering::SeqCst);
+    }
+
+    pub async fn flavor(&self, name: &str) {
+        let input = serde_json::from_value(json!({"spec": {"description": name}})).unwrap();
+        berth_app::flavor::flavor_apply(&self.ctx.db, &self.actor, name, &input, None).await.unwrap();
+    }
+
+    /// A team with a guarantee (and optional limit) of h100.
+    pub async fn team(&self, name: &str, parent: Option<&str>, guaranteed: u32, limit: Option<u32>) {
+        let mut quota = json!({"flavor": "h100", "guaranteed": guaranteed});
+        if let Some(l) = limit {
+            quota["limit"] = json!(l);
+        }
+        let input = serde_json::from_value(json!({"spec": {"parent": parent, "quotas": [quota]}})).unwrap();
+        berth_app::team::team_apply(&self.ctx.db, &self.actor, name, &input, None).await.unwrap();
+    }
+
+    /// A sim cluster of `nodes` × 8 h100 GPUs, with extra `spec.sim` fields.
+    pub async fn cluster(&self, name: &str, nodes: u32, sim: Value) {
+        let mut spec = json!({"node_groups": [{"name": "n", "count": nodes, "flavor": "h100", "gpus_per_node": 8}]});
+        spec.as_object_mut().unwrap().extend(sim.as_object().cloned().unwrap_or_default());
+        self.apply_cluster(name, json!({"spec": {"kind": "sim", "sim": spec}})).await;
+    }
+
+    pub async fn apply_cluster(&self, name: &str, body: Value) {
+        let input = serde_json::from_value(body).unwrap();
+        berth_app::cluster::cluster_apply(&self.ctx.db, &self.actor, name, &input, None).await.unwrap();
+    }
+
+    /// Submits a workload of `count` tasks × `gpus` h100, with extra spec fields.
+    pub async fn submit(&self, team: &str, name: &str, count: u32, gpus: f64, extra: Value) -> Workload {
+        let mut spec = json!({
+            "kind": "training",
+            "tasks": {"count": count, "resources": {"flavors": ["h100"], "gpus": gpus}},
+            "sim": {"duration_seconds": 600},
+        });
+        spec.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+        let input = serde_json::from_value(json!({"spec": spec})).unwrap();
+        berth_app::workload::workload_apply(&self.ctx.db, &self.actor, team, name, &input, None).await.unwrap().0
+    }
+
+    pub async fn workload(&self, team: &str, name: &str) -> Workload {
+        berth_app::workload::workload_get(&self.ctx.db, team, name).await.unwrap()
+    }
+
+    pub async fn phase(&self, team: &str, name: &str) -> Phase {
+        self.workload(team, name).await.status.phase
+    }
+
+    /// One pass of every controller, in the order work flows.
+    pub async fn step(&self) {
+        let c = &self.ctx;
+        cluster_health::reconcile(c).await.unwrap();
+        scheduler::reconcile(c).await.unwrap();
+        dispatcher::reconcile(c).await.unwrap();
+        status_sync::reconcile(c).await.unwrap();
+        preemption::reconcile(c).await.unwrap();
+        deletion::reconcile(c).await.unwrap();
+        orphans::reconcile(c).await.unwrap();
+    }
+
+    /// Steps until nothing changes (at most 10 passes).
+    pub async fn settle(&self) {
+        for _ in 0..10 {
+            let before = self.fingerprint().await;
+            self.step().await;
+            if self.fingerprint().await == before {
+                return;
+            }
+        }
+        panic!("the controllers did not settle in 10 passes");
+    }
+
+    /// Every row the controllers write, to compare states.
+    pub async fn fingerprint(&self) -> Vec<String> {
+        let q = "SELECT 'w ' || uid || ' ' || resource_version FROM workloads
+                 UNION ALL SELECT 't ' || uid || ' ' || status::text FROM teams
+                 UNION ALL SELECT 'c ' || uid || ' ' || (status - 'last_sync')::text FROM clusters
+                 UNION ALL SELECT 'n ' || cluster_uid || name || gpus || schedulable FROM cluster_nodes
+                 UNION ALL SELECT 'e ' || count(*) FROM events ORDER BY 1";
+        sqlx::query_scalar(q).fetch_all(&self.ctx.db).await.unwrap()
+    }
+
+    /// The jobs a sim cluster holds, every one it ever accepted.
+    pub async fn jobs(&self, cluster: &str) -> Vec<JobStatus> {
+        let c = berth_store::cluster::cluster_fetch(&self.ctx.db, cluster).await.unwrap().unwrap();
+        self.ctx.backends.sim(c.metadata.uid).map(|s| s.all_jobs()).unwrap_or_default()
+    }
+
+    /// The reasons of a workload's events, oldest first.
+    pub async fn events(&self, w: &Workload) -> Vec<String> {
+        sqlx::query_scalar("SELECT reason FROM events WHERE object_uid = $1 ORDER BY id")
+            .bind(w.metadata.uid)
+            .fetch_all(&self.ctx.db)
+            .await
+            .unwrap()
+    }
+}
