@@ -1,0 +1,260 @@
+//! Real berthd processes on a test database, simulated clusters journaled to a temporary
+//! directory (so they outlive the processes), and the checks the history must pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth_adapters::JobStatus;
+use berth_adapters::sim::{Clock, SimCluster};
+use berth_core::cluster::Cluster;
+use berth_core::event::Actor;
+use berth_store::PgPool;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub fn database_url(db: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (prefix, _) = base.rsplit_once('/').expect("a database in DATABASE_URL");
+    format!("{prefix}/{}", db.connect_options().get_database().expect("a test database"))
+}
+
+/// A berthd process.
+pub struct Berthd {
+    pub address: String,
+    child: Child,
+}
+
+impl Berthd {
+    pub fn start(url: &str, id: &str, sim_dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berthd"))
+            .env("DATABASE_URL", url)
+            .env("BERTH_LISTEN", "127.0.0.1:0")
+            .env("BERTH_REPLICA_ID", id)
+            .env("BERTH_SIM_STATE_DIR", sim_dir)
+            .env("BERTH_CANCEL_GRACE_SECONDS", "1")
+            .env("BERTH_ORPHAN_GRACE_SECONDS", "2")
+            .env("BERTH_LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn,berthd=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("berthd starts");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        // Keeps draining the log so the process never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["message"] == "berthd listening" {
+                    let _ = tx.send(v["address"].as_str().unwrap_or_default().to_owned());
+                }
+            }
+        });
+        let address = rx.recv_timeout(Duration::from_secs(60)).expect("berthd listens");
+        Self { address, child }
+    }
+
+    /// SIGKILL: no shutdown, no cleanup.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill");
+        self.child.wait().expect("reaped");
+    }
+
+    pub async fn controllers(&self) -> Value {
+        let url = format!("http://{}/api/v1/controllers", self.address);
+        reqwest::get(url).await.expect("GET controllers").json().await.expect("JSON")
+    }
+}
+
+impl Drop for Berthd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn actor() -> Actor {
+    Actor::anonymous(None)
+}
+
+/// Capacity per cluster in GPUs, and team limits with parents, for the invariant check.
+pub struct World {
+    pub capacity: HashMap<String, f64>,
+    pub limits: HashMap<String, (Option<String>, f64)>,
+}
+
+/// Flavor h100; teams dept (guarantee 32, limit 40) > a, b (16 each, limit 24), and c
+/// (nothing guaranteed, limit 16); clusters east (4 × 8) and west (2 × 8, 5 % of jobs fail),
+/// both on a 1000× clock.
+pub async fn seed(db: &PgPool) -> World {
+    let a = actor();
+    let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
+    berth_app::flavor::flavor_apply(db, &a, "h100", &flavor, None).await.unwrap();
+    let teams = [("dept", None, 32, 40), ("a", Some("dept"), 16, 24), ("b", Some("dept"), 16, 24), ("c", None, 0, 16)];
+    let mut limits = HashMap::new();
+    for (name, parent, guaranteed, limit) in teams {
+        let body = json!({"spec": {"parent": parent, "quotas": [{"flavor": "h100", "guaranteed": guaranteed, "limit": limit}]}});
+        berth_app::team::team_apply(db, &a, name, &serde_json::from_value(body).unwrap(), None).await.unwrap();
+        limits.insert(name.to_owned(), (parent.map(str::to_owned), f64::from(limit)));
+    }
+    let mut capacity = HashMap::new();
+    for (name, nodes, failures) in [("east", 4, 0.0), ("west", 2, 0.05)] {
+        let body = json!({"spec": {"kind": "sim", "sim": {"time_scale": 1000, "job_failure_probability": failures, "seed": 7,
+            "node_groups": [{"name": "n", "count": nodes, "flavor": "h100", "gpus_per_node": 8}]}}});
+        berth_app::cluster::cluster_apply(db, &a, name, &serde_json::from_value(body).unwrap(), None).await.unwrap();
+        capacity.insert(name.to_owned(), f64::from(nodes * 8));
+    }
+    World { capacity, limits }
+}
+
+/// A small deterministic generator.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Submits workload `i`: mixed teams, gangs, priorities, resumability and durations.
+pub async fn submit(db: &PgPool, rng: &mut Lcg, i: usize) {
+    let team = ["a", "b", "c"][rng.below(3) as usize];
+    let gpus = [1, 2, 4, 8][rng.below(4) as usize];
+    let count = if gpus == 8 { 1 + rng.below(2) } else { 1 + rng.below(3) };
+    let body = json!({"spec": {
+        "kind": "training",
+        "priority": rng.below(3) * 10,
+        "resumable": rng.below(2) == 0,
+        "tasks": {"count": count, "resources": {"flavors": ["h100"], "gpus": gpus}},
+        "sim": {"duration_seconds": 40 + rng.below(200)},
+    }});
+    let input = serde_json::from_value(body).unwrap();
+    berth_app::workload::workload_apply(db, &actor(), team, &format!("w{i}"), &input, None).await.unwrap();
+}
+
+/// Waits until no workload is left unfinished.
+pub async fn wait_all_final(db: &PgPool, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap();
+        if open == 0 {
+            return;
+        }
+        let phases: Vec<(String, i64)> =
+            sqlx::query_as("SELECT phase, count(*) FROM workloads GROUP BY phase").fetch_all(db).await.unwrap();
+        assert!(Instant::now() < deadline, "{open} workloads are still not final: {phases:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every job each simulated cluster ever accepted, rebuilt from its journal, and how many
+/// times each key was submitted.
+pub async fn sim_jobs(db: &PgPool, dir: &Path) -> (Vec<JobStatus>, BTreeMap<(Uuid, u32), usize>) {
+    let clusters: Vec<Cluster> = berth_store::cluster::cluster_list_all(db).await.unwrap();
+    let mut jobs = Vec::new();
+    let mut submits = BTreeMap::new();
+    for c in clusters {
+        let path: PathBuf = dir.join(format!("{}.jsonl", c.metadata.uid));
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            let v: Value = serde_json::from_str(line).unwrap_or_default();
+            if v["op"] == "submit" {
+                let key = &v["job"]["key"];
+                let uid: Uuid = key["workload"].as_str().unwrap().parse().unwrap();
+                *submits.entry((uid, key["attempt"].as_u64().unwrap() as u32)).or_default() += 1;
+            }
+        }
+        let sim = SimCluster::open(c.spec.sim.as_ref().unwrap(), Some(path), Clock::System).unwrap();
+        jobs.extend(sim.all_jobs());
+    }
+    (jobs, submits)
+}
+
+/// Replays the event history in order and checks that at no moment a team (or any of its
+/// ancestors) held more than its limit, or a cluster more GPUs than it has. Returns how
+/// many admissions it replayed.
+pub async fn check_history(db: &PgPool, world: &World) -> usize {
+    let events: Vec<(Uuid, String, Option<Value>)> =
+        sqlx::query_as("SELECT object_uid, reason, details FROM events WHERE object_kind = 'workload' ORDER BY id")
+            .fetch_all(db)
+            .await
+            .unwrap();
+    let mut holding: HashMap<Uuid, (String, String, f64)> = HashMap::new();
+    let mut team_use: HashMap<String, f64> = HashMap::new();
+    let mut cluster_use: HashMap<String, f64> = HashMap::new();
+    let mut admissions = 0;
+    for (uid, reason, details) in events {
+        let details = details.unwrap_or_default();
+        if reason == "Admitted" {
+            admissions += 1;
+            let team = details["team"].as_str().unwrap().to_owned();
+            let cluster = details["cluster"].as_str().unwrap().to_owned();
+            let gpus = details["gpus"].as_f64().unwrap();
+            assert!(
+                holding.insert(uid, (team.clone(), cluster.clone(), gpus)).is_none(),
+                "{uid} admitted twice at once"
+            );
+            let used = cluster_use.entry(cluster.clone()).or_default();
+            *used += gpus;
+            assert!(*used <= world.capacity[&cluster], "cluster {cluster} over capacity: {used}");
+            let mut at = Some(team);
+            while let Some(t) = at {
+                let used = team_use.entry(t.clone()).or_default();
+                *used += gpus;
+                let (parent, limit) = &world.limits[&t];
+                assert!(*used <= *limit, "team {t} over its limit: {used} > {limit}");
+                at = parent.clone();
+            }
+        } else if holding.contains_key(&uid)
+            && (reason == "Deleted"
+                || ["Pending", "Succeeded", "Failed", "Cancelled"].contains(&details["to"].as_str().unwrap_or("")))
+        {
+            let (team, cluster, gpus) = holding.remove(&uid).unwrap();
+            *cluster_use.get_mut(&cluster).unwrap() -= gpus;
+            let mut at = Some(team);
+            while let Some(t) = at {
+                *team_use.get_mut(&t).unwrap() -= gpus;
+                at = world.limits[&t].0.clone();
+            }
+        }
+    }
+    admissions
+}
+
+/// Checks that every (workload, attempt) that reached a backend has exactly one job, that
+/// no job exists for an attempt never admitted, and that one workload's attempts never ran
+/// at the same time. Returns the number of jobs.
+pub async fn check_jobs(db: &PgPool, dir: &Path) -> usize {
+    let (jobs, submits) = sim_jobs(db, dir).await;
+    for (key, n) in &submits {
+        assert_eq!(*n, 1, "{key:?} was submitted {n} times");
+    }
+    let admitted: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT object_uid, (details ->> 'attempt')::bigint FROM events WHERE reason = 'Admitted'")
+            .fetch_all(db)
+            .await
+            .unwrap();
+    let admitted: std::collections::HashSet<(Uuid, u32)> = admitted.into_iter().map(|(u, a)| (u, a as u32)).collect();
+    let mut by_workload: BTreeMap<Uuid, Vec<&JobStatus>> = BTreeMap::new();
+    for j in &jobs {
+        assert!(admitted.contains(&(j.key.workload, j.key.attempt)), "job {} of an attempt never admitted", j.key);
+        by_workload.entry(j.key.workload).or_default().push(j);
+    }
+    for attempts in by_workload.values_mut() {
+        attempts.sort_by_key(|j| j.key.attempt);
+        for pair in attempts.windows(2) {
+            if let (Some(end), Some(start)) = (pair[0].finished_at, pair[1].started_at) {
+                assert!(end <= start, "{} started before {} ended", pair[1].key, pair[0].key);
+            }
+        }
+    }
+    jobs.len()
+}
