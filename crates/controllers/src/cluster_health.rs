@@ -100,10 +100,10 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
         }
     }
     if !unreachable.is_empty() {
-        let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
+        let on_backends = [Phase::Admitted, Phase::Dispatched, Phase::Running, Phase::Preempting, Phase::Unknown];
+        let workloads = berth_store::workload::workload_list_in_phases(&ctx.db, &on_backends, false).await?;
         let transitions: Vec<_> = workloads
             .iter()
-            .filter(|w| w.metadata.deletion_timestamp.is_none())
             .filter(|w| w.status.admission.as_ref().is_some_and(|a| unreachable.contains(&a.cluster)))
             .filter_map(|w| on_unreachable(ctx, w, &mut status).map(|s| Transition { workload: w, status: s }))
             .collect();

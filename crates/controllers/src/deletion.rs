@@ -6,7 +6,7 @@
 
 use berth_core::cluster::ClusterHealth;
 use berth_core::event::EventType;
-use berth_core::workload::{Workload, WorkloadStatus};
+use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_core::{Error, WorkloadId};
 use chrono::Utc;
 use serde::Serialize;
@@ -30,8 +30,10 @@ impl DeletionStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
     let mut status = DeletionStatus::default();
-    let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
-    let deleting: Vec<&Workload> = workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_some()).collect();
+    let unfinished =
+        [Phase::Pending, Phase::Admitted, Phase::Dispatched, Phase::Running, Phase::Preempting, Phase::Unknown];
+    let workloads = berth_store::workload::workload_list_in_phases(&ctx.db, &unfinished, true).await?;
+    let deleting: Vec<&Workload> = workloads.iter().collect();
     status.deleting = deleting.len();
     if deleting.is_empty() {
         return Ok(status);

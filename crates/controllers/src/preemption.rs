@@ -32,11 +32,8 @@ impl PreemptionStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
     let mut status = PreemptionStatus::default();
-    let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
-    let preempting: Vec<&Workload> = workloads
-        .iter()
-        .filter(|w| w.status.phase == Phase::Preempting && w.metadata.deletion_timestamp.is_none())
-        .collect();
+    let workloads = berth_store::workload::workload_list_in_phases(&ctx.db, &[Phase::Preempting], false).await?;
+    let preempting: Vec<&Workload> = workloads.iter().collect();
     status.preempting = preempting.len();
     if preempting.is_empty() {
         return Ok(status);

@@ -11,10 +11,12 @@ use berth_adapters::{JobKey, JobState, JobStatus};
 use berth_core::Error;
 use berth_core::cluster::ClusterHealth;
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_store::workload::BackendWork;
 use chrono::Utc;
 use serde::Serialize;
+use uuid::Uuid;
 
-use crate::{Context, Transition, finished, job_key, requeued};
+use crate::{Context, Transition, finished, requeued};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatusSyncStatus {
@@ -33,26 +35,23 @@ impl StatusSyncStatus {
     }
 }
 
-/// Whether status sync follows a workload in this phase (preempted and deleted ones
-/// belong to their own controllers).
-fn followed(w: &Workload) -> bool {
-    matches!(w.status.phase, Phase::Dispatched | Phase::Running | Phase::Unknown)
-        && w.metadata.deletion_timestamp.is_none()
-}
+/// The phases status sync follows (preempted and deleted work belongs to their own
+/// controllers).
+const FOLLOWED: [Phase; 3] = [Phase::Dispatched, Phase::Running, Phase::Unknown];
 
 /// # Errors
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
     let mut status = StatusSyncStatus::default();
-    let workloads = berth_store::workload::workload_list_active(&ctx.db).await?;
+    // A light view first (no specs): most work is as the backend says, and only the rest
+    // is read in full.
+    let work = berth_store::workload::workload_list_backend_work(&ctx.db, &FOLLOWED).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    let mut by_cluster: HashMap<&str, Vec<&Workload>> = HashMap::new();
-    for w in workloads.iter().filter(|w| followed(w)) {
-        if let Some(a) = &w.status.admission {
-            by_cluster.entry(a.cluster.as_str()).or_default().push(w);
-        }
+    let mut by_cluster: HashMap<&str, Vec<&BackendWork>> = HashMap::new();
+    for w in &work {
+        by_cluster.entry(w.cluster.as_str()).or_default().push(w);
     }
-    let mut transitions = Vec::new();
+    let mut candidates: HashMap<Uuid, Option<JobStatus>> = HashMap::new();
     for cluster in &clusters {
         let Some(watched) = by_cluster.get(cluster.metadata.name.as_str()) else { continue };
         status.clusters += 1;
@@ -68,19 +67,41 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
             status.unreachable_clusters += 1;
             continue;
         };
-        let jobs: HashMap<JobKey, JobStatus> = jobs.into_iter().map(|j| (j.key, j)).collect();
+        let mut jobs: HashMap<JobKey, JobStatus> = jobs.into_iter().map(|j| (j.key, j)).collect();
         for w in watched {
-            let next = next_status(w, jobs.get(&job_key(w)));
-            if let Some(next) = next {
-                match next.phase {
-                    Phase::Running => status.started += 1,
-                    Phase::Pending => status.lost += 1,
-                    Phase::Failed if next.reason.as_deref() == Some("BackendJobLost") => status.lost += 1,
-                    p if p.is_final() => status.finished += 1,
-                    _ => {}
-                }
-                transitions.push(Transition { workload: w, status: next });
+            let job = jobs.remove(&JobKey { workload: w.uid, attempt: w.attempt });
+            let current = match job.as_ref().map(|j| j.state) {
+                Some(JobState::Queued) => w.phase != Phase::Unknown,
+                Some(JobState::Running) => w.phase == Phase::Running,
+                _ => false,
+            };
+            if !current {
+                candidates.insert(w.uid, job);
             }
+        }
+    }
+    let uids: Vec<Uuid> = candidates.keys().copied().collect();
+    let workloads = berth_store::workload::workload_fetch_many(&ctx.db, &uids).await?;
+    let read: HashMap<Uuid, &BackendWork> = work.iter().map(|b| (b.uid, b)).collect();
+    let mut transitions = Vec::new();
+    for w in &workloads {
+        let job = &candidates[&w.metadata.uid];
+        // The workload moved on since the light read (another attempt, another phase):
+        // leave it for the next pass.
+        let same =
+            read.get(&w.metadata.uid).is_some_and(|b| b.attempt == w.status.attempt && b.phase == w.status.phase);
+        if !same || w.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if let Some(next) = next_status(w, job.as_ref()) {
+            match next.phase {
+                Phase::Running => status.started += 1,
+                Phase::Pending => status.lost += 1,
+                Phase::Failed if next.reason.as_deref() == Some("BackendJobLost") => status.lost += 1,
+                p if p.is_final() => status.finished += 1,
+                _ => {}
+            }
+            transitions.push(Transition { workload: w, status: next });
         }
     }
     crate::commit(ctx, &transitions).await?;

@@ -463,3 +463,80 @@ pub async fn workload_attempts(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Result
         })
         .collect()
 }
+
+/// Unfinished workloads in any of `phases`, with or without a deletion request, by uid.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_in_phases(
+    db: impl PgExecutor<'_>,
+    phases: &[Phase],
+    deleting: bool,
+) -> Result<Vec<Workload>, Error> {
+    let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL) = $2
+           ORDER BY uid"#,
+        &phases as &[&str],
+        deleting,
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// The given workloads, by uid.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_fetch_many(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads WHERE uid = ANY($1) ORDER BY uid"#,
+        uids,
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// Where a workload that reached a backend stands, without its spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendWork {
+    pub uid: Uuid,
+    pub phase: Phase,
+    pub attempt: u32,
+    pub cluster: String,
+}
+
+/// Unfinished workloads in `phases` on a cluster, not being deleted: the light view status
+/// sync compares with the backends' job lists.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_backend_work(db: impl PgExecutor<'_>, phases: &[Phase]) -> Result<Vec<BackendWork>, Error> {
+    let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    let rows = sqlx::query!(
+        r#"SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) AS "attempt!", cluster AS "cluster!"
+           FROM workloads
+           WHERE phase = ANY($1) AND deletion_timestamp IS NULL AND cluster IS NOT NULL"#,
+        &phases as &[&str],
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    rows.into_iter()
+        .map(|r| {
+            let phase = Phase::parse(&r.phase)
+                .ok_or_else(|| Error::Internal(format!("unknown phase {:?} in the database", r.phase)))?;
+            Ok(BackendWork { uid: r.uid, phase, attempt: u32::try_from(r.attempt).unwrap_or(0), cluster: r.cluster })
+        })
+        .collect()
+}
