@@ -71,9 +71,4 @@ impl Registry {
             }
         }
     }
-
-    /// Forgets a cluster that was removed.
-    pub fn forget(&self, uid: Uuid) {
-        self.sims.lock().expect("sim registry lock").remove(&uid);
-    }
 }
