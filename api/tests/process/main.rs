@@ -20,12 +20,14 @@ async fn killing_berthd_during_a_burst_loses_and_duplicates_nothing(db: PgPool) 
             let mut rng = Lcg(42);
             for i in 0..500 {
                 support::submit(&db, &mut rng, i).await;
+                // Paced, so the burst spans the kills below.
                 tokio::time::sleep(Duration::from_millis(8)).await;
             }
         })
     };
     let mut rng = Lcg(7);
     for restart in 1..=6 {
+        // A random point in the burst: the kill itself is what is under test.
         tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
         berthd.kill();
         berthd = Berthd::start(&url, &format!("crash-{restart}"), &dir);
@@ -57,7 +59,20 @@ async fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_dies(db: PgP
     for i in 0..150 {
         support::submit(&db, &mut rng, i).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Work flows under the first replica before the second's view is checked.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let started: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE phase IN ('Running', 'Succeeded')")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        let reports = second.controllers().await["controllers"].as_array().map_or(0, Vec::len);
+        if started > 0 && reports > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no work started under the first replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let overview = second.controllers().await;
     assert_eq!(overview["leader"]["holder"], "replica-1", "the first replica still leads");
     let holders: Vec<&str> =

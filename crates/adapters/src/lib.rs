@@ -23,7 +23,9 @@ pub struct Registry {
     /// Where simulated clusters keep their journals; `None`: in memory only.
     sim_state_dir: Option<PathBuf>,
     sim_clock: sim::Clock,
-    sims: Mutex<HashMap<Uuid, Arc<sim::SimCluster>>>,
+    /// Each simulated cluster, with the cluster generation (spec version) it was last
+    /// configured from.
+    sims: Mutex<HashMap<Uuid, (i64, Arc<sim::SimCluster>)>>,
 }
 
 impl Registry {
@@ -38,10 +40,11 @@ impl Registry {
 
     /// The simulated cluster with this uid, if one was built (for tests and benchmarks).
     pub fn sim(&self, uid: Uuid) -> Option<Arc<sim::SimCluster>> {
-        self.sims.lock().expect("sim registry lock").get(&uid).cloned()
+        self.sims.lock().expect("sim registry lock").get(&uid).map(|(_, sim)| sim.clone())
     }
 
-    /// The backend for `cluster`, configured from its current spec.
+    /// The backend for `cluster`, configured from its current spec (a cached backend is
+    /// reconfigured only when the cluster's generation moved).
     ///
     /// # Errors
     /// [`BackendError::Unsupported`] for a kind whose adapter is not built yet, and
@@ -51,20 +54,23 @@ impl Registry {
             ClusterKind::Sim => {
                 let spec = cluster.spec.sim.as_ref().ok_or_else(|| BackendError::Rejected("no sim spec".into()))?;
                 let mut sims = self.sims.lock().expect("sim registry lock");
-                let sim = match sims.get(&cluster.metadata.uid) {
-                    Some(sim) => {
-                        sim.configure(spec);
-                        sim.clone()
+                let generation = cluster.metadata.generation;
+                match sims.get_mut(&cluster.metadata.uid) {
+                    Some((configured, sim)) => {
+                        if *configured != generation {
+                            sim.configure(spec);
+                            *configured = generation;
+                        }
+                        Ok(sim.clone())
                     }
                     None => {
                         let journal =
                             self.sim_state_dir.as_ref().map(|d| d.join(format!("{}.jsonl", cluster.metadata.uid)));
                         let sim = Arc::new(sim::SimCluster::open(spec, journal, self.sim_clock.clone())?);
-                        sims.insert(cluster.metadata.uid, sim.clone());
-                        sim
+                        sims.insert(cluster.metadata.uid, (generation, sim.clone()));
+                        Ok(sim)
                     }
-                };
-                Ok(sim)
+                }
             }
             ClusterKind::Slurm | ClusterKind::Kubernetes => {
                 Err(BackendError::Unsupported(format!("Berth has no {} adapter yet", cluster.spec.kind.as_str())))

@@ -16,7 +16,7 @@ use berth_store::cluster::ClusterNode;
 use chrono::Utc;
 use serde::Serialize;
 
-use crate::{Context, Transition, finished, requeued};
+use crate::{Context, Transition, requeued, requeued_or_failed};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ClusterHealthStatus {
@@ -29,8 +29,8 @@ pub struct ClusterHealthStatus {
     pub timed_out: usize,
 }
 
-impl ClusterHealthStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for ClusterHealthStatus {
+    fn changes(&self) -> usize {
         self.inventories_changed + self.replaced + self.unknown + self.timed_out
     }
 }
@@ -100,7 +100,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
         }
     }
     if !unreachable.is_empty() {
-        let on_backends = [Phase::Admitted, Phase::Dispatched, Phase::Running, Phase::Preempting, Phase::Unknown];
+        let on_backends: Vec<Phase> = Phase::ALL.into_iter().filter(|p| p.holds_gpus()).collect();
         let workloads = berth_store::workload::workload_list_in_phases(&ctx.db, &on_backends, false).await?;
         let transitions: Vec<_> = workloads
             .iter()
@@ -136,12 +136,7 @@ fn on_unreachable(ctx: &Context, w: &Workload, status: &mut ClusterHealthStatus)
                 return None;
             }
             status.timed_out += 1;
-            let message = format!("cluster {cluster} stayed unreachable");
-            Some(if w.spec.resumable {
-                requeued(w, "ClusterUnreachable", message)
-            } else {
-                finished(w, Phase::Failed, "ClusterUnreachable", message, None, now)
-            })
+            Some(requeued_or_failed(w, "ClusterUnreachable", format!("cluster {cluster} stayed unreachable")))
         }
         _ => None,
     }

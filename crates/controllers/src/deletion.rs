@@ -4,14 +4,13 @@
 //! workload is removed anyway, and the orphan collector cancels the job when the cluster
 //! answers again.
 
-use berth_core::cluster::ClusterHealth;
 use berth_core::event::EventType;
-use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_core::workload::{Phase, Workload};
 use berth_core::{Error, WorkloadId};
 use chrono::Utc;
 use serde::Serialize;
 
-use crate::{Context, EVENT_KIND, Transition, job_key, version};
+use crate::{Context, EVENT_KIND, job_key, version};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct DeletionStatus {
@@ -20,8 +19,8 @@ pub struct DeletionStatus {
     pub removed: usize,
 }
 
-impl DeletionStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for DeletionStatus {
+    fn changes(&self) -> usize {
         self.cancels_sent + self.removed
     }
 }
@@ -30,8 +29,7 @@ impl DeletionStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
     let mut status = DeletionStatus::default();
-    let unfinished =
-        [Phase::Pending, Phase::Admitted, Phase::Dispatched, Phase::Running, Phase::Preempting, Phase::Unknown];
+    let unfinished: Vec<Phase> = Phase::ALL.into_iter().filter(|p| !p.is_final()).collect();
     let workloads = berth_store::workload::workload_list_in_phases(&ctx.db, &unfinished, true).await?;
     let deleting: Vec<&Workload> = workloads.iter().collect();
     status.deleting = deleting.len();
@@ -50,12 +48,9 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
         };
         let requested = w.metadata.deletion_timestamp.unwrap_or(now);
         let timed_out = (now - requested).to_std().unwrap_or_default() > ctx.config.unknown_timeout;
-        let job = match ctx.backends.backend(cluster) {
-            Ok(b) if cluster.status.health != ClusterHealth::Unreachable => match b.job(job_key(w)).await {
-                Ok(job) => Some((b, job)),
-                Err(_) => None,
-            },
-            _ => None,
+        let job = match crate::reachable_backend(ctx, cluster) {
+            Some(b) => b.job(job_key(w)).await.ok().map(|job| (b, job)),
+            None => None,
         };
         match job {
             None if timed_out => {
@@ -64,13 +59,10 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
             None => {}
             Some((_, None)) => remove.push((w, "deleted; its job is gone")),
             Some((_, Some(job))) if job.state.is_final() => remove.push((w, "deleted; its job was cancelled")),
-            Some((_, Some(_))) if w.status.cancel_requested_at.is_some() => {}
             Some((backend, Some(job))) => {
-                let sent = backend.cancel(job.key, ctx.config.cancel_grace).await;
-                if sent.is_ok() {
+                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await {
                     status.cancels_sent += 1;
-                    let next = WorkloadStatus { cancel_requested_at: Some(now), ..w.status.clone() };
-                    transitions.push(Transition { workload: w, status: next });
+                    transitions.push(t);
                 }
             }
         }

@@ -8,7 +8,6 @@
 
 use berth_adapters::{BackendError, JobRequest, JobState, JobStatus};
 use berth_core::Error;
-use berth_core::cluster::ClusterHealth;
 use berth_core::workload::{BackendRef, Phase, Workload, WorkloadStatus};
 use serde::Serialize;
 
@@ -29,8 +28,8 @@ pub struct DispatcherStatus {
     pub rejected: usize,
 }
 
-impl DispatcherStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for DispatcherStatus {
+    fn changes(&self) -> usize {
         self.dispatched + self.adopted + self.rejected
     }
 }
@@ -53,11 +52,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
         for w in &claimed {
             let Some(a) = &w.status.admission else { continue };
             let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster);
-            let backend = match cluster {
-                Some(c) if c.status.health != ClusterHealth::Unreachable => ctx.backends.backend(c).ok(),
-                _ => None,
-            };
-            let Some(backend) = backend else {
+            let Some(backend) = cluster.and_then(|c| crate::reachable_backend(ctx, c)) else {
                 status.deferred += 1;
                 skip.push(w.metadata.uid);
                 continue;

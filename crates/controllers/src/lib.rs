@@ -32,8 +32,9 @@ pub mod status_sync;
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_adapters::{JobKey, Registry};
+use berth_adapters::{ClusterBackend, JobKey, Registry};
 use berth_core::Error;
+use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_store::PgPool;
 use chrono::{DateTime, Utc};
@@ -90,6 +91,15 @@ pub struct Context {
     pub config: Config,
 }
 
+/// The backend of a cluster that is worth calling: `None` while the cluster is
+/// `Unreachable` (cluster health alone keeps probing it) or has no adapter.
+fn reachable_backend(ctx: &Context, cluster: &Cluster) -> Option<Arc<dyn ClusterBackend>> {
+    if cluster.status.health == ClusterHealth::Unreachable {
+        return None;
+    }
+    ctx.backends.backend(cluster).ok()
+}
+
 /// The workload's resource version as the compare-and-set value.
 fn version(w: &Workload) -> Result<i64, Error> {
     w.metadata
@@ -114,6 +124,34 @@ fn requeued(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
         message: Some(message),
         ..WorkloadStatus::default()
     }
+}
+
+/// Requeued (attempt + 1) when the workload can resume, else `Failed`: what the workload's
+/// policy says when its job is lost.
+fn requeued_or_failed(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
+    if w.spec.resumable {
+        requeued(w, reason, message)
+    } else {
+        finished(w, Phase::Failed, reason, message, None, Utc::now())
+    }
+}
+
+/// Asks the backend to stop the workload's job, once: the first call sends the cancel and
+/// records `cancel_requested_at`; later calls do nothing (a repeated cancel would not
+/// extend the grace period anyway). `None` when nothing is to be written.
+async fn request_cancel<'a>(
+    ctx: &Context,
+    backend: &dyn ClusterBackend,
+    w: &'a Workload,
+    key: JobKey,
+) -> Option<Transition<'a>> {
+    if w.status.cancel_requested_at.is_some() || backend.cancel(key, ctx.config.cancel_grace).await.is_err() {
+        return None;
+    }
+    Some(Transition {
+        workload: w,
+        status: WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() },
+    })
 }
 
 /// A final phase.

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 
 use berth_core::Error;
-use berth_core::cluster::ClusterHealth;
 use chrono::Utc;
 use serde::Serialize;
 
@@ -18,8 +17,8 @@ pub struct OrphanStatus {
     pub cancelled: usize,
 }
 
-impl OrphanStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for OrphanStatus {
+    fn changes(&self) -> usize {
         self.cancelled
     }
 }
@@ -30,8 +29,8 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let mut status = OrphanStatus::default();
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let now = Utc::now();
-    for cluster in clusters.iter().filter(|c| c.status.health != ClusterHealth::Unreachable) {
-        let Ok(backend) = ctx.backends.backend(cluster) else { continue };
+    for cluster in &clusters {
+        let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
         let Ok(jobs) = backend.jobs().await else { continue };
         status.clusters += 1;
         let old: Vec<_> = jobs

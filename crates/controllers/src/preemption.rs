@@ -7,8 +7,7 @@ use std::collections::HashMap;
 
 use berth_adapters::{JobKey, JobStatus};
 use berth_core::Error;
-use berth_core::cluster::ClusterHealth;
-use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_core::workload::{Phase, Workload};
 use chrono::Utc;
 use serde::Serialize;
 
@@ -22,8 +21,8 @@ pub struct PreemptionStatus {
     pub failed: usize,
 }
 
-impl PreemptionStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for PreemptionStatus {
+    fn changes(&self) -> usize {
         self.cancels_sent + self.requeued + self.failed
     }
 }
@@ -44,10 +43,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
     for w in preempting {
         let Some(a) = &w.status.admission else { continue };
         let Some(cluster) = clusters.iter().find(|c| c.metadata.name == a.cluster) else { continue };
-        if cluster.status.health == ClusterHealth::Unreachable {
-            continue;
-        }
-        let Ok(backend) = ctx.backends.backend(cluster) else { continue };
+        let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
         if !jobs_of.contains_key(a.cluster.as_str()) {
             let jobs = backend.jobs().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
             jobs_of.insert(&a.cluster, jobs);
@@ -56,12 +52,9 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
         let message = w.status.message.clone().unwrap_or_else(|| "preempted".into());
         match jobs.get(&job_key(w)) {
             Some(job) if !job.state.is_final() => {
-                if w.status.cancel_requested_at.is_none()
-                    && backend.cancel(job.key, ctx.config.cancel_grace).await.is_ok()
-                {
+                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await {
                     status.cancels_sent += 1;
-                    let next = WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() };
-                    transitions.push(Transition { workload: w, status: next });
+                    transitions.push(t);
                 }
             }
             Some(job) if job.started_at.is_some() && !w.spec.resumable => {

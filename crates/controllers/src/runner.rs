@@ -18,24 +18,11 @@ use crate::{Context, cluster_health, deletion, dispatcher, orphans, preemption, 
 /// The channel the store's triggers notify on.
 pub const CHANNEL: &str = "berth_changes";
 
-/// A reconciler's typed status.
+/// A reconciler's typed status; each module implements it for its own.
 pub trait Report: Serialize + Send {
     /// How many objects the pass changed; 0 means it is caught up.
     fn changes(&self) -> usize;
 }
-
-macro_rules! report {
-    ($($t:ty),*) => {$(impl Report for $t { fn changes(&self) -> usize { <$t>::changes(self) } })*};
-}
-report!(
-    scheduler::SchedulerStatus,
-    dispatcher::DispatcherStatus,
-    status_sync::StatusSyncStatus,
-    preemption::PreemptionStatus,
-    deletion::DeletionStatus,
-    orphans::OrphanStatus,
-    cluster_health::ClusterHealthStatus
-);
 
 /// A controller's loop: name, what wakes it, its interval, the least gap between passes,
 /// and its pass.

@@ -34,8 +34,8 @@ pub struct SchedulerStatus {
     pub cycle_ms: f64,
 }
 
-impl SchedulerStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for SchedulerStatus {
+    fn changes(&self) -> usize {
         self.admitted + self.preempted + self.explained + self.teams_updated
     }
 }
@@ -143,7 +143,6 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         if w.status.pending_reason.as_ref() != Some(&reason) || w.status.queue_position != position {
             let next = WorkloadStatus { pending_reason: Some(reason), queue_position: position, ..w.status.clone() };
             writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
-            status.explained += 1;
         }
         Ok(())
     };
@@ -185,6 +184,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             match w.status.phase {
                 Phase::Admitted => status.admitted += 1,
                 Phase::Preempting => status.preempted += 1,
+                Phase::Pending => status.explained += 1,
                 _ => {}
             }
         }
@@ -193,8 +193,6 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
     berth_store::team::team_write_statuses(&mut tx, &team_writes).await?;
     berth_store::commit(tx).await?;
-    status.explained -=
-        writes.iter().filter(|w| w.status.phase == Phase::Pending && !written.contains(&w.uid.0)).count();
     status.cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(status)
 }

@@ -33,11 +33,6 @@ pub struct Built {
     pub unschedulable: Vec<(usize, PendingReason)>,
 }
 
-/// Whether a workload in this phase holds (or is about to hold) GPUs on its cluster.
-pub fn holds_gpus(phase: Phase) -> bool {
-    matches!(phase, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting | Phase::Unknown)
-}
-
 /// GPUs per task in hundredths.
 pub fn hundredths(gpus: f64) -> u32 {
     (gpus * f64::from(ONE_GPU)).round() as u32
@@ -125,7 +120,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         let Some(team) = team else { continue };
         let tasks = resources(w);
         let phase = w.status.phase;
-        if holds_gpus(phase) {
+        if phase.holds_gpus() {
             let Some(a) = &w.status.admission else { continue };
             let (Some(&cluster), Some(&flavor)) =
                 (cluster_ix.get(a.cluster.as_str()), flavor_ix.get(a.flavor.as_str()))

@@ -9,14 +9,13 @@ use std::collections::HashMap;
 
 use berth_adapters::{JobKey, JobState, JobStatus};
 use berth_core::Error;
-use berth_core::cluster::ClusterHealth;
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_store::workload::BackendWork;
 use chrono::Utc;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::{Context, Transition, finished, requeued};
+use crate::{Context, Transition, finished, requeued_or_failed};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatusSyncStatus {
@@ -29,8 +28,8 @@ pub struct StatusSyncStatus {
     pub unreachable_clusters: usize,
 }
 
-impl StatusSyncStatus {
-    pub fn changes(&self) -> usize {
+impl crate::runner::Report for StatusSyncStatus {
+    fn changes(&self) -> usize {
         self.started + self.finished + self.lost
     }
 }
@@ -56,12 +55,9 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
         let Some(watched) = by_cluster.get(cluster.metadata.name.as_str()) else { continue };
         status.clusters += 1;
         status.watched += watched.len();
-        let jobs = match cluster.status.health {
-            ClusterHealth::Unreachable => None,
-            _ => match ctx.backends.backend(cluster) {
-                Ok(b) => b.jobs().await.ok(),
-                Err(_) => None,
-            },
+        let jobs = match crate::reachable_backend(ctx, cluster) {
+            Some(b) => b.jobs().await.ok(),
+            None => None,
         };
         let Some(jobs) = jobs else {
             status.unreachable_clusters += 1;
@@ -112,12 +108,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
 fn next_status(w: &Workload, job: Option<&JobStatus>) -> Option<WorkloadStatus> {
     let Some(job) = job else {
         let cluster = w.status.admission.as_ref().map_or("", |a| a.cluster.as_str());
-        let message = format!("the job vanished from cluster {cluster}");
-        return Some(if w.spec.resumable {
-            requeued(w, "BackendJobLost", message)
-        } else {
-            finished(w, Phase::Failed, "BackendJobLost", message, None, Utc::now())
-        });
+        return Some(requeued_or_failed(w, "BackendJobLost", format!("the job vanished from cluster {cluster}")));
     };
     let at = job.finished_at.unwrap_or_else(Utc::now);
     let why = || job.reason.clone().unwrap_or_default();

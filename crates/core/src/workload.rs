@@ -98,6 +98,12 @@ impl Phase {
         matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
     }
 
+    /// Whether the workload holds GPUs on its cluster (counted against quota and capacity):
+    /// from admission until it is back to `Pending` or finished.
+    pub fn holds_gpus(self) -> bool {
+        self == Self::Admitted || self.reached_backend()
+    }
+
     /// Whether a backend may hold a job for the workload.
     pub fn reached_backend(self) -> bool {
         matches!(self, Self::Dispatched | Self::Running | Self::Preempting | Self::Unknown)

@@ -5,6 +5,7 @@
 mod support;
 
 use berth_adapters::JobState;
+use berth_controllers::runner::Report;
 use berth_controllers::{cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
 use berth_core::workload::Phase;
 use serde_json::json;
