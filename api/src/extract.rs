@@ -5,10 +5,11 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use berth_core::apply::IfMatch;
-use berth_core::event::Actor;
+use berth_core::auth::Principal;
 use serde::de::DeserializeOwned;
 
 use crate::problem::{ApiError, Problem};
+use crate::state::AppState;
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -149,16 +150,19 @@ impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
     }
 }
 
-/// Who makes the request. Authentication is not built yet, so everyone is `anonymous`;
-/// the request id is carried into audit records.
-pub struct RequestActor(pub Actor);
+/// The authenticated caller, with the team tree its access decisions need. The
+/// [`crate::auth::authenticate`] middleware put the principal in the request.
+pub struct Caller(pub berth_app::identity::Caller);
 
-impl<S: Send + Sync> FromRequestParts<S> for RequestActor {
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let principal = parts.extensions.get::<Principal>().cloned().ok_or_else(|| {
+            berth_core::Error::Internal("a route outside the authentication layer asked for the caller".into())
+        })?;
         let request_id =
             parts.headers.get(crate::telemetry::REQUEST_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Ok(Self(Actor::anonymous(request_id)))
+        Ok(Self(berth_app::identity::caller(&state.db, principal, request_id).await?))
     }
 }

@@ -2,6 +2,7 @@
 //! and the OpenAPI document. No SQL and no business rules live here: handlers call
 //! `berth_app`.
 
+pub mod auth;
 pub mod extract;
 pub mod openapi;
 pub mod problem;
@@ -11,10 +12,12 @@ pub mod telemetry;
 
 mod ops;
 
+pub use ops::metrics_router;
+
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::middleware::from_fn;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -25,21 +28,26 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::problem::Problem;
 use crate::state::AppState;
 
-/// The routes and the OpenAPI document they make.
-fn router_parts() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let (router, mut document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
+/// The authenticated `/api/v1` routes, the public operational ones, and the OpenAPI
+/// document they make.
+fn router_parts() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
+    let (api, mut document) = OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .merge(routes::router())
-        .merge(ops::router())
         .split_for_parts();
+    let (public, public_document) = OpenApiRouter::new().merge(ops::router()).split_for_parts();
+    document.merge(public_document);
     // After the merge: modifiers declared on ApiDoc run before any path exists.
     utoipa::Modify::modify(&openapi::ProblemResponses, &mut document);
-    (router, document)
+    (api, public, document)
 }
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    let (api, document) = router_parts();
-    api.merge(SwaggerUi::new("/docs").url("/openapi.json", document))
+    let (api, public, document) = router_parts();
+    let cors = state.http.cors();
+    api.route_layer(from_fn_with_state(state.clone(), auth::authenticate))
+        .merge(public)
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", document))
         .merge(ops::web_router())
         .fallback(|| async { Problem::for_status(StatusCode::NOT_FOUND).into_response() })
         .method_not_allowed_fallback(|| async { Problem::for_status(StatusCode::METHOD_NOT_ALLOWED).into_response() })
@@ -50,5 +58,6 @@ pub fn app(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http().make_span_with(telemetry::request_span))
         .layer(PropagateRequestIdLayer::new(telemetry::REQUEST_ID))
         .layer(SetRequestIdLayer::new(telemetry::REQUEST_ID, MakeRequestUuid))
+        .layer(tower::util::option_layer(cors))
         .with_state(state)
 }

@@ -25,6 +25,156 @@ enum Command {
     Openapi,
     /// Apply database migrations and exit.
     Migrate,
+    /// Berth's own tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint a token signed with the configured secret and print it (bootstrap: the token
+    /// carries its grant, so it works before any role binding exists).
+    Create {
+        /// The subject (`sub`) the token acts as; audit records name it.
+        #[arg(long)]
+        subject: String,
+        /// platform-admin, team-admin, member or viewer.
+        #[arg(long, value_parser = |s: &str| berth_core::auth::Role::parse(s))]
+        role: berth_core::auth::Role,
+        /// The team the role applies to (not for platform-admin; optional for viewer).
+        #[arg(long)]
+        team: Option<String>,
+        /// Lifetime, e.g. `1h`, `30d`.
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        #[command(flatten)]
+        issuer: IssuerArgs,
+    },
+}
+
+/// Berth's own token issuer.
+#[derive(clap::Args)]
+struct IssuerArgs {
+    /// HS256 secret (at least 32 bytes) signing Berth's own tokens.
+    #[arg(long, env = "BERTH_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// A file holding that secret (its whitespace trimmed).
+    #[arg(long, env = "BERTH_JWT_SECRET_FILE", conflicts_with = "jwt_secret")]
+    jwt_secret_file: Option<std::path::PathBuf>,
+    /// The `iss` of Berth's own tokens.
+    #[arg(long, env = "BERTH_JWT_ISSUER", default_value = "berth")]
+    jwt_issuer: String,
+    /// The `aud` of Berth's own tokens.
+    #[arg(long, env = "BERTH_JWT_AUDIENCE", default_value = "berth")]
+    jwt_audience: String,
+}
+
+impl IssuerArgs {
+    fn issuer(&self) -> anyhow::Result<Option<berth_auth::BerthIssuer>> {
+        let secret = match (&self.jwt_secret, &self.jwt_secret_file) {
+            (Some(s), _) => s.trim().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token secret from {}", path.display()))?
+                .trim()
+                .to_owned(),
+            (None, None) => return Ok(None),
+        };
+        berth_auth::BerthIssuer::new(&self.jwt_issuer, &self.jwt_audience, secret.as_bytes())
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+    }
+}
+
+/// Authentication, rate limits and the HTTP surface.
+#[derive(clap::Args)]
+struct SecurityArgs {
+    #[command(flatten)]
+    issuer: IssuerArgs,
+    /// An external OIDC issuer (`iss`) whose tokens are accepted.
+    #[arg(long, env = "BERTH_OIDC_ISSUER")]
+    oidc_issuer: Option<String>,
+    /// The audience tokens from the OIDC issuer must carry.
+    #[arg(long, env = "BERTH_OIDC_AUDIENCE", default_value = "berth")]
+    oidc_audience: String,
+    /// The issuer's JWKS URL; default: discovered from its openid-configuration.
+    #[arg(long, env = "BERTH_OIDC_JWKS_URL")]
+    oidc_jwks_url: Option<String>,
+    /// Algorithms accepted from the OIDC issuer (asymmetric only).
+    #[arg(long, env = "BERTH_OIDC_ALGORITHMS", default_value = "RS256,ES256", value_delimiter = ',')]
+    oidc_algorithms: Vec<String>,
+    /// Least seconds between two JWKS fetches (an unknown `kid` triggers one).
+    #[arg(long, env = "BERTH_OIDC_JWKS_MIN_REFRESH_SECONDS", default_value_t = 30)]
+    oidc_jwks_min_refresh_seconds: u64,
+    /// Most seconds a fetched JWKS is used before it is fetched again.
+    #[arg(long, env = "BERTH_OIDC_JWKS_REFRESH_SECONDS", default_value_t = 600)]
+    oidc_jwks_refresh_seconds: u64,
+    /// Clock skew allowed on `exp` and `nbf`, at most 60.
+    #[arg(long, env = "BERTH_TOKEN_LEEWAY_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=60))]
+    token_leeway_seconds: u64,
+    /// Mutating requests per second allowed to one principal (0: no limit).
+    #[arg(long, env = "BERTH_RATE_LIMIT_PER_SECOND", default_value_t = 50)]
+    rate_limit_per_second: u32,
+    /// Burst of mutating requests allowed above that rate.
+    #[arg(long, env = "BERTH_RATE_LIMIT_BURST", default_value_t = 200)]
+    rate_limit_burst: u32,
+    /// Browser origins allowed to call the API (CORS), comma-separated; none by default.
+    #[arg(long, env = "BERTH_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
+    /// Where `/metrics` is served: empty (beside the API), `off`, or an address of its own.
+    #[arg(long, env = "BERTH_METRICS_LISTEN", default_value = "")]
+    metrics_listen: String,
+}
+
+impl SecurityArgs {
+    fn auth(&self) -> anyhow::Result<berthd::auth::Auth> {
+        let berth = self.issuer.issuer()?;
+        let oidc = match &self.oidc_issuer {
+            Some(issuer) => {
+                let algorithms = self
+                    .oidc_algorithms
+                    .iter()
+                    .map(|a| {
+                        a.trim()
+                            .parse()
+                            .map_err(|_| anyhow::anyhow!("unknown algorithm {a:?} in BERTH_OIDC_ALGORITHMS"))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let config = berth_auth::OidcConfig {
+                    issuer: issuer.clone(),
+                    audience: self.oidc_audience.clone(),
+                    jwks_url: self.oidc_jwks_url.clone(),
+                    algorithms,
+                    min_refresh: Duration::from_secs(self.oidc_jwks_min_refresh_seconds),
+                    refresh_every: Duration::from_secs(self.oidc_jwks_refresh_seconds),
+                };
+                config.check().map_err(anyhow::Error::msg)?;
+                Some(berth_auth::Jwks::new(config))
+            }
+            None => None,
+        };
+        anyhow::ensure!(
+            berth.is_some() || oidc.is_some(),
+            "no token issuer is configured: set BERTH_JWT_SECRET (or BERTH_JWT_SECRET_FILE) and/or BERTH_OIDC_ISSUER \
+             (scripts/run does this for you)"
+        );
+        let verifier = berth_auth::Verifier { berth, oidc, leeway: Duration::from_secs(self.token_leeway_seconds) };
+        let rate_limit =
+            std::num::NonZeroU32::new(self.rate_limit_per_second).map(|per_second| berthd::auth::RateLimit {
+                per_second,
+                burst: std::num::NonZeroU32::new(self.rate_limit_burst).unwrap_or(per_second),
+            });
+        Ok(berthd::auth::Auth::new(verifier, rate_limit))
+    }
+
+    fn http(&self) -> anyhow::Result<berthd::state::HttpConfig> {
+        let cors_origins = self
+            .cors_origins
+            .iter()
+            .filter(|o| !o.trim().is_empty())
+            .map(|o| o.trim().parse().with_context(|| format!("CORS origin {o:?}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(berthd::state::HttpConfig { cors_origins, metrics_here: self.metrics_listen.is_empty() })
+    }
 }
 
 #[derive(clap::Args)]
@@ -67,6 +217,8 @@ struct ServeArgs {
     /// Age after which a backend job no workload owns is cancelled.
     #[arg(long, env = "BERTH_ORPHAN_GRACE_SECONDS", default_value_t = 60)]
     orphan_grace_seconds: u64,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 #[tokio::main]
@@ -84,6 +236,15 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(cli.serve).await,
+        Command::Token(TokenCommand::Create { subject, role, team, ttl, issuer }) => {
+            let issuer = issuer.issuer()?.context("set BERTH_JWT_SECRET or BERTH_JWT_SECRET_FILE to mint tokens")?;
+            let grant = berth_core::auth::Grant { role, team };
+            let mut v = berth_core::Validator::new();
+            grant.validate(&mut v, "--role");
+            v.finish().map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{}", issuer.mint(&subject, vec![grant], ttl, None).token);
+            Ok(())
+        }
     }
 }
 
@@ -110,6 +271,8 @@ async fn connect(args: &ServeArgs) -> anyhow::Result<berth_store::PgPool> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _telemetry = telemetry::init(args.log_format)?;
+    let auth = args.security.auth()?;
+    let http = args.security.http()?;
     let db = connect(&args).await?;
     berth_store::migrate(&db).await.context("migrating the database")?;
     let listener =
@@ -134,10 +297,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))
     });
-    axum::serve(listener, berthd::app(AppState::new(db)))
-        .with_graceful_shutdown(shutdown())
-        .await
-        .context("serving HTTP")?;
+    let state = AppState { http, ..AppState::new(db, auth) };
+    match args.security.metrics_listen.as_str() {
+        "" | "off" => {}
+        address => {
+            let metrics = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the metrics address {address}"))?;
+            tracing::info!(address = %metrics.local_addr()?, "metrics listening");
+            tokio::spawn(axum::serve(metrics, berthd::metrics_router(state.clone())).into_future());
+        }
+    }
+    axum::serve(listener, berthd::app(state)).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
     let _ = stop.send(true);
     if let Some(c) = controllers {
         let _ = c.await;

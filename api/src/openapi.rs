@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
 use utoipa::{IntoParams, Modify};
 
@@ -30,6 +31,7 @@ use crate::problem::PROBLEM_JSON;
         (name = "workloads", description = "Declared work and its history"),
         (name = "audit", description = "Who changed what"),
         (name = "controllers", description = "The reconcilers and which replica leads them"),
+        (name = "identity", description = "The caller, role bindings and service accounts"),
         (name = "operations", description = "Health, readiness and metrics"),
     ),
 )]
@@ -56,19 +58,43 @@ impl Modify for ProblemResponses {
             if !path.starts_with("/api/") {
                 continue;
             }
-            let ops = [(&mut item.get, "get"), (&mut item.put, "put"), (&mut item.delete, "delete")];
+            let ops = [
+                (&mut item.get, "get"),
+                (&mut item.put, "put"),
+                (&mut item.post, "post"),
+                (&mut item.delete, "delete"),
+            ];
             for (op, method) in ops {
                 if let Some(op) = op.as_mut() {
                     declare(op, method, path.contains('{'));
+                    op.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
                 }
             }
         }
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            BEARER,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A JWT from Berth (`berthd token create`, or a service-account token) or from the \
+                         configured OIDC provider.",
+                    ))
+                    .build(),
+            ),
+        );
     }
 }
+
+/// The name of the bearer security scheme.
+const BEARER: &str = "bearer";
 
 fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
     let mut codes = vec![
         ("400", "Malformed request: unparsable JSON, path or query parameter"),
+        ("401", "No token, or the token was refused (expired, wrong issuer or audience, bad signature, revoked)"),
         ("405", "Method not allowed on this path"),
         ("422", "Invalid request: each broken rule is listed with its field"),
         ("500", "Internal error; the body carries only a request id"),
@@ -78,10 +104,12 @@ fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
         codes.push(("404", "No such object (or team)"));
     }
     if method != "get" {
+        codes.push(("403", "The caller may see the object but not make this change"));
+        codes.push(("429", "Too many changes from this caller; see Retry-After"));
         codes.push(("409", "Conflict: stale metadata.resource_version or uid, object in use, or being deleted"));
         codes.push(("412", "If-Match did not match the current resource version"));
     }
-    if method == "put" {
+    if method == "put" || method == "post" {
         codes.push(("413", "Body larger than 1 MiB"));
         codes.push(("415", "Body is not application/json"));
     }
@@ -98,7 +126,7 @@ fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
 
 /// The whole document, as served at `/openapi.json`.
 pub fn document() -> OpenApi {
-    crate::router_parts().1
+    crate::router_parts().2
 }
 
 /// The document as committed: pretty JSON with a trailing newline.

@@ -1,9 +1,10 @@
 //! Operational endpoints (`/healthz`, `/readyz`, `/metrics`) and the web placeholder.
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use tower_http::set_header::SetResponseHeaderLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -14,8 +15,25 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).routes(routes!(metrics))
 }
 
+/// The dashboard, with headers that keep it from being framed, sniffed or leaking
+/// referrers.
 pub fn web_router() -> axum::Router<AppState> {
-    axum::Router::new().route("/", get(|| async { Html(include_str!("../../web/index.html")) }))
+    let headers = [
+        (header::CONTENT_SECURITY_POLICY, "default-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ];
+    let mut router = axum::Router::new().route("/", get(|| async { Html(include_str!("../../web/index.html")) }));
+    for (name, value) in headers {
+        router = router.layer(SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value)));
+    }
+    router
+}
+
+/// `/metrics` alone, for a separate metrics address.
+pub fn metrics_router(state: AppState) -> axum::Router {
+    axum::Router::new().route("/metrics", get(|State(s): State<AppState>| async move { render(&s) })).with_state(state)
 }
 
 /// The process is up.
@@ -34,8 +52,16 @@ async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
 }
 
 /// Prometheus metrics: `http_requests_total` and `http_request_duration_seconds` by
-/// method, route and status.
+/// method, route and status. Answers 404 when metrics are turned off or served on their own address.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String)))]
 async fn metrics(State(s): State<AppState>) -> Response {
+    if s.http.metrics_here {
+        render(&s)
+    } else {
+        crate::problem::Problem::for_status(StatusCode::NOT_FOUND).into_response()
+    }
+}
+
+fn render(s: &AppState) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
 }

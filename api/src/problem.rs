@@ -144,6 +144,7 @@ pub fn problem_of(e: Error) -> Problem {
             p.errors = field.filter(|f| !f.is_empty()).map(|f| FieldError::new(f, message)).into_iter().collect();
             p
         }
+        Error::Forbidden(message) => Problem::new(StatusCode::FORBIDDEN, "forbidden", "Not allowed", message),
         Error::PreconditionFailed(message) => {
             Problem::new(StatusCode::PRECONDITION_FAILED, "precondition-failed", "A precondition failed", message)
         }

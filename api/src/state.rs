@@ -1,16 +1,51 @@
 //! What every handler can reach.
 
+use axum::http::{HeaderValue, Method, header};
 use berth_store::PgPool;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::auth::Auth;
 
 #[derive(Clone)]
 pub struct AppState {
     pub db: PgPool,
     pub metrics: PrometheusHandle,
+    pub auth: Auth,
+    pub http: HttpConfig,
 }
 
 impl AppState {
-    pub fn new(db: PgPool) -> Self {
-        Self { db, metrics: crate::telemetry::metrics_handle() }
+    pub fn new(db: PgPool, auth: Auth) -> Self {
+        Self { db, metrics: crate::telemetry::metrics_handle(), auth, http: HttpConfig::default() }
+    }
+}
+
+/// Settings of the HTTP surface.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Origins whose browsers may call the API (CORS); none: no CORS headers at all.
+    pub cors_origins: Vec<HeaderValue>,
+    /// Whether `/metrics` is served beside the API (off when it has its own address or is
+    /// turned off).
+    pub metrics_here: bool,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { cors_origins: Vec::new(), metrics_here: true }
+    }
+}
+
+impl HttpConfig {
+    /// The CORS layer for the configured origins, if any.
+    pub fn cors(&self) -> Option<CorsLayer> {
+        (!self.cors_origins.is_empty()).then(|| {
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(self.cors_origins.clone()))
+                .allow_methods([Method::GET, Method::PUT, Method::POST, Method::DELETE])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::IF_MATCH])
+                .expose_headers([header::ETAG, header::LOCATION, header::RETRY_AFTER])
+        })
     }
 }

@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -68,10 +68,11 @@ async fn put_cluster(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
     ApiJson(body): ApiJson<ClusterApply>,
 ) -> Result<Response, ApiError> {
-    let (cluster, outcome) = app::cluster_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    caller.access().platform_admin("change clusters")?;
+    let (cluster, outcome) = app::cluster_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/clusters/{name}"), &cluster.metadata, &cluster))
 }
 
@@ -83,8 +84,9 @@ async fn delete_cluster(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
-    let cluster = app::cluster_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    caller.access().platform_admin("delete clusters")?;
+    let cluster = app::cluster_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
 }

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{PageParams, applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -51,10 +51,11 @@ async fn put_flavor(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
     ApiJson(body): ApiJson<FlavorApply>,
 ) -> Result<Response, ApiError> {
-    let (flavor, outcome) = app::flavor_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    caller.access().platform_admin("change flavors")?;
+    let (flavor, outcome) = app::flavor_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/flavors/{name}"), &flavor.metadata, &flavor))
 }
 
@@ -66,8 +67,9 @@ async fn delete_flavor(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
-    let flavor = app::flavor_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    caller.access().platform_admin("delete flavors")?;
+    let flavor = app::flavor_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &flavor.metadata, &flavor))
 }

@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{PageParams, list, list_type};
-use crate::extract::{ApiPath, ApiQuery};
+use crate::extract::{ApiPath, ApiQuery, Caller};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -29,9 +29,11 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "A page of events", body = EventList)))]
 async fn list_workload_events(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     ApiPath((team, name)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<PageParams>,
 ) -> Result<Response, ApiError> {
+    caller.access().read_team(&team)?;
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
     Ok(list::<_, EventList>(app::workload_events(&s.db, &team, &name, &page).await?))
 }
@@ -52,10 +54,21 @@ pub struct AuditParams {
     pub cursor: Option<String>,
 }
 
-/// The audit log: every mutation with its actor, newest first.
+/// The audit log: every mutation with its actor, newest first. Platform admins and global
+/// viewers only.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditParams),
     responses((status = 200, description = "A page of audit records", body = AuditList)))]
-async fn list_audit(State(s): State<AppState>, ApiQuery(q): ApiQuery<AuditParams>) -> Result<Response, ApiError> {
+async fn list_audit(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    ApiQuery(q): ApiQuery<AuditParams>,
+) -> Result<Response, ApiError> {
+    if !caller.access().reads_all() {
+        return Err(berth_core::Error::Forbidden(
+            "only platform admins and global viewers may read the audit log".into(),
+        )
+        .into());
+    }
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
     let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor };
     Ok(list::<_, AuditList>(app::audit_list(&s.db, &filter, &page).await?))

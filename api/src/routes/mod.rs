@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod controller;
 pub mod flavor;
 pub mod history;
+pub mod identity;
 pub mod team;
 pub mod workload;
 
@@ -27,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(workload::router())
         .merge(history::router())
         .merge(controller::router())
+        .merge(identity::router())
 }
 
 /// The `ETag` of an object: its resource version, quoted.

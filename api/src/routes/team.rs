@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -34,19 +34,29 @@ pub struct TeamListParams {
     pub cursor: Option<String>,
 }
 
-/// List teams, by name.
+/// List the teams the caller can see, by name.
 #[utoipa::path(get, path = "/api/v1/teams", tag = "teams", params(TeamListParams),
     responses((status = 200, description = "A page of teams", body = TeamList)))]
-async fn list_teams(State(s): State<AppState>, ApiQuery(q): ApiQuery<TeamListParams>) -> Result<Response, ApiError> {
+async fn list_teams(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    ApiQuery(q): ApiQuery<TeamListParams>,
+) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    Ok(list::<_, TeamList>(app::team_list(&s.db, q.parent.as_deref(), &page).await?))
+    let visible: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
+    Ok(list::<_, TeamList>(app::team_list(&s.db, q.parent.as_deref(), visible.as_deref(), &page).await?))
 }
 
 /// Get a team.
 #[utoipa::path(get, path = "/api/v1/teams/{name}", tag = "teams",
     params(("name" = String, Path, description = "Team name")),
     responses((status = 200, description = "The team", body = Team, headers(("ETag" = String)))))]
-async fn get_team(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+async fn get_team(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    caller.access().read_team(&name)?;
     let team = app::team_get(&s.db, &name).await?;
     Ok(object(StatusCode::OK, &team.metadata, &team))
 }
@@ -54,7 +64,9 @@ async fn get_team(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> 
 /// Create or replace a team and its quotas.
 ///
 /// Rejected (422, naming the field): an unknown flavor or parent, limit below guaranteed,
-/// a cycle, children's guarantees above the parent's.
+/// a cycle, children's guarantees above the parent's. Platform admins manage every team;
+/// a team admin manages the teams below its own (under a parent in its subtree), so never
+/// its own team's quota.
 #[utoipa::path(put, path = "/api/v1/teams/{name}", tag = "teams",
     params(("name" = String, Path, description = "Team name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
     request_body = TeamApply,
@@ -65,10 +77,11 @@ async fn put_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
-    let (team, outcome) = app::team_apply(&s.db, &actor, &name, &body, if_match.as_ref()).await?;
+    caller.access().apply_team(&name, body.spec.parent.as_deref())?;
+    let (team, outcome) = app::team_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
 }
 
@@ -80,8 +93,9 @@ async fn delete_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
-    let team = app::team_delete(&s.db, &actor, &name, if_match.as_ref()).await?;
+    caller.access().delete_team(&name)?;
+    let team = app::team_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &team.metadata, &team))
 }

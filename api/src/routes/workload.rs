@@ -14,7 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Preconditions, RequestActor};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -49,13 +49,14 @@ pub struct WorkloadListParams {
 }
 
 impl WorkloadListParams {
-    fn filter(&self, team: Option<String>) -> Result<WorkloadFilter, berth_core::Error> {
+    fn filter(&self, team: Option<String>, teams: Option<Vec<String>>) -> Result<WorkloadFilter, berth_core::Error> {
         let labels = match &self.label_selector {
             Some(s) => LabelSelector::parse("label_selector", s)?,
             None => LabelSelector::default(),
         };
         Ok(WorkloadFilter {
             team: team.or_else(|| self.team.clone()),
+            teams,
             phase: self.phase,
             cluster: self.cluster.clone(),
             kind: self.kind,
@@ -64,15 +65,18 @@ impl WorkloadListParams {
     }
 }
 
-/// List workloads across teams, ordered by team then name, with filters.
+/// List workloads across the teams the caller can see, ordered by team then name, with
+/// filters.
 #[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadListParams),
     responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
 async fn list_all_workloads(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     ApiQuery(q): ApiQuery<WorkloadListParams>,
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let filter = q.filter(None)?;
+    let visible = caller.access().visible_teams().map(|t| t.into_iter().collect());
+    let filter = q.filter(None, visible)?;
     Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
 }
 
@@ -82,11 +86,13 @@ async fn list_all_workloads(
     responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
 async fn list_team_workloads(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     ApiPath(team): ApiPath<String>,
     ApiQuery(q): ApiQuery<WorkloadListParams>,
 ) -> Result<Response, ApiError> {
+    caller.access().read_team(&team)?;
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let filter = q.filter(Some(team.clone()))?;
+    let filter = q.filter(Some(team.clone()), None)?;
     app::team_must_exist(&s.db, &team).await?;
     Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
 }
@@ -97,8 +103,10 @@ async fn list_team_workloads(
     responses((status = 200, description = "The workload", body = Workload, headers(("ETag" = String)))))]
 async fn get_workload(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     ApiPath((team, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
+    caller.access().read_team(&team)?;
     let workload = app::workload_get(&s.db, &team, &name).await?;
     Ok(object(StatusCode::OK, &workload.metadata, &workload))
 }
@@ -117,10 +125,11 @@ async fn put_workload(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
     ApiJson(body): ApiJson<WorkloadApply>,
 ) -> Result<Response, ApiError> {
-    let (workload, outcome) = app::workload_apply(&s.db, &actor, &team, &name, &body, if_match.as_ref()).await?;
+    caller.access().write_workloads(&team)?;
+    let (workload, outcome) = app::workload_apply(&s.db, &caller.actor, &team, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
 }
 
@@ -139,8 +148,9 @@ async fn delete_workload(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,
     Preconditions(if_match): Preconditions,
-    RequestActor(actor): RequestActor,
+    Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
-    let workload = app::workload_delete(&s.db, &actor, &team, &name, if_match.as_ref()).await?;
+    caller.access().write_workloads(&team)?;
+    let workload = app::workload_delete(&s.db, &caller.actor, &team, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::ACCEPTED, &workload.metadata, &workload))
 }

@@ -2,11 +2,31 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
+use berth_auth::{BerthIssuer, Verifier};
+use berth_core::auth::{Grant, Role};
 use berth_store::PgPool;
+use berthd::auth::{Auth, RateLimit};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-/// berthd's router served on an ephemeral loopback port.
+/// The secret signing the test server's own tokens.
+pub const SECRET: &[u8] = b"test-only-secret-of-at-least-32-bytes";
+
+/// Berth's own issuer, as the test server is configured.
+pub fn issuer() -> BerthIssuer {
+    BerthIssuer::new("berth", "berth", SECRET).expect("a long enough secret")
+}
+
+/// A token for `subject` carrying `grants`, valid for an hour.
+pub fn token(subject: &str, grants: &[(Role, Option<&str>)]) -> String {
+    let grants = grants.iter().map(|(role, team)| Grant { role: *role, team: team.map(str::to_owned) }).collect();
+    issuer().mint(subject, grants, Duration::from_secs(3600), None).token
+}
+
+/// berthd's router served on an ephemeral loopback port. `http` sends a platform admin's
+/// token with every request; [`Server::send_as`] sends another (or none).
 pub struct Server {
     pub base: String,
     pub http: reqwest::Client,
@@ -15,11 +35,31 @@ pub struct Server {
 
 impl Server {
     pub async fn start(db: PgPool) -> Self {
+        Self::start_with(db, verifier(None), None).await
+    }
+
+    pub async fn start_with(db: PgPool, verifier: Verifier, rate_limit: Option<RateLimit>) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = berthd::app(berthd::state::AppState::new(db.clone()));
+        let app = berthd::app(berthd::state::AppState::new(db.clone(), Auth::new(verifier, rate_limit)));
         tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-        Self { base: format!("http://{addr}"), http: reqwest::Client::new(), db }
+        let admin = format!("Bearer {}", token("admin", &[(Role::PlatformAdmin, None)]));
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, admin.parse().expect("ascii"));
+        let http = reqwest::Client::builder().default_headers(headers).build().expect("client");
+        Self { base: format!("http://{addr}"), http, db }
+    }
+
+    /// Sends a request bearing `token` (none when `None`) instead of the admin's.
+    pub async fn send_as(&self, token: Option<&str>, method: Method, path: &str, body: Option<&Value>) -> Reply {
+        let mut req = reqwest::Client::new().request(method, self.url(path));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        Reply::from(req.send().await.expect("request")).await
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -317,4 +357,89 @@ pub async fn collect_pages(s: &Server, path: &str, limit: u32) -> Vec<String> {
         }
     }
     panic!("pagination did not end");
+}
+
+/// The test server's verifier: Berth's own issuer, and an OIDC issuer when given.
+pub fn verifier(oidc: Option<berth_auth::Jwks>) -> Verifier {
+    Verifier { berth: Some(issuer()), oidc, leeway: Duration::from_secs(30) }
+}
+
+/// The URL of the test's own database, for a child process.
+pub fn database_url(options: &sqlx::postgres::PgConnectOptions) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (prefix, _) = base.rsplit_once('/').expect("a database in DATABASE_URL");
+    format!("{prefix}/{}", options.get_database().expect("a test database"))
+}
+
+/// The real berthd binary on its own database, with every line it writes (stdout and
+/// stderr) kept for the test to read.
+pub struct LoggedBerthd {
+    pub address: String,
+    /// Every line read so far.
+    pub lines: Vec<String>,
+    incoming: std::sync::mpsc::Receiver<String>,
+    child: std::process::Child,
+}
+
+impl LoggedBerthd {
+    pub fn start(options: &sqlx::postgres::PgConnectOptions, env: &[(&str, &str)]) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_berthd"));
+        command
+            .env("DATABASE_URL", database_url(options))
+            .env("BERTH_LISTEN", "127.0.0.1:0")
+            .env("BERTH_CONTROLLERS", "false")
+            .env("BERTH_JWT_SECRET", std::str::from_utf8(SECRET).expect("utf-8"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("berthd starts");
+        let (tx, incoming) = std::sync::mpsc::channel::<String>();
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let mut berthd = Self { address: String::new(), lines: Vec::new(), incoming, child };
+        let listening = berthd.wait_for(|l| l["message"] == "berthd listening");
+        berthd.address = listening["address"].as_str().expect("address").to_owned();
+        berthd
+    }
+
+    /// Reads lines until a JSON one matches, and returns it.
+    pub fn wait_for(&mut self, matches: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let line = self.incoming.recv_timeout(Duration::from_secs(30)).expect("berthd keeps logging");
+            self.lines.push(line.clone());
+            if let Ok(value) = serde_json::from_str::<Value>(&line)
+                && matches(&value)
+            {
+                return value;
+            }
+        }
+    }
+
+    /// Stops the process and reads what is left of its output.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        while let Ok(line) = self.incoming.recv_timeout(Duration::from_millis(500)) {
+            self.lines.push(line);
+        }
+    }
+}
+
+impl Drop for LoggedBerthd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

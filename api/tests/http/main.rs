@@ -2,6 +2,7 @@
 //! database per test (`#[sqlx::test]`; DATABASE_URL must point at a server that lets the
 //! role create databases — scripts/test sets that up).
 
+mod auth;
 mod clusters;
 mod common;
 mod flavors;

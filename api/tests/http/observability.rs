@@ -1,16 +1,14 @@
 //! Request ids, metrics, health, the OpenAPI document; and, against the real `berthd`
 //! binary, JSON logs carrying the request id and traces exported over OTLP.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::routing::post;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::mpsc;
 
-use crate::common::Server;
+use crate::common::{self, LoggedBerthd, Server};
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn every_response_carries_a_request_id_and_honours_the_callers(db: berth_store::PgPool) {
@@ -76,13 +74,6 @@ fn the_committed_openapi_document_matches_the_code() {
     }
 }
 
-/// The URL of the test's own database, for a child process.
-fn database_url(options: &PgConnectOptions) -> String {
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let (prefix, _) = base.rsplit_once('/').expect("a database in DATABASE_URL");
-    format!("{prefix}/{}", options.get_database().expect("a test database"))
-}
-
 #[sqlx::test(migrations = false)]
 async fn berthd_migrates_logs_json_with_request_ids_and_exports_traces(
     _pool: PgPoolOptions,
@@ -104,41 +95,21 @@ async fn berthd_migrates_logs_json_with_request_ids_and_exports_traces(
     let otlp = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, collector).await.unwrap() });
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berthd"))
-        .env("DATABASE_URL", database_url(&options))
-        .env("BERTH_LISTEN", "127.0.0.1:0")
-        .env("RUST_LOG", "info,tower_http=debug")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("berthd starts");
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let mut log = Vec::<serde_json::Value>::new();
-    let next_line = |log: &mut Vec<serde_json::Value>| {
-        let line = lines.recv_timeout(Duration::from_secs(30)).expect("berthd keeps logging");
-        let value: serde_json::Value =
-            serde_json::from_str(&line).unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
-        log.push(value.clone());
-        value
-    };
-    let address = loop {
-        let line = next_line(&mut log);
-        if line["message"] == "berthd listening" {
-            break line["address"].as_str().unwrap().to_owned();
-        }
-    };
+    let mut berthd = LoggedBerthd::start(
+        &options,
+        &[
+            ("BERTH_CONTROLLERS", "true"),
+            ("RUST_LOG", "info,tower_http=debug"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let address = berthd.address.clone();
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let reply = reqwest::Client::new()
         .get(format!("http://{address}/api/v1/teams/ghost"))
+        .bearer_auth(common::token("admin", &[(berth_core::auth::Role::PlatformAdmin, None)]))
         .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
         .header("x-request-id", "trace-me")
         .send()
@@ -147,11 +118,7 @@ async fn berthd_migrates_logs_json_with_request_ids_and_exports_traces(
     assert_eq!(reply.status(), 404);
 
     // The request's log lines are JSON and carry its request id.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !log.iter().any(|l| l["span"]["request_id"] == "trace-me") {
-        assert!(Instant::now() < deadline, "no log line with the request id: {log:?}");
-        next_line(&mut log);
-    }
+    berthd.wait_for(|l| l["span"]["request_id"] == "trace-me");
     // The span was exported over OTLP inside the caller's trace.
     let wanted: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).unwrap()).collect();
     let found = tokio::time::timeout(Duration::from_secs(30), async {
@@ -163,8 +130,7 @@ async fn berthd_migrates_logs_json_with_request_ids_and_exports_traces(
         false
     })
     .await;
-    child.kill().ok();
-    child.wait().ok();
+    berthd.stop();
     assert_eq!(found, Ok(true), "an OTLP export carried the caller's trace id");
     // Migrations ran at start-up.
     let db = PgPoolOptions::new().connect_with(options).await.unwrap();

@@ -152,7 +152,7 @@ async fn audit_records_every_mutation_with_generations(db: berth_store::PgPool) 
             ("create".to_owned(), None, Some(1)),
         ]
     );
-    assert!(records.iter().all(|r| r["actor"] == "anonymous" && r["team"] == "nlp" && r["request_id"].is_string()));
+    assert!(records.iter().all(|r| r["actor"] == "admin" && r["team"] == "nlp" && r["request_id"].is_string()));
     let all = collect_audit(&s).await;
     assert_eq!(all, 7, "2 flavors, 2 teams, and 3 workload writes (the unchanged re-PUT is no mutation)");
 }

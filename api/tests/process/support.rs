@@ -22,6 +22,9 @@ pub fn database_url(db: &PgPool) -> String {
 }
 
 /// A berthd process.
+/// The secret berthd signs its own tokens with in these tests.
+const SECRET: &str = "process-test-secret-of-32-bytes-or-more";
+
 pub struct Berthd {
     pub address: String,
     child: Child,
@@ -37,6 +40,7 @@ impl Berthd {
             .env("BERTH_CANCEL_GRACE_SECONDS", "1")
             .env("BERTH_ORPHAN_GRACE_SECONDS", "2")
             .env("BERTH_LOG_FORMAT", "json")
+            .env("BERTH_JWT_SECRET", SECRET)
             .env("RUST_LOG", "warn,berthd=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -65,7 +69,11 @@ impl Berthd {
 
     pub async fn controllers(&self) -> Value {
         let url = format!("http://{}/api/v1/controllers", self.address);
-        reqwest::get(url).await.expect("GET controllers").json().await.expect("JSON")
+        let issuer = berth_auth::BerthIssuer::new("berth", "berth", SECRET.as_bytes()).expect("secret");
+        let grant = berth_core::auth::Grant { role: berth_core::auth::Role::Viewer, team: None };
+        let token = issuer.mint("test", vec![grant], Duration::from_secs(600), None).token;
+        let reply = reqwest::Client::new().get(url).bearer_auth(token).send().await.expect("GET controllers");
+        reply.json().await.expect("JSON")
     }
 }
 
@@ -77,7 +85,7 @@ impl Drop for Berthd {
 }
 
 pub fn actor() -> Actor {
-    Actor::anonymous(None)
+    Actor::new("test", None)
 }
 
 /// Capacity per cluster in GPUs, and team limits with parents, for the invariant check.

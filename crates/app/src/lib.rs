@@ -9,6 +9,7 @@ pub mod controller;
 pub mod demo;
 pub mod flavor;
 pub mod history;
+pub mod identity;
 pub mod team;
 pub mod workload;
 

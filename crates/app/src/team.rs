@@ -119,8 +119,13 @@ pub async fn team_get(db: &PgPool, name: &str) -> Result<Team, Error> {
 ///
 /// # Errors
 /// Store errors.
-pub async fn team_list(db: &PgPool, parent: Option<&str>, page: &PageRequest<String>) -> Result<Page<Team>, Error> {
-    store::team_list(db, parent, page).await
+pub async fn team_list(
+    db: &PgPool,
+    parent: Option<&str>,
+    only: Option<&[String]>,
+    page: &PageRequest<String>,
+) -> Result<Page<Team>, Error> {
+    store::team_list(db, parent, only, page).await
 }
 
 /// Deletes a team with no children and no live workloads (finished ones go with it).

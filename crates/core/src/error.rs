@@ -12,6 +12,9 @@ pub enum Error {
     /// The request is well-formed but breaks a rule; each entry names the field (422).
     #[error("invalid request: {}", summary(.0))]
     Invalid(Vec<FieldError>),
+    /// The caller may see the object but not make this change (403).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The request conflicts with the current state, e.g. a stale `resource_version` in the
     /// body or a delete blocked by dependants (409).
     #[error("{message}")]

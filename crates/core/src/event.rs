@@ -74,7 +74,7 @@ pub struct AuditRecord {
     pub id: i64,
     pub time: DateTime<Utc>,
     /// Who made the change.
-    #[schema(example = "anonymous")]
+    #[schema(example = "alice")]
     pub actor: String,
     pub verb: AuditVerb,
     /// The object's kind: `flavor`, `team`, `cluster` or `workload`.
@@ -91,7 +91,7 @@ pub struct AuditRecord {
     pub request_id: Option<String>,
 }
 
-/// Who is acting. Until authentication exists every request acts as `anonymous`.
+/// Who is acting: an authenticated principal's subject, or a component of Berth itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     pub subject: String,
@@ -100,7 +100,7 @@ pub struct Actor {
 }
 
 impl Actor {
-    pub fn anonymous(request_id: Option<String>) -> Self {
-        Self { subject: "anonymous".into(), request_id }
+    pub fn new(subject: impl Into<String>, request_id: Option<String>) -> Self {
+        Self { subject: subject.into(), request_id }
     }
 }

@@ -5,6 +5,7 @@
 //! other crate (store, scheduler, adapters, HTTP layer) speaks these types.
 
 pub mod apply;
+pub mod auth;
 pub mod cluster;
 pub mod controller;
 pub mod error;

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod controller;
 pub mod event;
 pub mod flavor;
+pub mod identity;
 mod row;
 pub mod team;
 pub mod workload;

@@ -127,6 +127,7 @@ pub async fn team_delete(tx: &mut PgConnection, uid: TeamId) -> Result<(), Error
 pub async fn team_list(
     db: impl PgExecutor<'_>,
     parent: Option<&str>,
+    only: Option<&[String]>,
     page: &PageRequest<String>,
 ) -> Result<Page<Team>, Error> {
     let rows = sqlx::query_as!(
@@ -135,10 +136,12 @@ pub async fn team_list(
                   generation, resource_version, created_at, updated_at
            FROM teams
            WHERE ($1::text IS NULL OR name > $1) AND ($2::text IS NULL OR spec ->> 'parent' = $2)
+             AND ($4::text[] IS NULL OR name = ANY($4))
            ORDER BY name LIMIT $3"#,
         page.after.as_deref(),
         parent,
         i64::from(page.limit) + 1,
+        only,
     )
     .fetch_all(db)
     .await

@@ -50,6 +50,8 @@ impl From<WorkloadRow> for Workload {
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadFilter {
     pub team: Option<String>,
+    /// Only these teams (the caller's visible ones); `None`: all.
+    pub teams: Option<Vec<String>>,
     pub phase: Option<Phase>,
     pub cluster: Option<String>,
     pub kind: Option<WorkloadKind>,
@@ -225,6 +227,7 @@ pub async fn workload_list(
              AND NOT labels ?| $7
              AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) ne WHERE w.labels ->> ne.key = ne.value)
              AND ($9::text IS NULL OR (team_name, name) > ($9, $10))
+             AND ($12::text[] IS NULL OR team_name = ANY($12))
            ORDER BY team_name, name
            LIMIT $11"#,
         filter.team.as_deref(),
@@ -238,6 +241,7 @@ pub async fn workload_list(
         after_team,
         after_name,
         i64::from(page.limit) + 1,
+        filter.teams.as_deref(),
     )
     .fetch_all(db)
     .await

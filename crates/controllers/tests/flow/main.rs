@@ -123,7 +123,7 @@ async fn deleting_a_running_workload_cancels_its_job_then_removes_it(db: berth_s
     p.cluster("sim-a", 1, json!({})).await;
     let w = p.submit("nlp", "train", 1, 8.0, json!({})).await;
     p.settle().await;
-    let actor = berth_core::event::Actor::anonymous(None);
+    let actor = berth_core::event::Actor::new("test", None);
     berth_app::workload::workload_delete(&p.ctx.db, &actor, "nlp", "train", None).await.unwrap();
     p.settle().await;
     let jobs = p.jobs("sim-a").await;
@@ -175,7 +175,7 @@ async fn every_reconciler_changes_nothing_when_run_twice(db: berth_store::PgPool
     p.settle().await;
     p.submit("a", "a1", 1, 8.0, json!({})).await;
     p.submit("a", "a2", 1, 4.0, json!({})).await;
-    let actor = berth_core::event::Actor::anonymous(None);
+    let actor = berth_core::event::Actor::new("test", None);
     berth_app::workload::workload_delete(&p.ctx.db, &actor, "b", "b0", None).await.unwrap();
     // Each reconciler, on a state with work in every phase: the first run may act; the
     // second finds nothing to do and writes nothing.

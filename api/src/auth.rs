@@ -1,0 +1,115 @@
+//! Authentication of `/api/v1`: every request carries a bearer token, verified by
+//! `berth_auth`, turned into a [`Principal`] (with the subject's role bindings), and put in
+//! the request's extensions for the [`crate::extract::Caller`] extractor. Mutating requests
+//! are rate-limited per principal.
+//!
+//! Failures are logged with a reason code and never with the token.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use berth_auth::{AuthError, Verifier};
+use berth_core::auth::Principal;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// How requests are authenticated and limited.
+#[derive(Clone)]
+pub struct Auth {
+    pub verifier: Verifier,
+    limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+}
+
+/// Mutating requests allowed per principal: a sustained rate and a burst.
+#[derive(Debug, Clone, Copy)]
+pub struct RateLimit {
+    pub per_second: NonZeroU32,
+    pub burst: NonZeroU32,
+}
+
+impl Auth {
+    pub fn new(verifier: Verifier, rate_limit: Option<RateLimit>) -> Self {
+        let limiter =
+            rate_limit.map(|r| Arc::new(RateLimiter::keyed(Quota::per_second(r.per_second).allow_burst(r.burst))));
+        Self { verifier, limiter }
+    }
+
+    /// The seconds to wait when `subject` is over its limit for a request of `method`.
+    fn over_limit(&self, method: &Method, subject: &str) -> Option<u64> {
+        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+            return None;
+        }
+        let limiter = self.limiter.as_ref()?;
+        let not_until = limiter.check_key(&subject.to_owned()).err()?;
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+    }
+}
+
+/// The middleware on every `/api/v1` route.
+pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let token = bearer(request.headers()).map(str::to_owned);
+    let principal = match principal(&state, token).await {
+        Ok(p) => p,
+        Err(Refusal::Token(e)) => {
+            tracing::info!(reason = e.code(), path = %request.uri().path(), "authentication refused");
+            return unauthorized(&e);
+        }
+        Err(Refusal::Store(e)) => return crate::problem::ApiError::from(e).into_response(),
+    };
+    if let Some(seconds) = state.auth.over_limit(request.method(), &principal.subject) {
+        tracing::info!(subject = %principal.subject, "rate limit reached");
+        return too_many_requests(seconds);
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+enum Refusal {
+    Token(AuthError),
+    Store(berth_core::Error),
+}
+
+async fn principal(state: &AppState, token: Result<String, AuthError>) -> Result<Principal, Refusal> {
+    let token = token.map_err(Refusal::Token)?;
+    let verified = state.auth.verifier.verify(&token).await.map_err(Refusal::Token)?;
+    berth_app::identity::principal(&state.db, &token, verified).await.map_err(Refusal::Store)?.map_err(Refusal::Token)
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, AuthError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or(AuthError::Missing)?;
+    let value = value.to_str().map_err(|_| AuthError::Malformed)?;
+    let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(AuthError::Malformed);
+    }
+    Ok(token.trim())
+}
+
+fn unauthorized(e: &AuthError) -> Response {
+    let mut response =
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required", e.to_string())
+            .into_response();
+    let challenge = if *e == AuthError::Missing { "Bearer" } else { "Bearer error=\"invalid_token\"" };
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    response
+}
+
+fn too_many_requests(seconds: u64) -> Response {
+    let mut response = Problem::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate-limited",
+        "Too many requests",
+        format!("too many changes from this principal; retry in {seconds} s"),
+    )
+    .into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    response
+}

@@ -1,0 +1,298 @@
+//! Who is calling, and the identity objects: role bindings, service accounts and their
+//! tokens. The rules of who may do what are in `berth_core::auth`.
+
+use std::time::Duration;
+
+use berth_auth::{AuthError, BerthIssuer, Verified};
+use berth_core::Error;
+use berth_core::auth::{
+    Access, NewRoleBinding, NewServiceAccount, Principal, RoleBinding, ServiceAccount, ServiceAccountToken, TeamTree,
+    service_account_subject,
+};
+use berth_core::event::{Actor, AuditVerb};
+use berth_store::PgPool;
+use berth_store::audit::{AuditEntry, audit_record};
+use berth_store::identity as store;
+use chrono::Utc;
+use uuid::Uuid;
+
+/// An authenticated caller with what access decisions need.
+pub struct Caller {
+    pub principal: Principal,
+    /// The team tree; left empty for platform admins (every decision allows them).
+    pub tree: TeamTree,
+    pub actor: Actor,
+}
+
+impl Caller {
+    pub fn access(&self) -> Access<'_> {
+        Access { principal: &self.principal, tree: &self.tree }
+    }
+}
+
+/// Turns a verified token into a principal: checks a service-account token against the
+/// store (revoked, expired, unknown → refused) and adds the subject's role bindings.
+///
+/// # Errors
+/// `Ok(Err(_))` when the token is refused; `Err(_)` when the store fails.
+pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<Result<Principal, AuthError>, Error> {
+    if let Some((account, id)) = &verified.service_account
+        && (verified.subject != service_account_subject(account)
+            || !store::sa_token_use(db, account, *id, &berth_auth::token_sha256(token)).await?)
+    {
+        return Ok(Err(AuthError::Revoked));
+    }
+    let mut grants = verified.grants;
+    grants.extend(store::grants_of(db, &verified.subject).await?);
+    grants.sort();
+    grants.dedup();
+    Ok(Ok(Principal {
+        subject: verified.subject,
+        issuer: verified.issuer,
+        service_account: verified.service_account.map(|(name, _)| name),
+        grants,
+    }))
+}
+
+/// The caller of one request.
+///
+/// # Errors
+/// As the store.
+pub async fn caller(db: &PgPool, principal: Principal, request_id: Option<String>) -> Result<Caller, Error> {
+    let admin = Access { principal: &principal, tree: &TeamTree::default() }.is_platform_admin();
+    let tree = if admin { TeamTree::default() } else { TeamTree::new(store::team_parents(db).await?) };
+    let actor = Actor::new(principal.subject.clone(), request_id);
+    Ok(Caller { principal, tree, actor })
+}
+
+async fn audit(
+    tx: &mut berth_store::Tx<'_>,
+    actor: &Actor,
+    verb: AuditVerb,
+    kind: &'static str,
+    team: Option<&str>,
+    name: &str,
+    uid: Uuid,
+) -> Result<(), Error> {
+    let entry = AuditEntry { actor, verb, kind, team, name, uid, generation_before: None, generation_after: None };
+    audit_record(&mut **tx, &entry).await
+}
+
+/// A 422 naming `/team` when the named team does not exist. (For callers who do not read
+/// everything, the access check has already answered 404 for a team outside the tree.)
+async fn team_must_exist(db: &PgPool, team: Option<&str>) -> Result<(), Error> {
+    match team {
+        Some(t) if berth_store::team::team_fetch_uid(db, t).await?.is_none() => {
+            Err(Error::invalid("/team", format!("team {t:?} does not exist")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Creates a role binding.
+///
+/// # Errors
+/// 422 for a bad body or unknown team, 404/403 per the access rules, 409 for a duplicate.
+pub async fn role_binding_create(db: &PgPool, caller: &Caller, new: &NewRoleBinding) -> Result<RoleBinding, Error> {
+    new.validate()?;
+    caller.access().manage_grant(&new.grant)?;
+    team_must_exist(db, new.grant.team.as_deref()).await?;
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    let binding = store::role_binding_insert(
+        &mut *tx,
+        &RoleBinding {
+            id: Uuid::new_v4(),
+            subject: new.subject.clone(),
+            grant: new.grant.clone(),
+            created_at: Utc::now(),
+            created_by: caller.actor.subject.clone(),
+        },
+    )
+    .await?;
+    let name = binding.id.to_string();
+    audit(&mut tx, &caller.actor, AuditVerb::Create, "role-binding", binding.grant.team.as_deref(), &name, binding.id)
+        .await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(binding)
+}
+
+/// The role bindings the caller can see: those on teams it can read (global ones for
+/// global readers), and always its own.
+///
+/// # Errors
+/// As the store.
+pub async fn role_binding_list(db: &PgPool, caller: &Caller, subject: Option<&str>) -> Result<Vec<RoleBinding>, Error> {
+    let all = store::role_binding_list(db, subject).await?;
+    let access = caller.access();
+    Ok(all
+        .into_iter()
+        .filter(|b| b.subject == caller.principal.subject || access.can_read_owned_by(b.grant.team.as_deref()))
+        .collect())
+}
+
+/// Deletes a role binding.
+///
+/// # Errors
+/// 404 when missing or invisible, 403 per the access rules.
+pub async fn role_binding_delete(db: &PgPool, caller: &Caller, id: Uuid) -> Result<RoleBinding, Error> {
+    let not_found = || Error::NotFound { kind: "role binding", name: id.to_string() };
+    let binding = store::role_binding_get(db, id).await?;
+    let access = caller.access();
+    if !(binding.subject == caller.principal.subject || access.can_read_owned_by(binding.grant.team.as_deref())) {
+        return Err(not_found());
+    }
+    access.manage_grant(&binding.grant)?;
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    if !store::role_binding_delete(&mut *tx, id).await? {
+        return Err(not_found());
+    }
+    let name = id.to_string();
+    audit(&mut tx, &caller.actor, AuditVerb::Delete, "role-binding", binding.grant.team.as_deref(), &name, id).await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(binding)
+}
+
+/// Creates a service account.
+///
+/// # Errors
+/// 422 for a bad body or unknown team, 404/403 per the access rules, 409 when the name is
+/// taken.
+pub async fn service_account_create(
+    db: &PgPool,
+    caller: &Caller,
+    new: &NewServiceAccount,
+) -> Result<ServiceAccount, Error> {
+    new.validate()?;
+    caller.access().manage_owned_by(new.team.as_deref())?;
+    team_must_exist(db, new.team.as_deref()).await?;
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    let account = store::service_account_insert(
+        &mut *tx,
+        &new.name,
+        new.team.as_deref(),
+        &new.description,
+        &caller.actor.subject,
+    )
+    .await
+    .map_err(|e| match e {
+        Error::Conflict { .. } => Error::conflict("/name", format!("service account {:?} exists", new.name)),
+        e => e,
+    })?;
+    audit(
+        &mut tx,
+        &caller.actor,
+        AuditVerb::Create,
+        "service-account",
+        account.team.as_deref(),
+        &account.name,
+        Uuid::nil(),
+    )
+    .await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(account)
+}
+
+/// The service accounts the caller can see.
+///
+/// # Errors
+/// As the store.
+pub async fn service_account_list(db: &PgPool, caller: &Caller) -> Result<Vec<ServiceAccount>, Error> {
+    let access = caller.access();
+    Ok(store::service_account_list(db)
+        .await?
+        .into_iter()
+        .filter(|a| access.can_read_owned_by(a.team.as_deref()))
+        .collect())
+}
+
+/// A service account the caller can see.
+///
+/// # Errors
+/// 404 when missing or invisible.
+pub async fn service_account_get(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
+    let account = store::service_account_get(db, name).await?;
+    if caller.access().can_read_owned_by(account.team.as_deref()) {
+        Ok(account)
+    } else {
+        Err(Error::NotFound { kind: "service account", name: name.to_owned() })
+    }
+}
+
+/// A service account the caller may manage.
+async fn managed_account(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
+    let account = service_account_get(db, caller, name).await?;
+    caller.access().manage_owned_by(account.team.as_deref())?;
+    Ok(account)
+}
+
+/// Deletes a service account with its tokens and role bindings.
+///
+/// # Errors
+/// 404 when missing or invisible, 403 per the access rules.
+pub async fn service_account_delete(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
+    let account = managed_account(db, caller, name).await?;
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    store::service_account_delete(&mut tx, name).await?;
+    audit(&mut tx, &caller.actor, AuditVerb::Delete, "service-account", account.team.as_deref(), name, Uuid::nil())
+        .await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(account)
+}
+
+/// A new token and the only copy of its text.
+pub struct NewToken {
+    pub token: String,
+    pub record: ServiceAccountToken,
+}
+
+/// The longest a service-account token may live.
+pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Mints a token for a service account; only its hash is stored.
+///
+/// # Errors
+/// 422 for a TTL of zero or above [`MAX_TOKEN_TTL`]; 404/403 per the access rules.
+pub async fn sa_token_create(
+    db: &PgPool,
+    caller: &Caller,
+    issuer: &BerthIssuer,
+    name: &str,
+    ttl: Duration,
+) -> Result<NewToken, Error> {
+    if ttl.is_zero() || ttl > MAX_TOKEN_TTL {
+        return Err(Error::invalid("/ttl_seconds", format!("must be 1 to {} seconds", MAX_TOKEN_TTL.as_secs())));
+    }
+    let account = managed_account(db, caller, name).await?;
+    let id = Uuid::new_v4();
+    let minted = issuer.mint(&account.subject, Vec::new(), ttl, Some((&account.name, id)));
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    let record =
+        store::sa_token_insert(&mut *tx, id, name, &berth_auth::token_sha256(&minted.token), minted.expires_at).await?;
+    audit(&mut tx, &caller.actor, AuditVerb::Create, "service-account-token", account.team.as_deref(), name, id)
+        .await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(NewToken { token: minted.token, record })
+}
+
+/// A service account's tokens (never their text).
+///
+/// # Errors
+/// 404 when the account is missing or invisible.
+pub async fn sa_token_list(db: &PgPool, caller: &Caller, name: &str) -> Result<Vec<ServiceAccountToken>, Error> {
+    service_account_get(db, caller, name).await?;
+    store::sa_token_list(db, name).await
+}
+
+/// Revokes a token at once: the next request bearing it is refused.
+///
+/// # Errors
+/// 404 when the account or token is missing or invisible, 403 per the access rules.
+pub async fn sa_token_revoke(db: &PgPool, caller: &Caller, name: &str, id: Uuid) -> Result<ServiceAccountToken, Error> {
+    let account = managed_account(db, caller, name).await?;
+    let mut tx = db.begin().await.map_err(berth_store::db_error)?;
+    let record = store::sa_token_revoke(&mut *tx, name, id).await?;
+    audit(&mut tx, &caller.actor, AuditVerb::Update, "service-account-token", account.team.as_deref(), name, id)
+        .await?;
+    tx.commit().await.map_err(berth_store::db_error)?;
+    Ok(record)
+}
