@@ -10,7 +10,7 @@ function setup(thread)
 end
 
 local body = [[{"spec":{"kind":"training","priority":5,"tasks":{"count":2,"resources":{"flavors":["h100"],"gpus":8,"cpus":32,"memory_mib":262144}},"run":{"command":["python","train.py"],"image":"registry.local/train:1"},"sim":{"duration_seconds":600}},"metadata":{"labels":{"project":"bench"}}}]]
-local headers = { ["Content-Type"] = "application/json" }
+local headers = { ["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN") }
 
 function request()
   counter = counter + 1

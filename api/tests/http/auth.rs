@@ -232,6 +232,7 @@ async fn the_attack_table(db: berth_store::PgPool) {
         ("viewer creates a team", v(), Method::PUT, "/api/v1/teams/speech", Some(new_team), 403),
         ("viewer deletes a team", v(), Method::DELETE, "/api/v1/teams/vision", None, 403),
         ("viewer registers a cluster", v(), Method::PUT, "/api/v1/clusters/east", Some(sim_cluster("h100")), 403),
+        ("viewer removes a cluster", v(), Method::DELETE, "/api/v1/clusters/east", None, 403),
         (
             "viewer submits a workload",
             v(),
@@ -248,6 +249,15 @@ async fn the_attack_table(db: berth_store::PgPool) {
             Method::POST,
             "/api/v1/service-accounts",
             Some(json!({"name": "x"})),
+            403,
+        ),
+        ("viewer deletes a service account", v(), Method::DELETE, "/api/v1/service-accounts/ci", None, 403),
+        (
+            "viewer mints a service-account token",
+            v(),
+            Method::POST,
+            "/api/v1/service-accounts/ci/tokens",
+            Some(json!({"ttl_seconds": 60})),
             403,
         ),
         (
