@@ -14,7 +14,8 @@ async fn cluster_keeps_the_declarative_contract(db: berth_store::PgPool) {
 
 fn slurm(endpoint: &str) -> serde_json::Value {
     json!({"metadata": {"labels": {"tier": "reservation"}},
-           "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_SLURM_TOKEN"}})
+           "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_SLURM_TOKEN",
+                    "slurm": {"user": "berth", "partitions": [{"name": "gpu", "flavor": "h100"}]}}})
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -65,6 +66,7 @@ async fn cluster_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn cluster_credentials_are_a_reference_never_a_secret(db: berth_store::PgPool) {
     let s = Server::start(db).await;
+    s.seed().await;
     let created = s.put_ok("/api/v1/clusters/slurm-a", &slurm("https://slurm.internal:6820"), 201).await;
     assert_eq!(created.body["spec"]["credentials_ref"], "BERTH_SLURM_TOKEN");
     // There is no field that takes a secret, and the refusal does not echo it.

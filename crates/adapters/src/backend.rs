@@ -138,8 +138,10 @@ pub enum BackendError {
 /// What every backend implements.
 ///
 /// # Guarantees an implementation gives
-/// - `submit` is idempotent: when a job with the request's key exists it is returned and
-///   no second one is made.
+/// - `submit` of a key the backend has already seen returns that job instead of making a
+///   second one. A backend that cannot find a key cheaply (Slurm) checks only the keys it
+///   has seen itself, so a caller that may have submitted the key from an earlier process
+///   looks it up with `job` or `jobs` first (the dispatcher's intents say when).
 /// - `jobs` lists every job carrying a Berth key that the backend still knows, finished
 ///   ones included for as long as the backend keeps them.
 /// - `cancel` of a finished or unknown job succeeds and does nothing; a second cancel does

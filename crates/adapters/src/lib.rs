@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod sim;
+pub mod slurm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,6 +16,33 @@ use std::sync::{Arc, Mutex};
 pub use backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::cluster::{Cluster, ClusterKind};
 use uuid::Uuid;
+
+/// Where backends' credentials come from: the value of the secret a cluster's
+/// `credentials_ref` names.
+pub type Secrets = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Secrets from berthd's environment: the variable `NAME`, or else the file named by
+/// `NAME_FILE` (read again whenever the backend is rebuilt, so a rotated file is picked up).
+pub fn secrets_from_env() -> Secrets {
+    Arc::new(|name: &str| {
+        std::env::var(name).ok().or_else(|| {
+            let path = std::env::var(format!("{name}_FILE")).ok()?;
+            std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
+        })
+    })
+}
+
+/// How long a built backend keeps the secret it read; after that it is read again and the
+/// backend rebuilt if the secret changed (a rotated token).
+const SECRET_REREAD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A backend built from a cluster's spec and secret.
+struct Built {
+    generation: i64,
+    secret: Option<String>,
+    read_at: std::time::Instant,
+    backend: Arc<dyn ClusterBackend>,
+}
 
 /// Builds and caches the backend of each cluster.
 ///
@@ -26,6 +54,9 @@ pub struct Registry {
     /// Each simulated cluster, with the cluster generation (spec version) it was last
     /// configured from.
     sims: Mutex<HashMap<Uuid, (i64, Arc<sim::SimCluster>)>>,
+    secrets: Secrets,
+    /// Backends of real clusters.
+    remote: Mutex<HashMap<Uuid, Built>>,
 }
 
 impl Registry {
@@ -35,7 +66,20 @@ impl Registry {
 
     /// A registry whose simulated clusters read `clock` (tests drive time by hand).
     pub fn with_sim_clock(sim_state_dir: Option<PathBuf>, sim_clock: sim::Clock) -> Self {
-        Self { sim_state_dir, sim_clock, sims: Mutex::new(HashMap::new()) }
+        Self {
+            sim_state_dir,
+            sim_clock,
+            sims: Mutex::new(HashMap::new()),
+            secrets: secrets_from_env(),
+            remote: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reads clusters' credentials from `secrets` instead of the environment.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// The simulated cluster with this uid, if one was built (for tests and benchmarks).
@@ -72,9 +116,48 @@ impl Registry {
                     }
                 }
             }
-            ClusterKind::Slurm | ClusterKind::Kubernetes => {
+            ClusterKind::Slurm => self.remote(cluster, |token| {
+                let token = token.ok_or_else(|| missing_secret(cluster))?;
+                Ok(Arc::new(slurm::SlurmCluster::new(&cluster.spec, token)?))
+            }),
+            ClusterKind::Kubernetes => {
                 Err(BackendError::Unsupported(format!("Berth has no {} adapter yet", cluster.spec.kind.as_str())))
             }
         }
     }
+
+    /// The cached backend of a real cluster, rebuilt by `build` (given the secret) when
+    /// the cluster's generation moved or its secret changed.
+    fn remote(
+        &self,
+        cluster: &Cluster,
+        build: impl FnOnce(Option<String>) -> Result<Arc<dyn ClusterBackend>, BackendError>,
+    ) -> Result<Arc<dyn ClusterBackend>, BackendError> {
+        let mut remote = self.remote.lock().expect("backend registry lock");
+        let generation = cluster.metadata.generation;
+        let uid = cluster.metadata.uid;
+        if let Some(b) = remote.get_mut(&uid)
+            && b.generation == generation
+        {
+            if b.read_at.elapsed() < SECRET_REREAD {
+                return Ok(b.backend.clone());
+            }
+            let secret = cluster.spec.credentials_ref.as_deref().and_then(|r| (self.secrets)(r));
+            b.read_at = std::time::Instant::now();
+            if secret == b.secret {
+                return Ok(b.backend.clone());
+            }
+        }
+        let secret = cluster.spec.credentials_ref.as_deref().and_then(|r| (self.secrets)(r));
+        let backend = build(secret.clone())?;
+        remote.insert(uid, Built { generation, secret, read_at: std::time::Instant::now(), backend: backend.clone() });
+        Ok(backend)
+    }
+}
+
+fn missing_secret(cluster: &Cluster) -> BackendError {
+    BackendError::Unreachable(format!(
+        "berthd has no secret {} (neither the environment variable nor {0}_FILE)",
+        cluster.spec.credentials_ref.as_deref().unwrap_or("(credentials_ref is not set)")
+    ))
 }

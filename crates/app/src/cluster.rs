@@ -63,11 +63,25 @@ pub async fn cluster_apply(
 }
 
 async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
-    let Some(sim) = &input.spec.sim else { return Ok(()) };
-    let names: Vec<String> = sim.node_groups.iter().map(|g| g.flavor.clone()).collect();
+    let spec = &input.spec;
+    let refs: Vec<(String, String)> = match (&spec.sim, &spec.slurm) {
+        (Some(sim), _) => sim
+            .node_groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (format!("/spec/sim/node_groups/{i}/flavor"), g.flavor.clone()))
+            .collect(),
+        (None, Some(slurm)) => slurm
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("/spec/slurm/partitions/{i}/flavor"), p.flavor.clone()))
+            .collect(),
+        (None, None) => return Ok(()),
+    };
+    let names: Vec<String> = refs.iter().map(|(_, f)| f.clone()).collect();
     let missing = flavors::flavor_missing(db, &names).await?;
-    let refs = names.into_iter().enumerate().map(|(i, f)| (format!("/spec/sim/node_groups/{i}/flavor"), f));
-    let errors = missing_references(&missing, refs, "flavor");
+    let errors = missing_references(&missing, refs.into_iter(), "flavor");
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 

@@ -2,14 +2,19 @@
 //!
 //! It claims workloads with `FOR UPDATE SKIP LOCKED` and holds the claim while it talks to
 //! the backend, so no two dispatchers (even two replicas that both think they lead) work on
-//! one workload; and it looks the job up by key before submitting, so a dispatcher killed
-//! after the backend accepted the job, but before the database recorded it, finds that
-//! job on the next pass instead of making a second one.
+//! one workload. Before submitting it commits a *dispatch intent* per job; a claimed
+//! workload that already has one may have its job on the backend (the dispatcher died
+//! after the backend accepted it, or the answer was lost), so its cluster's jobs are
+//! listed and the job is adopted instead of made twice. Workloads without an intent need
+//! no lookup, which keeps a burst to one backend call per job.
 
-use berth_adapters::{BackendError, JobRequest, JobState, JobStatus};
+use std::collections::HashMap;
+
+use berth_adapters::{BackendError, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::Error;
 use berth_core::workload::{BackendRef, Phase, Workload, WorkloadStatus};
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::snapshot::hundredths;
 use crate::{Context, Transition, job_key};
@@ -48,6 +53,12 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
         if claimed.is_empty() {
             return Ok(status);
         }
+        let keys: Vec<(Uuid, u32)> = claimed.iter().map(|w| (w.metadata.uid, w.status.attempt)).collect();
+        let intents = berth_store::dispatch::dispatch_intents_of(&mut *tx, &keys).await?;
+        // Each cluster's jobs, listed once per batch and only if a claimed workload there
+        // has an intent; `None` when the listing failed.
+        let mut listed: HashMap<&str, Option<HashMap<JobKey, JobStatus>>> = HashMap::new();
+        let mut to_submit = Vec::new();
         let mut transitions = Vec::new();
         for w in &claimed {
             let Some(a) = &w.status.admission else { continue };
@@ -57,23 +68,36 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
                 skip.push(w.metadata.uid);
                 continue;
             };
-            let found = match backend.job(job_key(w)).await {
-                Ok(found) => found,
-                Err(_) => {
-                    status.deferred += 1;
-                    skip.push(w.metadata.uid);
-                    continue;
+            if intents.contains(&(w.metadata.uid, w.status.attempt)) {
+                if !listed.contains_key(a.cluster.as_str()) {
+                    let jobs = backend.jobs().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
+                    listed.insert(&a.cluster, jobs);
                 }
-            };
-            let outcome = match found {
-                Some(job) => {
-                    status.adopted += 1;
-                    Ok(job)
+                match &listed[a.cluster.as_str()] {
+                    None => {
+                        status.deferred += 1;
+                        skip.push(w.metadata.uid);
+                        continue;
+                    }
+                    Some(jobs) => {
+                        if let Some(job) = jobs.get(&job_key(w)) {
+                            status.adopted += 1;
+                            transitions.push(Transition { workload: w, status: dispatched(w, &a.cluster, job) });
+                            continue;
+                        }
+                    }
                 }
-                None => backend.submit(&request(w)).await.inspect(|_| status.dispatched += 1),
-            };
-            let next = match outcome {
-                Ok(job) => dispatched(w, &a.cluster, &job),
+            }
+            to_submit.push((w, a, backend));
+        }
+        let announced: Vec<(Uuid, u32)> = to_submit.iter().map(|(w, ..)| (w.metadata.uid, w.status.attempt)).collect();
+        berth_store::dispatch::dispatch_intents_record(&ctx.db, &announced).await?;
+        for (w, a, backend) in to_submit {
+            let next = match backend.submit(&request(w)).await {
+                Ok(job) => {
+                    status.dispatched += 1;
+                    dispatched(w, &a.cluster, &job)
+                }
                 Err(BackendError::Rejected(why) | BackendError::Unsupported(why)) => {
                     status.rejected += 1;
                     crate::finished(w, Phase::Failed, "BackendRejected", why, None, chrono::Utc::now())
@@ -87,6 +111,9 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
             transitions.push(Transition { workload: w, status: next });
         }
         crate::write(&mut tx, &transitions).await?;
+        let settled: Vec<(Uuid, u32)> =
+            transitions.iter().map(|t| (t.workload.metadata.uid, t.workload.status.attempt)).collect();
+        berth_store::dispatch::dispatch_intents_clear(&mut *tx, &settled).await?;
         berth_store::commit(tx).await?;
     }
 }

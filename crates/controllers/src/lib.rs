@@ -136,16 +136,25 @@ fn requeued_or_failed(w: &Workload, reason: &str, message: String) -> WorkloadSt
     }
 }
 
-/// Asks the backend to stop the workload's job, once: the first call sends the cancel and
-/// records `cancel_requested_at`; later calls do nothing (a repeated cancel would not
-/// extend the grace period anyway). `None` when nothing is to be written.
+/// Asks the backend to stop the workload's job: the first call sends the cancel and
+/// records `cancel_requested_at`; once the grace period is over each call asks again,
+/// which a backend that leaves the final kill to its caller (Slurm) takes as the hard
+/// cancel, and others ignore (a repeated cancel never extends the grace period). `None`
+/// when nothing is to be written.
 async fn request_cancel<'a>(
     ctx: &Context,
     backend: &dyn ClusterBackend,
     w: &'a Workload,
     key: JobKey,
 ) -> Option<Transition<'a>> {
-    if w.status.cancel_requested_at.is_some() || backend.cancel(key, ctx.config.cancel_grace).await.is_err() {
+    let grace = ctx.config.cancel_grace;
+    if let Some(at) = w.status.cancel_requested_at {
+        if (Utc::now() - at).to_std().unwrap_or_default() >= grace {
+            let _ = backend.cancel(key, grace).await;
+        }
+        return None;
+    }
+    if backend.cancel(key, grace).await.is_err() {
         return None;
     }
     Some(Transition {

@@ -1,6 +1,7 @@
 //! The orphan collector: a backend job that carries Berth's key but belongs to no live
 //! workload attempt (the workload is gone, finished, or on a later attempt) is cancelled,
-//! once it is older than the orphan grace period (its workload's write may be in flight).
+//! once it is older than the orphan grace period (its workload's write may be in flight). It
+//! also prunes dispatch intents no admitted workload needs any more.
 
 use std::collections::HashMap;
 
@@ -27,6 +28,7 @@ impl crate::runner::Report for OrphanStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let mut status = OrphanStatus::default();
+    berth_store::dispatch::dispatch_intents_prune(&ctx.db).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let now = Utc::now();
     for cluster in &clusters {
@@ -35,7 +37,7 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
         status.clusters += 1;
         let old: Vec<_> = jobs
             .into_iter()
-            .filter(|j| !j.state.is_final() && !j.cancelling)
+            .filter(|j| !j.state.is_final())
             .inspect(|_| status.active_jobs += 1)
             .filter(|j| (now - j.submitted_at).to_std().unwrap_or_default() >= ctx.config.orphan_grace)
             .collect();
@@ -50,9 +52,15 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
             .map(|(uid, _, attempt)| (uid, attempt))
             .collect();
         for job in old {
-            if live.get(&job.key.workload) != Some(&job.key.attempt)
-                && backend.cancel(job.key, ctx.config.cancel_grace).await.is_ok()
-            {
+            if live.get(&job.key.workload) == Some(&job.key.attempt) {
+                continue;
+            }
+            // Asked before: asking again ends it for good once the grace period is over.
+            if job.cancelling {
+                let _ = backend.cancel(job.key, ctx.config.cancel_grace).await;
+                continue;
+            }
+            if backend.cancel(job.key, ctx.config.cancel_grace).await.is_ok() {
                 tracing::warn!(cluster = %cluster.metadata.name, job = %job.job_id, key = %job.key, "cancelled an orphaned backend job");
                 status.cancelled += 1;
             }

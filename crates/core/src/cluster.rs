@@ -72,6 +72,59 @@ pub struct ClusterSpec {
     /// Required for `sim` clusters: the simulated hardware.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimSpec>,
+    /// Required for `slurm` clusters: the Slurm user, and which partitions hold which flavor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmSpec>,
+}
+
+/// How Berth uses a Slurm cluster (reached through slurmrestd at `endpoint`, with the JWT
+/// named by `credentials_ref`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"user": "berth", "partitions": [{"name": "gpu", "flavor": "h100-80gb", "gpu_type": "h100"}]}))]
+pub struct SlurmSpec {
+    /// The Slurm user Berth's jobs run as (`X-SLURM-USER-NAME`); the token must be this
+    /// user's.
+    #[schema(example = "berth")]
+    pub user: String,
+    /// The slurmrestd API version to speak.
+    #[serde(default = "default_slurm_api")]
+    #[schema(example = "v0.0.38")]
+    pub api_version: String,
+    /// The partitions Berth submits to, each with the flavor of its GPUs; one partition per
+    /// flavor. Nodes in no listed partition are not Berth's to use.
+    pub partitions: Vec<SlurmPartition>,
+    /// Where jobs start and write their output (`slurm-<job id>.out`); it must exist on
+    /// the compute nodes and be writable by `user`.
+    #[serde(default = "default_slurm_directory")]
+    #[schema(example = "/tmp")]
+    pub working_directory: String,
+}
+
+/// A Slurm partition and the flavor of its GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmPartition {
+    #[schema(example = "gpu")]
+    pub name: String,
+    #[schema(example = "h100-80gb")]
+    pub flavor: String,
+    /// The GRES type of the flavor's GPUs (`gpu:<type>:<count>`); when set, only GPUs of
+    /// this type count and jobs ask for them by type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "h100")]
+    pub gpu_type: Option<String>,
+}
+
+/// The slurmrestd API versions Berth speaks.
+pub const SLURM_API_VERSIONS: [&str; 1] = ["v0.0.38"];
+
+fn default_slurm_api() -> String {
+    SLURM_API_VERSIONS[0].into()
+}
+
+fn default_slurm_directory() -> String {
+    "/tmp".into()
 }
 
 /// The simulated hardware of a `sim` cluster, its clock and the faults to inject.
@@ -292,8 +345,59 @@ impl ClusterApply {
             }
             (None, _) => {}
         }
+        match (&s.slurm, s.kind) {
+            (None, ClusterKind::Slurm) => v.error("/spec/slurm", "required for a slurm cluster"),
+            (Some(_), kind) if kind != ClusterKind::Slurm => {
+                v.error(
+                    "/spec/slurm",
+                    format!("only a slurm cluster takes Slurm settings, not a {} cluster", kind.as_str()),
+                );
+            }
+            (Some(slurm), _) => validate_slurm(&mut v, slurm),
+            (None, _) => {}
+        }
+        if s.kind == ClusterKind::Slurm && s.credentials_ref.is_none() {
+            v.error("/spec/credentials_ref", "required for a slurm cluster: the name of the secret holding its JWT");
+        }
         v.finish()
     }
+}
+
+fn validate_slurm(v: &mut Validator, slurm: &SlurmSpec) {
+    v.check(
+        !slurm.user.is_empty()
+            && slurm.user.len() <= 64
+            && slurm.user.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
+        "/spec/slurm/user",
+        || "must be a Unix user name (letters, digits, '.', '_', '-'; at most 64)".into(),
+    );
+    v.check(SLURM_API_VERSIONS.contains(&slurm.api_version.as_str()), "/spec/slurm/api_version", || {
+        format!("must be one of {}", SLURM_API_VERSIONS.join(", "))
+    });
+    v.check(!slurm.partitions.is_empty() && slurm.partitions.len() <= 64, "/spec/slurm/partitions", || {
+        "must list 1 to 64 partitions".into()
+    });
+    let slurm_name =
+        |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    for (i, p) in slurm.partitions.iter().enumerate() {
+        let at = |f: &str| format!("/spec/slurm/partitions/{i}/{f}");
+        v.check(slurm_name(&p.name), at("name"), || {
+            "must be a Slurm partition name (letters, digits, '.', '_', '-')".into()
+        });
+        v.name(&at("flavor"), &p.flavor);
+        if slurm.partitions[..i].iter().any(|other| other.flavor == p.flavor) {
+            v.error(at("flavor"), format!("flavor {:?} is already mapped to a partition", p.flavor));
+        }
+        if let Some(t) = &p.gpu_type {
+            v.check(slurm_name(t), at("gpu_type"), || "must be a GRES type (letters, digits, '.', '_', '-')".into());
+        }
+    }
+    let dir = &slurm.working_directory;
+    v.check(
+        dir.starts_with('/') && dir.len() <= 1024 && !dir.chars().any(char::is_control),
+        "/spec/slurm/working_directory",
+        || "must be an absolute path".into(),
+    );
 }
 
 fn validate_node_groups(v: &mut Validator, groups: &[NodeGroup]) {
@@ -332,6 +436,7 @@ mod tests {
                 credentials_ref: None,
                 cordoned: false,
                 sim: Some(SimSpec::new(groups)),
+                slurm: None,
             },
             status: None,
         }
@@ -364,6 +469,34 @@ mod tests {
         c.spec.credentials_ref = Some("eyJhbGciOi.secret.value".into());
         let Err(Error::Invalid(e)) = c.validate("slurm-a") else { panic!() };
         let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(fields, ["/spec/endpoint", "/spec/credentials_ref"]);
+        assert_eq!(fields, ["/spec/endpoint", "/spec/credentials_ref", "/spec/slurm"]);
+    }
+
+    #[test]
+    fn a_slurm_cluster_maps_each_flavor_to_one_partition() {
+        let mut c = sim(vec![]);
+        c.spec.kind = ClusterKind::Slurm;
+        c.spec.sim = None;
+        c.spec.endpoint = Some("http://127.0.0.1:6820".into());
+        c.spec.credentials_ref = Some("BERTH_SLURM_TOKEN".into());
+        let partition =
+            |name: &str, flavor: &str| SlurmPartition { name: name.into(), flavor: flavor.into(), gpu_type: None };
+        c.spec.slurm = Some(SlurmSpec {
+            user: "berth".into(),
+            api_version: "v0.0.38".into(),
+            partitions: vec![partition("gpu", "h100"), partition("a100", "a100")],
+            working_directory: "/tmp".into(),
+        });
+        assert!(c.validate("slurm-a").is_ok());
+        let slurm = c.spec.slurm.as_mut().unwrap();
+        slurm.partitions[1].flavor = "h100".into();
+        slurm.api_version = "v0.0.99".into();
+        slurm.working_directory = "relative".into();
+        let Err(Error::Invalid(e)) = c.validate("slurm-a") else { panic!() };
+        let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["/spec/slurm/api_version", "/spec/slurm/partitions/1/flavor", "/spec/slurm/working_directory"]
+        );
     }
 }

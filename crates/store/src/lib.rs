@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod controller;
+pub mod dispatch;
 pub mod event;
 pub mod flavor;
 pub mod identity;

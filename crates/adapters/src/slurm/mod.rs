@@ -1,0 +1,544 @@
+//! The Slurm backend: drives a Slurm cluster through slurmrestd over HTTP, as the user in
+//! the cluster's `spec.slurm`, with the JWT its `credentials_ref` names
+//! (`X-SLURM-USER-NAME` / `X-SLURM-USER-TOKEN`).
+//!
+//! - Jobs are named by their [`JobKey`] (`berth-{uid}-{attempt}`), and `jobs` lists only
+//!   jobs with such a name. Slurm cannot look a job up by name without listing every job,
+//!   so `submit` checks only the keys it has seen; the dispatcher looks a key up first
+//!   whenever an earlier submit may have reached Slurm (its dispatch intents).
+//! - Cancel with a grace period: the first call writes the deadline into the job's comment
+//!   (`cancel-by=<epoch s>`) and sends SIGTERM; a call after the deadline cancels the job
+//!   for good (Slurm sends SIGTERM, then SIGKILL after its `KillWait`). The deadline lives
+//!   in Slurm, so a restarted berthd neither forgets it nor extends it.
+//! - A partition maps to a flavor; a node's GPUs are the `gpu` GRES of the partition's
+//!   type; GPUs held by jobs Berth did not start are reported so the scheduler leaves them.
+//! - Failures: a request Slurm refuses (`errors[]` with a job or request error) is
+//!   [`BackendError::Rejected`]; no answer, a timeout, a 5xx without such an error or
+//!   refused credentials are [`BackendError::Unreachable`] (the cluster turns Degraded, then
+//!   Unreachable). The token is never logged or put in an error.
+//!
+//! Everything specific to one slurmrestd API version lives in its module ([`v0_0_38`]).
+
+pub mod dev;
+mod v0_0_38;
+mod wire;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::cluster::{ClusterKind, ClusterSpec, SlurmPartition};
+use berth_core::workload::Run;
+use chrono::{DateTime, Utc};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use self::v0_0_38 as api;
+use self::wire::{ApiError, Job, Submission, describe};
+use crate::backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
+
+/// How long one call to slurmrestd may take (slurmrestd answers after about 9 s when
+/// slurmctld is down).
+const TIMEOUT: Duration = Duration::from_secs(15);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The mark a cancel leaves in the job's comment.
+const CANCEL_BY: &str = "cancel-by=";
+
+/// A Slurm cluster behind slurmrestd.
+pub struct SlurmCluster {
+    endpoint: String,
+    user: String,
+    token: Token,
+    partitions: Vec<SlurmPartition>,
+    working_directory: String,
+    http: reqwest::Client,
+    /// Slurm job ids by key, as last seen (ids never change; a stale entry is checked).
+    ids: Mutex<HashMap<JobKey, u64>>,
+}
+
+/// The JWT, kept out of `Debug` and logs.
+struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl SlurmCluster {
+    /// A backend for a `slurm` cluster's spec, with its token.
+    ///
+    /// # Errors
+    /// [`BackendError::Rejected`] when the spec has no endpoint or Slurm settings.
+    pub fn new(spec: &ClusterSpec, token: String) -> Result<Self, BackendError> {
+        let endpoint = spec.endpoint.as_deref().ok_or_else(|| BackendError::Rejected("no endpoint".into()))?;
+        let slurm = spec.slurm.as_ref().ok_or_else(|| BackendError::Rejected("no spec.slurm".into()))?;
+        let http = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| BackendError::Rejected(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            user: slurm.user.clone(),
+            token: Token(token),
+            partitions: slurm.partitions.clone(),
+            working_directory: slurm.working_directory.clone(),
+            http,
+            ids: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One call; any 2xx answer's body, else the error its status and `errors[]` call for.
+    async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Vec<u8>, BackendError> {
+        let started = std::time::Instant::now();
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.endpoint))
+            .header("X-SLURM-USER-NAME", &self.user)
+            .header("X-SLURM-USER-TOKEN", &self.token.0);
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let response = request.send().await.map_err(|e| unreachable(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| unreachable(&e))?.to_vec();
+        tracing::debug!(%method, path, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "slurmrestd");
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        Err(failure(status, &api::errors(&bytes)))
+    }
+
+    async fn get(&self, path: &str) -> Result<Vec<u8>, BackendError> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// Every job slurmctld still holds, Berth's or not.
+    async fn all_jobs(&self) -> Result<Vec<Job>, BackendError> {
+        let body = self.get(&api::jobs()).await?;
+        api::parse_jobs(&body).map_err(|e| bad_answer("jobs", &e))
+    }
+
+    /// The job with this key, by its remembered id or else from the full list.
+    async fn find(&self, key: JobKey) -> Result<Option<Job>, BackendError> {
+        let known = self.ids.lock().expect("ids lock").get(&key).copied();
+        if let Some(id) = known
+            && let Ok(body) = self.get(&api::job(id)).await
+            && let Ok(jobs) = api::parse_jobs(&body)
+            && let Some(job) = jobs.into_iter().find(|j| j.id == id && j.name == key.name())
+        {
+            return Ok(Some(job));
+        }
+        let jobs = self.all_jobs().await?;
+        self.remember(&jobs);
+        Ok(jobs.into_iter().find(|j| j.name == key.name()))
+    }
+
+    /// Replaces the remembered ids with those of a full list.
+    fn remember(&self, jobs: &[Job]) {
+        let ids = jobs.iter().filter_map(|j| JobKey::parse(&j.name).map(|k| (k, j.id))).collect();
+        *self.ids.lock().expect("ids lock") = ids;
+    }
+
+    fn partition_of(&self, flavor: &str) -> Option<&SlurmPartition> {
+        self.partitions.iter().find(|p| p.flavor == flavor)
+    }
+
+    /// What the job request becomes in Slurm.
+    fn submission(&self, job: &JobRequest) -> Result<Submission, BackendError> {
+        let partition = self.partition_of(&job.flavor).ok_or_else(|| {
+            BackendError::Rejected(format!("this cluster maps no partition to flavor {}", job.flavor))
+        })?;
+        if !job.gpus_per_task.is_multiple_of(100) {
+            return Err(BackendError::Rejected(format!(
+                "Slurm allocates whole GPUs; {} GPUs per task cannot be requested",
+                f64::from(job.gpus_per_task) / 100.0
+            )));
+        }
+        let gpus = job.gpus_per_task / 100;
+        let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
+        for n in &job.nodes {
+            *per_node.entry(n.as_str()).or_default() += 1;
+        }
+        let nodes = u32::try_from(per_node.len()).unwrap_or(u32::MAX).max(1);
+        let most_tasks_on_a_node =
+            per_node.values().copied().max().unwrap_or_else(|| u64::from(job.tasks.div_ceil(nodes)));
+        let mut environment = BTreeMap::from([("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned())]);
+        environment.extend(job.run.env.clone());
+        environment.extend([
+            ("BERTH_TEAM".to_owned(), job.team.clone()),
+            ("BERTH_WORKLOAD".to_owned(), job.workload.clone()),
+            ("BERTH_WORKLOAD_UID".to_owned(), job.key.workload.to_string()),
+            ("BERTH_ATTEMPT".to_owned(), job.key.attempt.to_string()),
+        ]);
+        Ok(Submission {
+            script: script(&job.run, job.tasks)?,
+            name: job.key.name(),
+            comment: format!("berth {}/{}", job.team, job.workload),
+            partition: partition.name.clone(),
+            nodes,
+            tasks: job.tasks,
+            gpus_per_task: (gpus > 0).then(|| match &partition.gpu_type {
+                Some(t) => format!("{t}:{gpus}"),
+                None => gpus.to_string(),
+            }),
+            cpus_per_task: job.cpus_per_task.map(|c| c.ceil() as u32),
+            memory_mib_per_node: job.memory_mib_per_task.map(|m| m * most_tasks_on_a_node),
+            time_limit_minutes: job.max_runtime_seconds.map(|s| s.div_ceil(60)),
+            environment,
+            working_directory: self.working_directory.clone(),
+        })
+    }
+
+    /// Cancels the job now (SIGTERM, then SIGKILL after Slurm's `KillWait`). A job that
+    /// finished meanwhile is fine.
+    async fn cancel_now(&self, job: &Job) -> Result<(), BackendError> {
+        match self.call(Method::DELETE, &api::cancel(job.id, None), None).await {
+            Err(BackendError::Rejected(why)) => {
+                match self.find(JobKey::parse(&job.name).expect("a Berth job")).await? {
+                    Some(now) if !status(&now).state.is_final() => Err(BackendError::Rejected(why)),
+                    _ => Ok(()),
+                }
+            }
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+/// The batch script: the workload's own, or one that runs its command (through `srun`
+/// on every task of a multi-task job).
+fn script(run: &Run, tasks: u32) -> Result<String, BackendError> {
+    if let Some(s) = &run.script {
+        return Ok(if s.starts_with("#!") { s.clone() } else { format!("#!/bin/bash\n{s}") });
+    }
+    if run.command.is_empty() {
+        return Err(BackendError::Rejected("a Slurm job needs spec.run.script or spec.run.command".into()));
+    }
+    let quoted: Vec<String> = run.command.iter().map(|a| format!("'{}'", a.replace('\'', r"'\''"))).collect();
+    let launcher = if tasks > 1 { "srun " } else { "" };
+    Ok(format!("#!/bin/bash\nexec {launcher}{}\n", quoted.join(" ")))
+}
+
+/// The deadline a cancel wrote into the job's comment.
+fn cancel_deadline(comment: &str) -> Option<i64> {
+    comment.split_whitespace().find_map(|w| w.strip_prefix(CANCEL_BY)?.parse().ok())
+}
+
+fn at(epoch_seconds: i64) -> Option<DateTime<Utc>> {
+    (epoch_seconds > 0).then(|| DateTime::from_timestamp(epoch_seconds, 0)).flatten()
+}
+
+/// Berth's view of one of its Slurm jobs.
+fn status(job: &Job) -> JobStatus {
+    let state = wire::job_state(&job.state, job.was_running);
+    let started = job.was_running || state == JobState::Running;
+    let is_final = state.is_final();
+    JobStatus {
+        key: JobKey::parse(&job.name).expect("only Berth's jobs"),
+        job_id: job.id.to_string(),
+        state,
+        exit_code: if is_final { job.wait_status.map(wire::exit_code) } else { None },
+        reason: if is_final { wire::final_reason(&job.state, job.reason.as_deref()) } else { job.reason.clone() },
+        submitted_at: at(job.submit_time).unwrap_or_else(Utc::now),
+        started_at: if started { at(job.start_time) } else { None },
+        finished_at: if is_final { at(job.end_time) } else { None },
+        cancelling: !is_final && cancel_deadline(&job.comment).is_some(),
+    }
+}
+
+fn unreachable(e: &reqwest::Error) -> BackendError {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "refused the connection"
+    } else {
+        "failed"
+    };
+    // reqwest's message names the URL and the cause, never the headers.
+    BackendError::Unreachable(format!("slurmrestd {what}: {e}"))
+}
+
+fn failure(status: StatusCode, errors: &[ApiError]) -> BackendError {
+    let why = describe(errors);
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        return BackendError::Unreachable(format!(
+            "slurmrestd refused the credentials ({status}); check the user and the token credentials_ref names"
+        ));
+    }
+    if status.is_client_error() || errors.iter().any(ApiError::is_rejection) {
+        return BackendError::Rejected(format!("Slurm refused the request ({status}): {why}"));
+    }
+    BackendError::Unreachable(format!(
+        "slurmrestd answered {status}: {why} (slurmctld down, or a wrong or expired token, which slurmrestd reports the same way)"
+    ))
+}
+
+fn bad_answer(what: &str, e: &serde_json::Error) -> BackendError {
+    BackendError::Unreachable(format!("slurmrestd's {what} answer is not what API {} returns: {e}", api::VERSION))
+}
+
+#[async_trait]
+impl ClusterBackend for SlurmCluster {
+    fn kind(&self) -> ClusterKind {
+        ClusterKind::Slurm
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        self.get(&api::ping()).await.map(|_| ())
+    }
+
+    async fn inventory(&self) -> Result<Inventory, BackendError> {
+        let nodes = api::parse_nodes(&self.get(&api::nodes()).await?).map_err(|e| bad_answer("nodes", &e))?;
+        let partitions =
+            api::parse_partitions(&self.get(&api::partitions()).await?).map_err(|e| bad_answer("partitions", &e))?;
+        let jobs = self.all_jobs().await?;
+        // GPUs held on each node by running jobs that are not Berth's.
+        let mut outside: HashMap<&str, u32> = HashMap::new();
+        for j in jobs.iter().filter(|j| JobKey::parse(&j.name).is_none()) {
+            for (node, gres) in &j.gres_by_node {
+                *outside.entry(node.as_str()).or_default() += wire::gpus_in(gres, None);
+            }
+        }
+        let up = |name: &str| partitions.iter().any(|p| p.name == name && p.up);
+        let nodes = nodes
+            .iter()
+            .map(|n| {
+                let mapped = self.partitions.iter().find(|p| {
+                    n.partitions.contains(&p.name)
+                        && (p.gpu_type.is_none() || wire::gpus_in(&n.gres, p.gpu_type.as_deref()) > 0)
+                });
+                let gpu_type = mapped.and_then(|p| p.gpu_type.as_deref());
+                let gpus = wire::gpus_in(&n.gres, gpu_type);
+                let used = wire::gpus_in(&n.gres_used, gpu_type).min(gpus);
+                InventoryNode {
+                    name: n.name.clone(),
+                    flavor: mapped.map(|p| p.flavor.clone()),
+                    gpus,
+                    gpus_used: used * 100,
+                    gpus_used_outside_berth: outside.get(n.name.as_str()).copied().unwrap_or(0).min(used) * 100,
+                    cpus: n.cpus,
+                    memory_mib: n.memory_mib,
+                    block: n.features.iter().find_map(|f| f.strip_prefix("block=")).map(str::to_owned),
+                    schedulable: wire::schedulable(n) && mapped.is_some_and(|p| up(&p.name)),
+                }
+            })
+            .collect();
+        Ok(Inventory { nodes })
+    }
+
+    async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError> {
+        // A key this backend submitted before is returned, not made again; a key submitted
+        // by an earlier process is the caller's to look up first (see the trait).
+        let known = self.ids.lock().expect("ids lock").get(&job.key).copied();
+        if known.is_some()
+            && let Some(found) = self.find(job.key).await?
+        {
+            return Ok(status(&found));
+        }
+        let body = api::submit_body(&self.submission(job)?);
+        let answer = self.call(Method::POST, &api::submit(), Some(&body)).await?;
+        let id = api::submitted_job_id(&answer).ok_or_else(|| {
+            BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&api::errors(&answer))))
+        })?;
+        self.ids.lock().expect("ids lock").insert(job.key, id);
+        // Accepted with remarks (a time limit above the partition's: the job pends).
+        let remarks = api::errors(&answer);
+        Ok(JobStatus {
+            key: job.key,
+            job_id: id.to_string(),
+            state: JobState::Queued,
+            exit_code: None,
+            reason: (!remarks.is_empty()).then(|| describe(&remarks)),
+            submitted_at: Utc::now(),
+            started_at: None,
+            finished_at: None,
+            cancelling: false,
+        })
+    }
+
+    async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
+        let jobs = self.all_jobs().await?;
+        self.remember(&jobs);
+        Ok(jobs.iter().filter(|j| JobKey::parse(&j.name).is_some()).map(status).collect())
+    }
+
+    async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError> {
+        Ok(self.find(key).await?.as_ref().map(status))
+    }
+
+    async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
+        let Some(job) = self.find(key).await? else { return Ok(()) };
+        let current = status(&job);
+        if current.state.is_final() {
+            return Ok(());
+        }
+        let now = Utc::now().timestamp();
+        match cancel_deadline(&job.comment) {
+            Some(deadline) if now < deadline => Ok(()),
+            Some(_) => self.cancel_now(&job).await,
+            // Nothing to checkpoint before it runs.
+            None if current.state == JobState::Queued || grace.is_zero() => self.cancel_now(&job).await,
+            None => {
+                let deadline = now + i64::try_from(grace.as_secs()).unwrap_or(i64::MAX / 2).max(1);
+                // The deadline is written before the signal, so a crash in between
+                // cannot leave a signalled job with no deadline.
+                let comment = format!("{} {CANCEL_BY}{deadline}", job.comment).trim().to_owned();
+                self.call(Method::POST, &api::job(job.id), Some(&api::update_comment_body(&comment))).await?;
+                self.call(Method::DELETE, &api::cancel(job.id, Some("TERM")), None).await.map(|_| ())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_core::workload::WorkloadKind;
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn cluster(gpu_type: Option<&str>) -> SlurmCluster {
+        let spec: ClusterSpec = serde_json::from_value(json!({
+            "kind": "slurm", "endpoint": "http://127.0.0.1:1/", "credentials_ref": "T",
+            "slurm": {"user": "berth", "working_directory": "/scratch",
+                      "partitions": [{"name": "gpu", "flavor": "h100", "gpu_type": gpu_type}]},
+        }))
+        .unwrap();
+        SlurmCluster::new(&spec, "secret-token".into()).unwrap()
+    }
+
+    fn request(tasks: u32, gpus: u32, nodes: &[&str]) -> JobRequest {
+        JobRequest {
+            key: JobKey { workload: Uuid::nil(), attempt: 2 },
+            team: "nlp".into(),
+            workload: "train".into(),
+            kind: WorkloadKind::Training,
+            flavor: "h100".into(),
+            tasks,
+            gpus_per_task: gpus,
+            cpus_per_task: Some(3.5),
+            memory_mib_per_task: Some(4096),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            run: Run {
+                command: vec!["python".into(), "train.py".into(), "--name=it's".into()],
+                script: None,
+                image: None,
+                env: BTreeMap::from([("EPOCHS".into(), "3".into())]),
+            },
+            max_runtime_seconds: Some(3601),
+            sim_duration_seconds: None,
+        }
+    }
+
+    #[test]
+    fn a_two_node_gang_becomes_this_exact_submit_body() {
+        let c = cluster(Some("h100"));
+        let body = api::submit_body(&c.submission(&request(2, 800, &["n1", "n2"])).unwrap());
+        let uid = Uuid::nil();
+        assert_eq!(
+            body,
+            json!({
+                "script": "#!/bin/bash\nexec srun 'python' 'train.py' '--name=it'\\''s'\n",
+                "job": {
+                    "name": format!("berth-{uid}-2"),
+                    "comment": "berth nlp/train",
+                    "partition": "gpu",
+                    "nodes": 2,
+                    "tasks": 2,
+                    "gpus_per_task": "h100:8",
+                    "cpus_per_task": 4,
+                    "memory_per_node": 4096,
+                    "time_limit": 61,
+                    "current_working_directory": "/scratch",
+                    "environment": {
+                        "PATH": "/usr/local/bin:/usr/bin:/bin", "EPOCHS": "3", "BERTH_TEAM": "nlp",
+                        "BERTH_WORKLOAD": "train", "BERTH_WORKLOAD_UID": uid.to_string(), "BERTH_ATTEMPT": "2",
+                    },
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn tasks_sharing_a_node_ask_for_its_memory_together_and_untyped_gpus_have_no_type() {
+        let c = cluster(None);
+        let s = c.submission(&request(3, 200, &["n1", "n1", "n2"])).unwrap();
+        assert_eq!(
+            (s.nodes, s.tasks, s.gpus_per_task.as_deref(), s.memory_mib_per_node),
+            (2, 3, Some("2"), Some(8192))
+        );
+        let cpu_only = c.submission(&request(1, 0, &["n1"])).unwrap();
+        assert_eq!(cpu_only.gpus_per_task, None);
+        assert!(cpu_only.script.starts_with("#!/bin/bash\nexec 'python'"), "one task runs without srun");
+    }
+
+    #[test]
+    fn requests_slurm_cannot_express_are_rejected_with_the_reason() {
+        let c = cluster(Some("h100"));
+        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 50, &["n1"])) else { panic!() };
+        assert!(why.contains("whole GPUs"), "{why}");
+        let mut other = request(1, 100, &["n1"]);
+        other.flavor = "a100".into();
+        let Err(BackendError::Rejected(why)) = c.submission(&other) else { panic!() };
+        assert!(why.contains("a100"), "{why}");
+        let mut nothing = request(1, 100, &["n1"]);
+        nothing.run.command.clear();
+        assert!(matches!(c.submission(&nothing), Err(BackendError::Rejected(_))));
+    }
+
+    #[test]
+    fn a_script_without_a_shebang_gets_bash() {
+        let run = Run { command: vec![], script: Some("echo hi\n".into()), image: None, env: BTreeMap::new() };
+        assert_eq!(script(&run, 1).unwrap(), "#!/bin/bash\necho hi\n");
+    }
+
+    #[test]
+    fn answers_become_rejections_or_outages() {
+        let rejected =
+            api::errors(br#"{"errors": [{"error_code": 2000, "error": "Invalid partition name specified"}]}"#);
+        assert!(
+            matches!(failure(StatusCode::INTERNAL_SERVER_ERROR, &rejected), BackendError::Rejected(m) if m.contains("Invalid partition"))
+        );
+        let down = api::errors(
+            br#"{"errors": [{"description": "Failed while looking for jobs", "error_number": -1, "error": "Unspecified error", "source": "slurm_load_jobs"}]}"#,
+        );
+        assert!(
+            matches!(failure(StatusCode::INTERNAL_SERVER_ERROR, &down), BackendError::Unreachable(m) if m.contains("Failed while looking for jobs: Unspecified error"))
+        );
+        assert!(
+            matches!(failure(StatusCode::UNAUTHORIZED, &[]), BackendError::Unreachable(m) if m.contains("credentials"))
+        );
+        assert!(matches!(failure(StatusCode::BAD_REQUEST, &[]), BackendError::Rejected(_)));
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug_output() {
+        let c = cluster(None);
+        assert_eq!(format!("{:?}", c.token), "<redacted>");
+    }
+
+    #[test]
+    fn a_job_cancelled_with_grace_reports_cancelling_until_it_ends() {
+        let job = Job {
+            id: 7,
+            name: JobKey { workload: Uuid::nil(), attempt: 0 }.name(),
+            state: "RUNNING".into(),
+            reason: None,
+            wait_status: Some(0),
+            comment: "berth nlp/train cancel-by=1800000000".into(),
+            submit_time: 1_700_000_000,
+            start_time: 1_700_000_001,
+            end_time: 0,
+            was_running: true,
+            gres_by_node: vec![],
+        };
+        let s = status(&job);
+        assert!(s.cancelling && s.state == JobState::Running && s.exit_code.is_none() && s.started_at.is_some());
+        let done = status(&Job { state: "FAILED".into(), wait_status: Some(768), end_time: 1_700_000_100, ..job });
+        assert_eq!((done.state, done.exit_code, done.cancelling), (JobState::Failed, Some(3), false));
+        assert_eq!(cancel_deadline("berth a/b cancel-by=42"), Some(42));
+    }
+}

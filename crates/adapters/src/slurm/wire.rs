@@ -1,0 +1,265 @@
+//! What slurmrestd answers, in version-neutral types (each API version's module fills
+//! them), and Slurm's own formats that do not change between API versions: GRES strings,
+//! wait statuses, job and node states.
+
+use std::collections::BTreeMap;
+
+use crate::backend::JobState;
+
+/// One `errors[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// Slurm's error number, when the entry has one.
+    pub code: Option<i64>,
+    pub message: String,
+}
+
+impl ApiError {
+    /// Slurm's job, partition and request errors (`ESLURM_*`, 2000–2999) and slurmrestd's
+    /// parse errors (9000–9999): the request is wrong, not the cluster.
+    pub fn is_rejection(&self) -> bool {
+        self.code.is_some_and(|c| (2000..3000).contains(&c) || (9000..10000).contains(&c))
+    }
+}
+
+/// Joins errors into one line for a condition or a log.
+pub fn describe(errors: &[ApiError]) -> String {
+    if errors.is_empty() {
+        return "no errors[] in the answer".into();
+    }
+    errors
+        .iter()
+        .map(|e| match e.code {
+            Some(c) => format!("{} (error {c})", e.message),
+            None => e.message.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A job as slurmrestd reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: u64,
+    pub name: String,
+    /// The base state: `PENDING`, `RUNNING`, `COMPLETED`, …
+    pub state: String,
+    pub reason: Option<String>,
+    /// The raw wait status of the batch script (`exit 3` is 768).
+    pub wait_status: Option<i64>,
+    pub comment: String,
+    /// Epoch seconds; 0 when unset.
+    pub submit_time: i64,
+    pub start_time: i64,
+    pub end_time: i64,
+    /// The job ran at some point (a pending job's `start_time` is only an estimate).
+    pub was_running: bool,
+    /// GRES held on each allocated node, while the job runs.
+    pub gres_by_node: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    /// Lowercase base state: `idle`, `mixed`, `allocated`, `down`, …
+    pub state: String,
+    /// Uppercase flags: `DRAIN`, `NOT_RESPONDING`, …
+    pub flags: Vec<String>,
+    pub gres: String,
+    pub gres_used: String,
+    pub cpus: u32,
+    pub memory_mib: u64,
+    pub partitions: Vec<String>,
+    pub features: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    pub name: String,
+    pub up: bool,
+}
+
+/// A batch job to submit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    pub script: String,
+    pub name: String,
+    pub comment: String,
+    pub partition: String,
+    pub nodes: u32,
+    pub tasks: u32,
+    /// `"h100:2"` or `"2"`.
+    pub gpus_per_task: Option<String>,
+    pub cpus_per_task: Option<u32>,
+    pub memory_mib_per_node: Option<u64>,
+    pub time_limit_minutes: Option<u64>,
+    pub environment: BTreeMap<String, String>,
+    pub working_directory: String,
+}
+
+/// GPUs in a GRES string (`gpu:h100:8`, `gpu:4(S:0-1)`, `gpu:h100:5(IDX:0-4),shard:2`),
+/// counting only `gpu_type` when it is given.
+pub fn gpus_in(gres: &str, gpu_type: Option<&str>) -> u32 {
+    let mut depth = 0;
+    let mut start = 0;
+    let mut items = Vec::new();
+    for (i, c) in gres.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&gres[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&gres[start..]);
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let item = item.split('(').next().unwrap_or_default();
+            let parts: Vec<&str> = item.split(':').collect();
+            let (kind, typ, count) = match parts.as_slice() {
+                [kind, count] => (*kind, None, *count),
+                [kind, typ, count] => (*kind, Some(*typ), *count),
+                _ => return None,
+            };
+            if kind != "gpu" || gpu_type.is_some_and(|t| typ != Some(t)) {
+                return None;
+            }
+            count.parse::<u32>().ok()
+        })
+        .sum()
+}
+
+/// The exit code of a wait status: the script's own code, or 128 + the signal that killed
+/// it (as a shell reports it).
+pub fn exit_code(wait_status: i64) -> i32 {
+    let signal = wait_status & 0x7f;
+    let code = if signal == 0 { (wait_status >> 8) & 0xff } else { 128 + signal };
+    i32::try_from(code).unwrap_or(i32::MAX)
+}
+
+/// Berth's view of a Slurm job state.
+pub fn job_state(state: &str, was_running: bool) -> JobState {
+    match state {
+        "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" => JobState::Queued,
+        "RUNNING" | "COMPLETING" | "CONFIGURING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT" | "RESIZING"
+        | "POWER_UP_NODE" | "UPDATE_DB" => JobState::Running,
+        "COMPLETED" => JobState::Succeeded,
+        "CANCELLED" => JobState::Cancelled,
+        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "PREEMPTED" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" => {
+            JobState::Failed
+        }
+        // A state this adapter does not know yet: judge by whether it ever ran.
+        _ if was_running => JobState::Running,
+        _ => JobState::Queued,
+    }
+}
+
+/// Why a job ended as it did, in words a person reads on the workload.
+pub fn final_reason(state: &str, reason: Option<&str>) -> Option<String> {
+    let what = match state {
+        "TIMEOUT" => "it reached its time limit",
+        "NODE_FAIL" => "a node it ran on failed",
+        "PREEMPTED" => "Slurm preempted it",
+        "OUT_OF_MEMORY" => "it ran out of memory",
+        "BOOT_FAIL" => "its nodes failed to boot",
+        "DEADLINE" => "it missed its deadline",
+        "FAILED" => "its script exited with an error",
+        "CANCELLED" => "it was cancelled",
+        _ => return reason.map(str::to_owned),
+    };
+    Some(match reason {
+        Some(r) => format!("{state}: {what} ({r})"),
+        None => format!("{state}: {what}"),
+    })
+}
+
+/// A node takes new work: up (idle, mixed or allocated) and not drained, failing, in
+/// maintenance or powered down.
+pub fn schedulable(node: &Node) -> bool {
+    const BLOCKING: [&str; 9] = [
+        "DRAIN",
+        "DRAINING",
+        "DRAINED",
+        "FAIL",
+        "MAINTENANCE",
+        "NOT_RESPONDING",
+        "POWER_DOWN",
+        "POWERED_DOWN",
+        "REBOOT_REQUESTED",
+    ];
+    matches!(node.state.as_str(), "idle" | "mixed" | "allocated" | "completing")
+        && !node.flags.iter().any(|f| BLOCKING.contains(&f.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gres_strings_count_gpus_of_the_asked_type() {
+        assert_eq!(gpus_in("gpu:h100:8", None), 8);
+        assert_eq!(gpus_in("gpu:h100:8", Some("h100")), 8);
+        assert_eq!(gpus_in("gpu:h100:8", Some("a100")), 0);
+        assert_eq!(gpus_in("gpu:h100:5(IDX:0-4)", Some("h100")), 5);
+        assert_eq!(gpus_in("gpu:h100:3(IDX:0,2-3),gpu:a100:2(IDX:0-1)", None), 5);
+        assert_eq!(gpus_in("gpu:4(S:0-1),shard:8", None), 4);
+        assert_eq!(gpus_in("", None), 0);
+        assert_eq!(gpus_in("(null)", None), 0);
+    }
+
+    #[test]
+    fn wait_statuses_become_shell_exit_codes() {
+        assert_eq!(exit_code(0), 0);
+        assert_eq!(exit_code(768), 3);
+        assert_eq!(exit_code(9), 137);
+        assert_eq!(exit_code(15), 143);
+    }
+
+    #[test]
+    fn slurm_states_map_to_berth_states() {
+        assert_eq!(job_state("PENDING", false), JobState::Queued);
+        assert_eq!(job_state("COMPLETING", true), JobState::Running);
+        assert_eq!(job_state("COMPLETED", true), JobState::Succeeded);
+        for s in ["FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"] {
+            assert_eq!(job_state(s, true), JobState::Failed, "{s}");
+        }
+        assert_eq!(job_state("CANCELLED", false), JobState::Cancelled);
+        assert_eq!(job_state("SOMETHING_NEW", true), JobState::Running);
+        assert_eq!(job_state("SOMETHING_NEW", false), JobState::Queued);
+        assert_eq!(final_reason("TIMEOUT", None).unwrap(), "TIMEOUT: it reached its time limit");
+    }
+
+    #[test]
+    fn drained_down_and_unresponsive_nodes_take_no_work() {
+        let node = |state: &str, flags: &[&str]| Node {
+            name: "n".into(),
+            state: state.into(),
+            flags: flags.iter().map(|f| (*f).into()).collect(),
+            gres: String::new(),
+            gres_used: String::new(),
+            cpus: 1,
+            memory_mib: 1,
+            partitions: Vec::new(),
+            features: Vec::new(),
+        };
+        assert!(schedulable(&node("idle", &[])));
+        assert!(schedulable(&node("mixed", &[])));
+        assert!(!schedulable(&node("idle", &["DRAIN"])));
+        assert!(!schedulable(&node("down", &[])));
+        assert!(!schedulable(&node("allocated", &["NOT_RESPONDING"])));
+    }
+
+    #[test]
+    fn job_and_request_errors_are_rejections_and_the_rest_are_outages() {
+        let e = |code| ApiError { code, message: String::new() };
+        assert!(e(Some(2000)).is_rejection());
+        assert!(e(Some(9001)).is_rejection());
+        assert!(!e(Some(5005)).is_rejection());
+        assert!(!e(Some(-1)).is_rejection());
+        assert!(!e(None).is_rejection());
+    }
+}
