@@ -5,7 +5,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use berth_adapters::slurm::dev::DevCluster;
 use berth_store::PgPool;
+use serde_json::json;
 use support::{Berthd, Lcg};
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -44,6 +46,78 @@ async fn killing_berthd_during_a_burst_loses_and_duplicates_nothing(db: PgPool) 
     assert!(admissions >= 500 && jobs >= 500);
     berthd.kill();
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn killing_berthd_mid_submit_to_slurm_leaves_exactly_one_slurm_job_per_attempt(db: PgPool) {
+    let dev = DevCluster::get("alpha");
+    let url = support::database_url(&db);
+    let dir = std::env::temp_dir().join(format!("berth-slurm-crash-{}", uuid::Uuid::now_v7()));
+    let a = support::actor();
+    let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
+    berth_app::flavor::flavor_apply(&db, &a, "h100", &flavor, None).await.unwrap();
+    let team = serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 16}]}})).unwrap();
+    berth_app::team::team_apply(&db, &a, "nlp", &team, None).await.unwrap();
+    let cluster_body = dev.apply_body("h100", "BERTH_TEST_SLURM_TOKEN");
+    let cluster = serde_json::from_value(cluster_body.clone()).unwrap();
+    berth_app::cluster::cluster_apply(&db, &a, "alpha", &cluster, None).await.unwrap();
+    let env = [("BERTH_TEST_SLURM_TOKEN", dev.token.as_str())];
+    let mut berthd = Berthd::start_with(&url, "slurm-crash-0", &dir, &env);
+    const WORKLOADS: usize = 300;
+    let submitter = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            for i in 0..WORKLOADS {
+                let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"]},
+                    "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0}}}});
+                let input = serde_json::from_value(spec).unwrap();
+                berth_app::workload::workload_apply(&db, &support::actor(), "nlp", &format!("w{i}"), &input, None)
+                    .await
+                    .unwrap();
+                // Paced, so dispatching spans the kills below.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut rng = Lcg(11);
+    let mut adopted = 0;
+    for restart in 1..=5 {
+        // A random point in the burst: the kill itself is what is under test.
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(700))).await;
+        adopted += berthd.adopted.load(std::sync::atomic::Ordering::Relaxed);
+        berthd.kill();
+        berthd = Berthd::start_with(&url, &format!("slurm-crash-{restart}"), &dir, &env);
+    }
+    submitter.await.unwrap();
+    support::wait_all_final(&db, Duration::from_secs(240)).await;
+    adopted += berthd.adopted.load(std::sync::atomic::Ordering::Relaxed);
+
+    // Every Slurm job Berth made for this database's workloads, by key.
+    let spec: berth_core::cluster::ClusterSpec = serde_json::from_value(cluster_body["spec"].clone()).unwrap();
+    let slurm = berth_adapters::slurm::SlurmCluster::new(&spec, dev.token.clone()).unwrap();
+    use berth_adapters::ClusterBackend;
+    let jobs = slurm.jobs().await.unwrap();
+    let workloads: Vec<(uuid::Uuid, String, i64)> =
+        sqlx::query_as("SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) FROM workloads")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    let mut per_key: std::collections::HashMap<(uuid::Uuid, u32), usize> = std::collections::HashMap::new();
+    for j in jobs.iter().filter(|j| workloads.iter().any(|(uid, ..)| *uid == j.key.workload)) {
+        *per_key.entry((j.key.workload, j.key.attempt)).or_default() += 1;
+    }
+    assert_eq!(workloads.len(), WORKLOADS, "no workload lost");
+    for (uid, phase, attempt) in &workloads {
+        assert_eq!(phase, "Succeeded", "{uid}");
+        assert_eq!(per_key.get(&(*uid, *attempt as u32)), Some(&1), "{uid} attempt {attempt} has one Slurm job");
+    }
+    assert!(per_key.values().all(|n| *n == 1), "a (workload, attempt) with several Slurm jobs");
+    println!(
+        "after 5 kills: {WORKLOADS} workloads succeeded, {} Slurm jobs, {adopted} adopted after a crash",
+        per_key.len()
+    );
+    berthd.kill();
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use berth_adapters::JobStatus;
@@ -28,10 +30,17 @@ const SECRET: &str = "process-test-secret-of-32-bytes-or-more";
 pub struct Berthd {
     pub address: String,
     child: Child,
+    /// Jobs the dispatcher found already on a backend (submitted before a crash), as logged.
+    pub adopted: Arc<AtomicUsize>,
 }
 
 impl Berthd {
     pub fn start(url: &str, id: &str, sim_dir: &Path) -> Self {
+        Self::start_with(url, id, sim_dir, &[])
+    }
+
+    /// A berthd with extra environment (cluster secrets).
+    pub fn start_with(url: &str, id: &str, sim_dir: &Path, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_berthd"))
             .env("DATABASE_URL", url)
             .env("BERTH_LISTEN", "127.0.0.1:0")
@@ -41,13 +50,16 @@ impl Berthd {
             .env("BERTH_ORPHAN_GRACE_SECONDS", "2")
             .env("BERTH_LOG_FORMAT", "json")
             .env("BERTH_JWT_SECRET", SECRET)
-            .env("RUST_LOG", "warn,berthd=info")
+            .env("RUST_LOG", "warn,berthd=info,berth_controllers=info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("berthd starts");
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let stdout = child.stdout.take().unwrap();
+        let adopted = Arc::new(AtomicUsize::new(0));
+        let counter = adopted.clone();
         // Keeps draining the log so the process never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -55,10 +67,13 @@ impl Berthd {
                 if v["message"] == "berthd listening" {
                     let _ = tx.send(v["address"].as_str().unwrap_or_default().to_owned());
                 }
+                if v["message"] == berth_controllers::dispatcher::ADOPTED {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
             }
         });
         let address = rx.recv_timeout(Duration::from_secs(60)).expect("berthd listens");
-        Self { address, child }
+        Self { address, child, adopted }
     }
 
     /// SIGKILL: no shutdown, no cleanup.

@@ -22,6 +22,9 @@ use crate::{Context, Transition, job_key};
 /// Workloads claimed per transaction.
 const BATCH: i64 = 200;
 
+/// The log message for a job found already on the backend.
+pub const ADOPTED: &str = "adopted a job an earlier dispatch submitted";
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct DispatcherStatus {
     pub dispatched: usize,
@@ -81,6 +84,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
                     }
                     Some(jobs) => {
                         if let Some(job) = jobs.get(&job_key(w)) {
+                            tracing::info!(workload = %w.metadata.uid, cluster = %a.cluster, job = %job.job_id, "{ADOPTED}");
                             status.adopted += 1;
                             transitions.push(Transition { workload: w, status: dispatched(w, &a.cluster, job) });
                             continue;

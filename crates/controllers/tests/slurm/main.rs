@@ -1,0 +1,164 @@
+//! Berth driving real Slurm clusters (`scripts/slurm-dev` alpha: 2 nodes × 8 h100, beta:
+//! 2 × 4 a100, gamma: 2 × 2 l40s) with every controller running in-process on a fresh
+//! database. They fail when a cluster is not running; scripts/test starts them.
+
+mod support;
+
+use std::time::Duration;
+
+use berth_core::cluster::ClusterHealth;
+use berth_core::workload::Phase;
+use serde_json::json;
+use support::{Plane, command};
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_workload_runs_on_slurm_to_succeeded_and_a_failing_one_reports_its_exit_code(db: berth_store::PgPool) {
+    let p = Plane::start(db, &["alpha"]).await;
+    p.team("nlp", &[("h100", 16)]).await;
+    let ok = p
+        .submit(
+            "nlp",
+            "ok",
+            json!({"tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}},
+        "run": command("sleep 4")}),
+        )
+        .await;
+    let bad = p
+        .submit(
+            "nlp",
+            "bad",
+            json!({"tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}},
+        "run": {"script": "#!/bin/bash\nexit 3\n"}}),
+        )
+        .await;
+
+    let running = p.wait("nlp", "ok", "running", |w| w.status.phase == Phase::Running).await;
+    let job_id = &running.status.backend_ref.as_ref().unwrap().job_id;
+    let squeue = p.dev("alpha").output("squeue", &["-h", "-j", job_id, "-O", "Name:60,State:12,tres-per-task:30"]);
+    assert!(squeue.contains(&format!("berth-{}-0", ok.metadata.uid)) && squeue.contains("RUNNING"), "{squeue}");
+    assert!(squeue.contains("gpu:h100:2"), "squeue shows the GPUs asked for: {squeue}");
+
+    let done = p.wait("nlp", "ok", "final", |w| w.status.phase.is_final()).await;
+    assert_eq!((done.status.phase, done.status.exit_code), (Phase::Succeeded, Some(0)), "{:?}", done.status);
+    let failed = p.wait("nlp", "bad", "final", |w| w.status.phase.is_final()).await;
+    assert_eq!((failed.status.phase, failed.status.exit_code), (Phase::Failed, Some(3)), "{:?}", failed.status);
+    assert_eq!(failed.status.reason.as_deref(), Some("JobFailed"));
+    let events = p.events(&bad).await;
+    assert_eq!(events[..3], ["Created", "Admitted", "Dispatched"]);
+    assert_eq!(events.last().unwrap(), "Failed");
+    p.stop().await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn federated_slurm_clusters_each_get_the_work_that_fits_them(db: berth_store::PgPool) {
+    let p = Plane::start(db, &["alpha", "beta"]).await;
+    p.team("nlp", &[("h100", 16), ("a100", 8)]).await;
+    // Only beta has a100; only alpha has nodes with 8 GPUs for a task that needs 8.
+    p.submit(
+        "nlp",
+        "on-a100",
+        json!({"tasks": {"count": 1, "resources": {"flavors": ["a100"], "gpus": 4}},
+        "run": command("sleep 2")}),
+    )
+    .await;
+    p.submit(
+        "nlp",
+        "big",
+        json!({"tasks": {"count": 1, "resources": {"flavors": ["a100", "h100"], "gpus": 8}},
+        "run": command("sleep 2")}),
+    )
+    .await;
+    for (name, cluster) in [("on-a100", "beta"), ("big", "alpha")] {
+        let w = p.wait("nlp", name, "dispatched", |w| w.status.backend_ref.is_some()).await;
+        assert_eq!(w.status.admission.as_ref().unwrap().cluster, cluster, "{name}");
+        let job = &w.status.backend_ref.as_ref().unwrap().job_id;
+        let shown = p.dev(cluster).output("scontrol", &["show", "job", job]);
+        assert!(shown.contains(&format!("JobName=berth-{}-0", w.metadata.uid)), "{name} runs on {cluster}: {shown}");
+    }
+    for name in ["on-a100", "big"] {
+        let w = p.wait("nlp", name, "final", |w| w.status.phase.is_final()).await;
+        assert_eq!(w.status.phase, Phase::Succeeded, "{name}: {:?}", w.status);
+    }
+    p.stop().await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn reclaimed_slurm_work_sees_sigterm_then_is_cancelled_and_requeued(db: berth_store::PgPool) {
+    let p = Plane::start(db, &["alpha"]).await;
+    p.team("a", &[("h100", 8)]).await;
+    p.team("b", &[("h100", 8)]).await;
+    let marker = std::env::temp_dir().join(format!("berth-reclaim-{}", uuid::Uuid::now_v7()));
+    let trapping = format!(
+        "#!/bin/bash\ntrap 'echo $BERTH_ATTEMPT $(date +%s.%N) >> {m}' TERM\nwhile true; do sleep 0.2; done\n",
+        m = marker.display()
+    );
+    let eight = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 8}});
+    p.submit("b", "b1", json!({"tasks": eight, "resumable": true, "run": command("sleep 600")})).await;
+    p.wait("b", "b1", "running", |w| w.status.phase == Phase::Running).await;
+    let b2 = p.submit("b", "b2", json!({"tasks": eight, "resumable": true, "run": {"script": trapping}})).await;
+    let borrowed = p.wait("b", "b2", "running", |w| w.status.phase == Phase::Running).await;
+    assert!(borrowed.status.admission.as_ref().unwrap().borrowed);
+
+    // Team a claims its guarantee: b2 (borrowed) is told to stop.
+    p.submit("a", "a1", json!({"tasks": eight, "run": command("sleep 2")})).await;
+    let requeued = p.wait("b", "b2", "requeued", |w| w.status.attempt == 1).await;
+    assert_eq!(requeued.status.reason.as_deref(), Some("Preempted"), "{:?}", requeued.status);
+    // The script trapped SIGTERM and kept running; once the grace period was over the job
+    // was cancelled for good (Slurm's own SIGTERM, then SIGKILL).
+    let signals: Vec<(String, f64)> = std::fs::read_to_string(&marker)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_once(' ').map(|(a, t)| (a.to_owned(), t.parse().unwrap())).unwrap())
+        .collect();
+    assert!(signals.iter().all(|(attempt, _)| attempt == "0"), "{signals:?}");
+    let [(_, first), (_, second), ..] = signals[..] else { panic!("Berth's SIGTERM, then Slurm's: {signals:?}") };
+    assert!(second - first >= support::GRACE.as_secs_f64() - 0.5, "the grace period was cut short: {signals:?}");
+    println!("SIGTERM from Berth, then the final cancel {:.1} s later", second - first);
+    let old_job = &borrowed.status.backend_ref.as_ref().unwrap().job_id;
+    let shown = p.dev("alpha").output("scontrol", &["show", "job", old_job]);
+    assert!(shown.contains("JobState=CANCELLED"), "{shown}");
+    let a1 = p.wait("a", "a1", "final", |w| w.status.phase.is_final()).await;
+    assert_eq!(a1.status.phase, Phase::Succeeded);
+    assert_eq!(p.events(&b2).await[..6], ["Created", "Admitted", "Dispatched", "Running", "Preempted", "Requeued"]);
+    p.delete_all().await;
+    p.stop().await;
+    std::fs::remove_file(marker).unwrap();
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn stopping_slurmctld_makes_the_cluster_unreachable_and_restarting_it_recovers_without_duplicates(
+    db: berth_store::PgPool,
+) {
+    let p = Plane::start(db, &["gamma"]).await;
+    p.team("nlp", &[("l40s", 4)]).await;
+    let one = json!({"count": 1, "resources": {"flavors": ["l40s"], "gpus": 1}});
+    let first = p.submit("nlp", "first", json!({"tasks": one, "run": command("sleep 40")})).await;
+    p.wait("nlp", "first", "running", |w| w.status.phase == Phase::Running).await;
+
+    let gamma = p.dev("gamma");
+    gamma.control("stop-ctld");
+    let down = p.wait_cluster("gamma", |c| c.status.health == ClusterHealth::Unreachable).await;
+    assert!(down.status.message.is_some(), "{:?}", down.status);
+    p.wait("nlp", "first", "unknown", |w| w.status.phase == Phase::Unknown).await;
+    let second = p.submit("nlp", "second", json!({"tasks": one, "run": command("sleep 1")})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        p.workload("nlp", "second").await.status.phase,
+        Phase::Pending,
+        "nothing goes to a cluster that is down"
+    );
+
+    gamma.control("start-ctld");
+    p.wait_cluster("gamma", |c| c.status.health == ClusterHealth::Healthy).await;
+    for name in ["first", "second"] {
+        let w = p.wait("nlp", name, "succeeded", |w| w.status.phase.is_final()).await;
+        assert_eq!((w.status.phase, w.status.attempt), (Phase::Succeeded, 0), "{name}: {:?}", w.status);
+    }
+    // Exactly one Slurm job per workload: the running one survived, nothing was resubmitted.
+    let names = gamma.output("squeue", &["-h", "-t", "all", "-O", "Name:60"]);
+    for w in [&first, &second] {
+        let key = format!("berth-{}-", w.metadata.uid);
+        assert_eq!(names.lines().filter(|l| l.trim().starts_with(&key)).count(), 1, "{key}: {names}");
+    }
+    p.stop().await;
+}

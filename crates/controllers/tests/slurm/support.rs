@@ -1,0 +1,147 @@
+//! A control plane on real Slurm clusters: a fresh database, the `scripts/slurm-dev`
+//! clusters registered with their tokens, and every controller running in-process.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_adapters::Registry;
+use berth_adapters::slurm::dev::DevCluster;
+use berth_controllers::{Config, Context};
+use berth_core::cluster::Cluster;
+use berth_core::event::Actor;
+use berth_core::workload::Workload;
+use berth_store::PgPool;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+/// The cancel grace period the controllers give in these tests.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// `spec.run` that runs a shell command.
+pub fn command(shell: &str) -> Value {
+    json!({"command": ["bash", "-c", shell]})
+}
+
+pub struct Plane {
+    pub ctx: Context,
+    devs: HashMap<String, DevCluster>,
+    controllers: JoinSet<()>,
+    actor: Actor,
+}
+
+impl Plane {
+    /// Registers the named dev clusters (each one partition whose flavor is named after
+    /// its GPU type) and starts the controllers.
+    pub async fn start(db: PgPool, clusters: &[&str]) -> Self {
+        let devs: HashMap<String, DevCluster> =
+            clusters.iter().map(|n| ((*n).to_owned(), DevCluster::get(n))).collect();
+        let secrets: HashMap<String, String> = devs.values().map(|d| (secret_name(&d.name), d.token.clone())).collect();
+        let backends = Registry::new(None).with_secrets(Arc::new(move |name: &str| secrets.get(name).cloned()));
+        let config = Config {
+            resync: Duration::from_secs(2),
+            sync_interval: Duration::from_millis(300),
+            health_interval: Duration::from_millis(500),
+            unreachable_after_failures: 2,
+            unknown_timeout: Duration::from_secs(600),
+            cancel_grace: GRACE,
+            orphan_grace: Duration::from_secs(5),
+            ..Config::default()
+        };
+        let ctx = Context { db, backends: Arc::new(backends), config };
+        let actor = Actor::new("test", None);
+        for dev in devs.values() {
+            let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
+            berth_app::flavor::flavor_apply(&ctx.db, &actor, &dev.gpu_type, &flavor, None).await.unwrap();
+            let body = serde_json::from_value(dev.apply_body(&dev.gpu_type, &secret_name(&dev.name))).unwrap();
+            berth_app::cluster::cluster_apply(&ctx.db, &actor, &dev.name, &body, None).await.unwrap();
+        }
+        berth_controllers::cluster_health::reconcile(&ctx).await.unwrap();
+        let controllers = berth_controllers::runner::start(&ctx, "slurm-test");
+        Self { ctx, devs, controllers, actor }
+    }
+
+    pub fn dev(&self, name: &str) -> &DevCluster {
+        &self.devs[name]
+    }
+
+    /// A team with these guarantees (flavor, GPUs).
+    pub async fn team(&self, name: &str, guaranteed: &[(&str, u32)]) {
+        let quotas: Vec<Value> = guaranteed.iter().map(|(f, g)| json!({"flavor": f, "guaranteed": g})).collect();
+        let input = serde_json::from_value(json!({"spec": {"quotas": quotas}})).unwrap();
+        berth_app::team::team_apply(&self.ctx.db, &self.actor, name, &input, None).await.unwrap();
+    }
+
+    /// Submits a batch workload with this spec (`kind` defaults to batch).
+    pub async fn submit(&self, team: &str, name: &str, spec: Value) -> Workload {
+        let mut full = json!({"kind": "batch"});
+        full.as_object_mut().unwrap().extend(spec.as_object().cloned().unwrap());
+        let input = serde_json::from_value(json!({"spec": full})).unwrap();
+        berth_app::workload::workload_apply(&self.ctx.db, &self.actor, team, name, &input, None).await.unwrap().0
+    }
+
+    pub async fn workload(&self, team: &str, name: &str) -> Workload {
+        berth_app::workload::workload_get(&self.ctx.db, team, name).await.unwrap()
+    }
+
+    /// Waits (up to two minutes) until the workload satisfies `done`.
+    pub async fn wait(&self, team: &str, name: &str, what: &str, done: impl Fn(&Workload) -> bool) -> Workload {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let w = self.workload(team, name).await;
+            if done(&w) {
+                return w;
+            }
+            assert!(Instant::now() < deadline, "{team}/{name} never became {what}: {:?}", w.status);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits (up to two minutes) until the cluster satisfies `done`.
+    pub async fn wait_cluster(&self, name: &str, done: impl Fn(&Cluster) -> bool) -> Cluster {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let c = berth_app::cluster::cluster_get(&self.ctx.db, name).await.unwrap();
+            if done(&c) {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "cluster {name} never got there: {:?}", c.status);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The reasons of a workload's events, oldest first.
+    pub async fn events(&self, w: &Workload) -> Vec<String> {
+        sqlx::query_scalar("SELECT reason FROM events WHERE object_uid = $1 ORDER BY id")
+            .bind(w.metadata.uid)
+            .fetch_all(&self.ctx.db)
+            .await
+            .unwrap()
+    }
+
+    /// Deletes every workload and waits until their jobs are gone and they are removed.
+    pub async fn delete_all(&self) {
+        let all: Vec<(String, String)> =
+            sqlx::query_as("SELECT team_name, name FROM workloads").fetch_all(&self.ctx.db).await.unwrap();
+        for (team, name) in &all {
+            berth_app::workload::workload_delete(&self.ctx.db, &self.actor, team, name, None).await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads").fetch_one(&self.ctx.db).await.unwrap();
+            if left == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{left} workloads were never removed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        self.controllers.shutdown().await;
+    }
+}
+
+fn secret_name(cluster: &str) -> String {
+    format!("SLURM_{}_TOKEN", cluster.to_ascii_uppercase())
+}
