@@ -159,6 +159,15 @@ pub trait ClusterBackend: Send + Sync {
 
     async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError>;
 
+    /// Like [`jobs`](Self::jobs), but it may answer from a listing made a moment ago by a
+    /// backend whose listing is expensive (Slurm); every job this backend object submitted
+    /// since is still included, so a job never looks vanished. For callers that follow
+    /// state (status sync, preemption, orphans); a caller that must know whether a job
+    /// exists right now uses `jobs` or `job`.
+    async fn jobs_recent(&self) -> Result<Vec<JobStatus>, BackendError> {
+        self.jobs().await
+    }
+
     async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError>;
 
     /// Asks the job to stop; it gets `grace` to checkpoint before it is killed.

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
-use berth_core::cluster::{Cluster, ClusterKind};
+use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec};
 use uuid::Uuid;
 
 /// Where backends' credentials come from: the value of the secret a cluster's
@@ -38,7 +38,9 @@ const SECRET_REREAD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A backend built from a cluster's spec and secret.
 struct Built {
-    generation: i64,
+    /// The spec it was built from, cordon aside (cordoning is the scheduler's business, and
+    /// a rebuilt backend loses what it remembers, such as Slurm's last job listing).
+    spec: ClusterSpec,
     secret: Option<String>,
     read_at: std::time::Instant,
     backend: Arc<dyn ClusterBackend>,
@@ -127,17 +129,17 @@ impl Registry {
     }
 
     /// The cached backend of a real cluster, rebuilt by `build` (given the secret) when
-    /// the cluster's generation moved or its secret changed.
+    /// the cluster's spec (cordon aside) or its secret changed.
     fn remote(
         &self,
         cluster: &Cluster,
         build: impl FnOnce(Option<String>) -> Result<Arc<dyn ClusterBackend>, BackendError>,
     ) -> Result<Arc<dyn ClusterBackend>, BackendError> {
         let mut remote = self.remote.lock().expect("backend registry lock");
-        let generation = cluster.metadata.generation;
+        let spec = ClusterSpec { cordoned: false, ..cluster.spec.clone() };
         let uid = cluster.metadata.uid;
         if let Some(b) = remote.get_mut(&uid)
-            && b.generation == generation
+            && b.spec == spec
         {
             if b.read_at.elapsed() < SECRET_REREAD {
                 return Ok(b.backend.clone());
@@ -150,7 +152,7 @@ impl Registry {
         }
         let secret = cluster.spec.credentials_ref.as_deref().and_then(|r| (self.secrets)(r));
         let backend = build(secret.clone())?;
-        remote.insert(uid, Built { generation, secret, read_at: std::time::Instant::now(), backend: backend.clone() });
+        remote.insert(uid, Built { spec, secret, read_at: std::time::Instant::now(), backend: backend.clone() });
         Ok(backend)
     }
 }

@@ -79,8 +79,11 @@ async fn a_job_runs_to_completed_with_its_gpus_and_a_failing_script_reports_its_
     let b = backend(&dev, &dev.token);
     let ok = job(1, 2, &["x"], "#!/bin/bash\nsleep 2\n");
     let failing = job(1, 1, &["x"], "#!/bin/bash\nexit 3\n");
+    b.jobs_recent().await.unwrap();
     let submitted = b.submit(&ok).await.unwrap();
     assert_eq!(b.submit(&ok).await.unwrap().job_id, submitted.job_id, "a second submit of the key returns the job");
+    // A listing made before the submit may be reused, but never hides the job.
+    assert!(b.jobs_recent().await.unwrap().iter().any(|j| j.key == ok.key));
     let running = wait_for(&b, ok.key, "running", |j| j.state == JobState::Running).await;
     assert!(running.started_at.is_some());
     // squeue shows it under its key, with the GPUs asked for.

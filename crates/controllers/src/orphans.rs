@@ -33,7 +33,7 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let now = Utc::now();
     for cluster in &clusters {
         let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
-        let Ok(jobs) = backend.jobs().await else { continue };
+        let Ok(jobs) = backend.jobs_recent().await else { continue };
         status.clusters += 1;
         let old: Vec<_> = jobs
             .into_iter()

@@ -45,7 +45,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
         let Some(cluster) = clusters.iter().find(|c| c.metadata.name == a.cluster) else { continue };
         let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
         if !jobs_of.contains_key(a.cluster.as_str()) {
-            let jobs = backend.jobs().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
+            let jobs = backend.jobs_recent().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
             jobs_of.insert(&a.cluster, jobs);
         }
         let Some(jobs) = &jobs_of[a.cluster.as_str()] else { continue };

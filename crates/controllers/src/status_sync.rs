@@ -56,7 +56,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
         status.clusters += 1;
         status.watched += watched.len();
         let jobs = match crate::reachable_backend(ctx, cluster) {
-            Some(b) => b.jobs().await.ok(),
+            Some(b) => b.jobs_recent().await.ok(),
             None => None,
         };
         let Some(jobs) = jobs else {

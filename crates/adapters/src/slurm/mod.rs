@@ -25,7 +25,7 @@ mod wire;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use berth_core::cluster::{ClusterKind, ClusterSpec, SlurmPartition};
@@ -55,7 +55,24 @@ pub struct SlurmCluster {
     http: reqwest::Client,
     /// Slurm job ids by key, as last seen (ids never change; a stale entry is checked).
     ids: Mutex<HashMap<JobKey, u64>>,
+    /// The last full listing of slurmctld's jobs (one listing at a time).
+    listing: tokio::sync::Mutex<Option<Listing>>,
+    /// Jobs this backend submitted, with when, so that a reused listing still shows them.
+    submitted: Mutex<Vec<(Instant, JobKey, u64)>>,
 }
+
+/// A full listing of slurmctld's jobs. Listing is Slurm's most expensive call (every job
+/// slurmctld remembers, finished ones included, under its job lock), so callers that only
+/// follow state reuse one until it is [`LISTING_REUSE`] times as old as it took to make,
+/// which keeps listing to a tenth of the time however large the cluster.
+struct Listing {
+    started: Instant,
+    took: Duration,
+    jobs: Vec<Job>,
+}
+
+const LISTING_REUSE: u32 = 9;
+const LISTING_MAX_AGE: Duration = Duration::from_secs(15);
 
 /// The JWT, kept out of `Debug` and logs.
 struct Token(String);
@@ -87,12 +104,14 @@ impl SlurmCluster {
             working_directory: slurm.working_directory.clone(),
             http,
             ids: Mutex::new(HashMap::new()),
+            listing: tokio::sync::Mutex::new(None),
+            submitted: Mutex::new(Vec::new()),
         })
     }
 
     /// One call; any 2xx answer's body, else the error its status and `errors[]` call for.
     async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Vec<u8>, BackendError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut request = self
             .http
             .request(method.clone(), format!("{}{path}", self.endpoint))
@@ -121,7 +140,7 @@ impl SlurmCluster {
         api::parse_jobs(&body).map_err(|e| bad_answer("jobs", &e))
     }
 
-    /// The job with this key, by its remembered id or else from the full list.
+    /// The job with this key, by its remembered id or else from a fresh listing.
     async fn find(&self, key: JobKey) -> Result<Option<Job>, BackendError> {
         let known = self.ids.lock().expect("ids lock").get(&key).copied();
         if let Some(id) = known
@@ -131,15 +150,51 @@ impl SlurmCluster {
         {
             return Ok(Some(job));
         }
-        let jobs = self.all_jobs().await?;
-        self.remember(&jobs);
+        let jobs = self.listed(true).await?;
         Ok(jobs.into_iter().find(|j| j.name == key.name()))
     }
 
-    /// Replaces the remembered ids with those of a full list.
-    fn remember(&self, jobs: &[Job]) {
-        let ids = jobs.iter().filter_map(|j| JobKey::parse(&j.name).map(|k| (k, j.id))).collect();
-        *self.ids.lock().expect("ids lock") = ids;
+    /// Every job slurmctld holds: freshly listed, or (`fresh` false) from a recent listing
+    /// plus the jobs this backend submitted since it began.
+    async fn listed(&self, fresh: bool) -> Result<Vec<Job>, BackendError> {
+        let mut last = self.listing.lock().await;
+        let reusable =
+            last.as_ref().filter(|l| !fresh && l.started.elapsed() < (l.took * LISTING_REUSE).min(LISTING_MAX_AGE));
+        let (mut jobs, since) = match reusable {
+            Some(l) => (l.jobs.clone(), l.started),
+            None => {
+                let started = Instant::now();
+                let jobs = self.all_jobs().await?;
+                let mut submitted = self.submitted.lock().expect("submitted lock");
+                // A submission that began before the listing is in it.
+                submitted.retain(|(at, ..)| *at >= started);
+                let mut ids: HashMap<JobKey, u64> =
+                    jobs.iter().filter_map(|j| JobKey::parse(&j.name).map(|k| (k, j.id))).collect();
+                ids.extend(submitted.iter().map(|(_, key, id)| (*key, *id)));
+                *self.ids.lock().expect("ids lock") = ids;
+                *last = Some(Listing { started, took: started.elapsed(), jobs: jobs.clone() });
+                (jobs, started)
+            }
+        };
+        let now = Utc::now().timestamp();
+        for (_, key, id) in self.submitted.lock().expect("submitted lock").iter().filter(|(at, ..)| *at >= since) {
+            if !jobs.iter().any(|j| j.id == *id) {
+                jobs.push(Job {
+                    id: *id,
+                    name: key.name(),
+                    state: "PENDING".into(),
+                    reason: None,
+                    wait_status: None,
+                    comment: String::new(),
+                    submit_time: now,
+                    start_time: 0,
+                    end_time: 0,
+                    was_running: false,
+                    gres_by_node: Vec::new(),
+                });
+            }
+        }
+        Ok(jobs)
     }
 
     fn partition_of(&self, flavor: &str) -> Option<&SlurmPartition> {
@@ -205,6 +260,11 @@ impl SlurmCluster {
             other => other.map(|_| ()),
         }
     }
+}
+
+/// Berth's jobs among all, as Berth sees them.
+fn berths(jobs: &[Job]) -> Vec<JobStatus> {
+    jobs.iter().filter(|j| JobKey::parse(&j.name).is_some()).map(status).collect()
 }
 
 /// The batch script: the workload's own, or one that runs its command (through `srun`
@@ -293,7 +353,7 @@ impl ClusterBackend for SlurmCluster {
         let nodes = api::parse_nodes(&self.get(&api::nodes()).await?).map_err(|e| bad_answer("nodes", &e))?;
         let partitions =
             api::parse_partitions(&self.get(&api::partitions()).await?).map_err(|e| bad_answer("partitions", &e))?;
-        let jobs = self.all_jobs().await?;
+        let jobs = self.listed(false).await?;
         // GPUs held on each node by running jobs that are not Berth's.
         let mut outside: HashMap<&str, u32> = HashMap::new();
         for j in jobs.iter().filter(|j| JobKey::parse(&j.name).is_none()) {
@@ -343,6 +403,7 @@ impl ClusterBackend for SlurmCluster {
             BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&api::errors(&answer))))
         })?;
         self.ids.lock().expect("ids lock").insert(job.key, id);
+        self.submitted.lock().expect("submitted lock").push((Instant::now(), job.key, id));
         // Accepted with remarks (a time limit above the partition's: the job pends).
         let remarks = api::errors(&answer);
         Ok(JobStatus {
@@ -359,9 +420,11 @@ impl ClusterBackend for SlurmCluster {
     }
 
     async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
-        let jobs = self.all_jobs().await?;
-        self.remember(&jobs);
-        Ok(jobs.iter().filter(|j| JobKey::parse(&j.name).is_some()).map(status).collect())
+        Ok(berths(&self.listed(true).await?))
+    }
+
+    async fn jobs_recent(&self) -> Result<Vec<JobStatus>, BackendError> {
+        Ok(berths(&self.listed(false).await?))
     }
 
     async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError> {
