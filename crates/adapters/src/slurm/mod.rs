@@ -166,7 +166,7 @@ impl SlurmCluster {
                 let started = Instant::now();
                 let jobs = self.all_jobs().await?;
                 let mut submitted = self.submitted.lock().expect("submitted lock");
-                // A submission that began before the listing is in it.
+                // A submission answered before the listing began is in it.
                 submitted.retain(|(at, ..)| *at >= started);
                 let mut ids: HashMap<JobKey, u64> =
                     jobs.iter().filter_map(|j| JobKey::parse(&j.name).map(|k| (k, j.id))).collect();
@@ -177,8 +177,9 @@ impl SlurmCluster {
             }
         };
         let now = Utc::now().timestamp();
+        let listed: std::collections::HashSet<u64> = jobs.iter().map(|j| j.id).collect();
         for (_, key, id) in self.submitted.lock().expect("submitted lock").iter().filter(|(at, ..)| *at >= since) {
-            if !jobs.iter().any(|j| j.id == *id) {
+            if !listed.contains(id) {
                 jobs.push(Job {
                     id: *id,
                     name: key.name(),
