@@ -294,7 +294,15 @@ fn at(epoch_seconds: i64) -> Option<DateTime<Utc>> {
 /// Berth's view of one of its Slurm jobs.
 fn status(job: &Job) -> JobStatus {
     let state = wire::job_state(&job.state, job.was_running);
-    let started = job.was_running || state == JobState::Running;
+    // A pending job's start time is an estimate, and a job cancelled before it started
+    // gets its cancel time as both start and end; Slurm's "was running" flag is not kept
+    // on every finished job.
+    let started = match state {
+        JobState::Queued => false,
+        JobState::Running => true,
+        JobState::Cancelled => job.was_running || (job.start_time > 0 && job.start_time < job.end_time),
+        JobState::Succeeded | JobState::Failed => job.start_time > 0,
+    };
     let is_final = state.is_final();
     JobStatus {
         key: JobKey::parse(&job.name).expect("only Berth's jobs"),

@@ -15,14 +15,12 @@ use support::{Plane, command};
 async fn a_workload_runs_on_slurm_to_succeeded_and_a_failing_one_reports_its_exit_code(db: berth_store::PgPool) {
     let p = Plane::start(db, &["alpha"]).await;
     p.team("nlp", &[("h100", 16)]).await;
-    let ok = p
-        .submit(
-            "nlp",
-            "ok",
-            json!({"tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}},
-        "run": command("sleep 4")}),
-        )
-        .await;
+    // The job runs until the test lets it finish, so it is seen running however often
+    // Berth looks.
+    let go = std::env::temp_dir().join(format!("berth-go-{}", uuid::Uuid::now_v7()));
+    let wait_for_go = format!("while [ ! -e {} ]; do sleep 0.2; done", go.display());
+    let two_gpus = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}});
+    let ok = p.submit("nlp", "ok", json!({"tasks": two_gpus, "run": command(&wait_for_go)})).await;
     let bad = p
         .submit(
             "nlp",
@@ -38,8 +36,11 @@ async fn a_workload_runs_on_slurm_to_succeeded_and_a_failing_one_reports_its_exi
     assert!(squeue.contains(&format!("berth-{}-0", ok.metadata.uid)) && squeue.contains("RUNNING"), "{squeue}");
     assert!(squeue.contains("gpu:h100:2"), "squeue shows the GPUs asked for: {squeue}");
 
+    std::fs::write(&go, "").unwrap();
     let done = p.wait("nlp", "ok", "final", |w| w.status.phase.is_final()).await;
     assert_eq!((done.status.phase, done.status.exit_code), (Phase::Succeeded, Some(0)), "{:?}", done.status);
+    assert!(done.status.started_at.is_some() && done.status.finished_at.is_some(), "{:?}", done.status);
+    std::fs::remove_file(go).unwrap();
     let failed = p.wait("nlp", "bad", "final", |w| w.status.phase.is_final()).await;
     assert_eq!((failed.status.phase, failed.status.exit_code), (Phase::Failed, Some(3)), "{:?}", failed.status);
     assert_eq!(failed.status.reason.as_deref(), Some("JobFailed"));
