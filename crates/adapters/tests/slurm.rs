@@ -35,17 +35,30 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
     }
 }
 
+/// Polls `check` every 100 ms until it gives a value; fails after `timeout`, saying what
+/// it waited for.
+async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Polls the job until `done` holds.
 async fn wait_for(b: &SlurmCluster, key: JobKey, what: &str, done: impl Fn(&JobStatus) -> bool) -> JobStatus {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    eventually(&format!("job {key} becomes {what}"), Duration::from_secs(90), || async {
         let job = b.job(key).await.unwrap().expect("the job exists");
-        if done(&job) {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job {} never became {what}: {job:?}", key);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        done(&job).then_some(job)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -114,26 +127,29 @@ async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(
     let j = job(1, 1, &["x"], &script);
     b.submit(&j).await.unwrap();
     wait_for(&b, j.key, "running", |s| s.state == JobState::Running).await;
-    let started = Instant::now();
-    while std::fs::read_to_string(&marker).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(30), "the script never started");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let marked = |text: &'static str| {
+        let marker = &marker;
+        move || async move { (std::fs::read_to_string(marker).unwrap_or_default() == text).then_some(()) }
+    };
+    eventually("the script starts", Duration::from_secs(30), marked("started\n")).await;
     let grace = Duration::from_secs(3);
     b.cancel(j.key, grace).await.unwrap();
     let signalled = Instant::now();
-    while std::fs::read_to_string(&marker).unwrap() != "got SIGTERM\n" {
-        assert!(signalled.elapsed() < Duration::from_secs(30), "the script never saw SIGTERM");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The script traps SIGTERM and keeps going: within the grace period it still runs, and
-    // asking again does not end it early.
-    b.cancel(j.key, grace).await.unwrap();
-    let during = b.job(j.key).await.unwrap().unwrap();
-    assert!(during.state == JobState::Running && during.cancelling, "{during:?}");
-    tokio::time::sleep(grace.saturating_sub(signalled.elapsed())).await;
-    b.cancel(j.key, grace).await.unwrap();
-    let done = wait_for(&b, j.key, "final", |s| s.state.is_final()).await;
+    eventually("the script sees SIGTERM", Duration::from_secs(30), marked("got SIGTERM\n")).await;
+    // The script traps SIGTERM and keeps going: until the grace period is over it runs,
+    // however often the cancel is repeated; the first cancel after it ends the job.
+    let (done, after) = eventually("the job ends", Duration::from_secs(60), || async {
+        b.cancel(j.key, grace).await.unwrap();
+        let now = b.job(j.key).await.unwrap().unwrap();
+        if !now.state.is_final() {
+            assert!(now.state == JobState::Running && now.cancelling, "{now:?}");
+            return None;
+        }
+        Some((now, signalled.elapsed()))
+    })
+    .await;
+    // The deadline is kept in whole seconds, so it may fall up to a second early.
+    assert!(after + Duration::from_secs(1) >= grace, "ended {after:?} after SIGTERM, before the grace period");
     assert_eq!(done.state, JobState::Cancelled, "{done:?}");
     assert!(!done.cancelling);
     // A cancel of a finished job, or of a key Slurm never saw, does nothing.
@@ -206,17 +222,12 @@ async fn gpus_held_by_jobs_berth_did_not_start_are_reported() {
         )
         .trim()
         .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually("the outside job's GPU shows", Duration::from_secs(60), || async {
         let inventory = b.inventory().await.unwrap();
-        let node = inventory.nodes.iter().find(|n| n.name == dev.nodes[1]).unwrap();
-        if node.gpus_used_outside_berth >= 100 {
-            assert!(node.gpus_used >= node.gpus_used_outside_berth);
-            break;
-        }
-        assert!(Instant::now() < deadline, "the outside job's GPU never showed: {node:?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        let node = inventory.nodes.into_iter().find(|n| n.name == dev.nodes[1]).unwrap();
+        (node.gpus_used_outside_berth >= 100).then(|| assert!(node.gpus_used >= node.gpus_used_outside_berth))
+    })
+    .await;
     assert!(!b.jobs().await.unwrap().iter().any(|j| j.job_id == id), "only Berth's jobs are listed");
     dev.output("scancel", &[&id]);
 }

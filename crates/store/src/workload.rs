@@ -446,6 +446,11 @@ pub async fn workload_delete_at_version(
     Ok(done.rows_affected() == 1)
 }
 
+/// A phase as the database holds it.
+fn stored_phase(s: &str) -> Result<Phase, Error> {
+    Phase::parse(s).ok_or_else(|| Error::Internal(format!("unknown phase {s:?} in the database")))
+}
+
 /// The phase and attempt of each of the given workloads that still exists.
 ///
 /// # Errors
@@ -461,8 +466,7 @@ pub async fn workload_attempts(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Result
     .map_err(db_error)?;
     rows.into_iter()
         .map(|r| {
-            let phase = Phase::parse(&r.phase)
-                .ok_or_else(|| Error::Internal(format!("unknown phase {:?} in the database", r.phase)))?;
+            let phase = stored_phase(&r.phase)?;
             Ok((r.uid, phase, u32::try_from(r.attempt).unwrap_or(0)))
         })
         .collect()
@@ -538,8 +542,7 @@ pub async fn workload_list_backend_work(db: impl PgExecutor<'_>, phases: &[Phase
     .map_err(db_error)?;
     rows.into_iter()
         .map(|r| {
-            let phase = Phase::parse(&r.phase)
-                .ok_or_else(|| Error::Internal(format!("unknown phase {:?} in the database", r.phase)))?;
+            let phase = stored_phase(&r.phase)?;
             Ok(BackendWork { uid: r.uid, phase, attempt: u32::try_from(r.attempt).unwrap_or(0), cluster: r.cluster })
         })
         .collect()

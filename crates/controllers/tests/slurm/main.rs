@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use berth_core::cluster::ClusterHealth;
 use berth_core::workload::Phase;
 use serde_json::json;
@@ -142,12 +140,9 @@ async fn stopping_slurmctld_makes_the_cluster_unreachable_and_restarting_it_reco
     assert!(down.status.message.is_some(), "{:?}", down.status);
     p.wait("nlp", "first", "unknown", |w| w.status.phase == Phase::Unknown).await;
     let second = p.submit("nlp", "second", json!({"tasks": one, "run": command("sleep 1")})).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        p.workload("nlp", "second").await.status.phase,
-        Phase::Pending,
-        "nothing goes to a cluster that is down"
-    );
+    // The scheduler looks at it and keeps it waiting: nothing goes to a cluster that is down.
+    let waiting = p.wait("nlp", "second", "explained", |w| w.status.pending_reason.is_some()).await;
+    assert_eq!(waiting.status.phase, Phase::Pending, "{:?}", waiting.status);
 
     gamma.control("start-ctld");
     p.wait_cluster("gamma", |c| c.status.health == ClusterHealth::Healthy).await;

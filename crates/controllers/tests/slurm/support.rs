@@ -86,28 +86,20 @@ impl Plane {
 
     /// Waits (up to two minutes) until the workload satisfies `done`.
     pub async fn wait(&self, team: &str, name: &str, what: &str, done: impl Fn(&Workload) -> bool) -> Workload {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        eventually(&format!("{team}/{name} becomes {what}"), || async {
             let w = self.workload(team, name).await;
-            if done(&w) {
-                return w;
-            }
-            assert!(Instant::now() < deadline, "{team}/{name} never became {what}: {:?}", w.status);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            if done(&w) { Some(w) } else { None }
+        })
+        .await
     }
 
     /// Waits (up to two minutes) until the cluster satisfies `done`.
     pub async fn wait_cluster(&self, name: &str, done: impl Fn(&Cluster) -> bool) -> Cluster {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        eventually(&format!("cluster {name} gets there"), || async {
             let c = berth_app::cluster::cluster_get(&self.ctx.db, name).await.unwrap();
-            if done(&c) {
-                return c;
-            }
-            assert!(Instant::now() < deadline, "cluster {name} never got there: {:?}", c.status);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            if done(&c) { Some(c) } else { None }
+        })
+        .await
     }
 
     /// The reasons of a workload's events, oldest first.
@@ -126,19 +118,28 @@ impl Plane {
         for (team, name) in &all {
             berth_app::workload::workload_delete(&self.ctx.db, &self.actor, team, name, None).await.unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        eventually("every workload is removed", || async {
             let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads").fetch_one(&self.ctx.db).await.unwrap();
-            if left == 0 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{left} workloads were never removed");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            (left == 0).then_some(())
+        })
+        .await;
     }
 
     pub async fn stop(mut self) {
         self.controllers.shutdown().await;
+    }
+}
+
+/// Polls `check` every 200 ms until it gives a value; fails after two minutes, saying what
+/// it waited for.
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within two minutes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
