@@ -6,13 +6,15 @@
 //! workload that already has one may have its job on the backend (the dispatcher died
 //! after the backend accepted it, or the answer was lost), so its cluster's jobs are
 //! listed and the job is adopted instead of made twice. Workloads without an intent need
-//! no lookup, which keeps a burst to one backend call per job.
+//! no lookup, which keeps a burst to one backend call per job, a few of them in flight.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use berth_adapters::{BackendError, JobKey, JobRequest, JobState, JobStatus};
+use berth_adapters::{BackendError, ClusterBackend, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::Error;
-use berth_core::workload::{BackendRef, Phase, Workload, WorkloadStatus};
+use berth_core::workload::{Admission, BackendRef, Phase, Workload, WorkloadStatus};
+use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -21,6 +23,10 @@ use crate::{Context, Transition, job_key};
 
 /// Workloads claimed per transaction.
 const BATCH: i64 = 200;
+
+/// Submissions in flight at once. slurmrestd takes a burst fastest from a few connections
+/// (measured on the dev cluster: ~700 jobs/s one at a time, ~950 from 2–8 at once).
+const SUBMITS_IN_FLIGHT: usize = 4;
 
 /// The log message for a job found already on the backend.
 pub const ADOPTED: &str = "adopted a job an earlier dispatch submitted";
@@ -96,8 +102,13 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
         }
         let announced: Vec<(Uuid, u32)> = to_submit.iter().map(|(w, ..)| (w.metadata.uid, w.status.attempt)).collect();
         berth_store::dispatch::dispatch_intents_record(&ctx.db, &announced).await?;
-        for (w, a, backend) in to_submit {
-            let next = match backend.submit(&request(w)).await {
+        // Boxed so the stream's type names no closure (which trips the `Send` check of the
+        // controller loop's future).
+        let submits: Vec<Submit<'_>> =
+            to_submit.into_iter().map(|(w, a, backend)| Box::pin(submit(w, a, backend)) as _).collect();
+        let answers: Vec<_> = futures_util::stream::iter(submits).buffered(SUBMITS_IN_FLIGHT).collect().await;
+        for (w, a, answer) in answers {
+            let next = match answer {
                 Ok(job) => {
                     status.dispatched += 1;
                     dispatched(w, &a.cluster, &job)
@@ -120,6 +131,18 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
         berth_store::dispatch::dispatch_intents_clear(&mut *tx, &settled).await?;
         berth_store::commit(tx).await?;
     }
+}
+
+type Submit<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (&'a Workload, &'a Admission, Result<JobStatus, BackendError>)> + Send + 'a>,
+>;
+
+async fn submit<'a>(
+    w: &'a Workload,
+    a: &'a Admission,
+    backend: Arc<dyn ClusterBackend>,
+) -> (&'a Workload, &'a Admission, Result<JobStatus, BackendError>) {
+    (w, a, backend.submit(&request(w)).await)
 }
 
 fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {

@@ -109,6 +109,9 @@ async fn run_loop(
         let started = Instant::now();
         let result = pass(ctx.clone()).await;
         runs += 1;
+        if let Ok((changes, _)) = &result {
+            tracing::debug!(controller = name, changes, ms = started.elapsed().as_secs_f64() * 1000.0, "pass");
+        }
         let (again, last) = match &result {
             Ok((changes, status)) => (*changes > 0, json!({"ok": status})),
             Err(e) => {

@@ -64,7 +64,10 @@ pub struct SlurmCluster {
 /// A full listing of slurmctld's jobs. Listing is Slurm's most expensive call (every job
 /// slurmctld remembers, finished ones included, under its job lock), so callers that only
 /// follow state reuse one until it is [`LISTING_REUSE`] times as old as it took to make,
-/// which keeps listing to a tenth of the time however large the cluster.
+/// which keeps listing to a tenth of the time however large the cluster. While this
+/// backend is submitting a burst (its last submit less than [`BURST_GAP`] ago) the listing
+/// is reused up to [`LISTING_MAX_AGE`]: a fresh one would stall the very submits that are
+/// waiting for that lock.
 struct Listing {
     started: Instant,
     took: Duration,
@@ -73,6 +76,7 @@ struct Listing {
 
 const LISTING_REUSE: u32 = 9;
 const LISTING_MAX_AGE: Duration = Duration::from_secs(15);
+const BURST_GAP: Duration = Duration::from_secs(1);
 
 /// The JWT, kept out of `Debug` and logs.
 struct Token(String);
@@ -158,8 +162,12 @@ impl SlurmCluster {
     /// plus the jobs this backend submitted since it began.
     async fn listed(&self, fresh: bool) -> Result<Vec<Job>, BackendError> {
         let mut last = self.listing.lock().await;
-        let reusable =
-            last.as_ref().filter(|l| !fresh && l.started.elapsed() < (l.took * LISTING_REUSE).min(LISTING_MAX_AGE));
+        let bursting =
+            self.submitted.lock().expect("submitted lock").last().is_some_and(|(at, ..)| at.elapsed() < BURST_GAP);
+        let reusable = last.as_ref().filter(|l| {
+            let age = l.started.elapsed();
+            !fresh && age < LISTING_MAX_AGE && (bursting || age < l.took * LISTING_REUSE)
+        });
         let (mut jobs, since) = match reusable {
             Some(l) => (l.jobs.clone(), l.started),
             None => {
