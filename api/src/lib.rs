@@ -48,7 +48,7 @@ pub fn app(state: AppState) -> Router {
     api.route_layer(from_fn_with_state(state.clone(), auth::authenticate))
         .merge(public)
         .merge(SwaggerUi::new("/docs").url("/openapi.json", document))
-        .merge(ops::web_router())
+        .merge(ops::web_router(state.http.web_dir.as_deref()))
         .fallback(|| async { Problem::for_status(StatusCode::NOT_FOUND).into_response() })
         .method_not_allowed_fallback(|| async { Problem::for_status(StatusCode::METHOD_NOT_ALLOWED).into_response() })
         .route_layer(from_fn(telemetry::track_metrics))

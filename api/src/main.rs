@@ -123,6 +123,9 @@ struct SecurityArgs {
     /// Where `/metrics` is served: empty (beside the API), `off`, or an address of its own.
     #[arg(long, env = "BERTH_METRICS_LISTEN", default_value = "")]
     metrics_listen: String,
+    /// The dashboard's build (`npm --prefix web run build` writes it), served at `/`.
+    #[arg(long, env = "BERTH_WEB_DIR", default_value = "web/dist")]
+    web_dir: std::path::PathBuf,
 }
 
 impl SecurityArgs {
@@ -173,7 +176,11 @@ impl SecurityArgs {
             .filter(|o| !o.trim().is_empty())
             .map(|o| o.trim().parse().with_context(|| format!("CORS origin {o:?}")))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(berthd::state::HttpConfig { cors_origins, metrics_here: self.metrics_listen.is_empty() })
+        Ok(berthd::state::HttpConfig {
+            cors_origins,
+            metrics_here: self.metrics_listen.is_empty(),
+            web_dir: Some(self.web_dir.clone()),
+        })
     }
 }
 

@@ -1,9 +1,12 @@
-//! Operational endpoints (`/healthz`, `/readyz`, `/metrics`) and the web placeholder.
+//! Operational endpoints (`/healthz`, `/readyz`, `/metrics`) and the dashboard's files.
+
+use std::path::Path;
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use tower_http::services::{ServeDir, ServeFile};
 use tower_http::set_header::SetResponseHeaderLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -15,16 +18,22 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).routes(routes!(metrics))
 }
 
-/// The dashboard, with headers that keep it from being framed, sniffed or leaking
-/// referrers.
-pub fn web_router() -> axum::Router<AppState> {
+/// The dashboard: the build in `web_dir` (`index.html` at `/`, its files under
+/// `/assets/`), or a page saying how to build it; with headers that keep it from being
+/// framed, sniffed or leaking referrers.
+pub fn web_router(web_dir: Option<&Path>) -> axum::Router<AppState> {
     let headers = [
         (header::CONTENT_SECURITY_POLICY, "default-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::REFERRER_POLICY, "no-referrer"),
     ];
-    let mut router = axum::Router::new().route("/", get(|| async { Html(include_str!("../../web/index.html")) }));
+    let mut router = match web_dir.filter(|d| d.join("index.html").is_file()) {
+        Some(dir) => axum::Router::new()
+            .route_service("/", ServeFile::new(dir.join("index.html")))
+            .nest_service("/assets", ServeDir::new(dir.join("assets"))),
+        None => axum::Router::new().route("/", get(|| async { Html(include_str!("web_missing.html")) })),
+    };
     for (name, value) in headers {
         router = router.layer(SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value)));
     }

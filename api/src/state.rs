@@ -29,11 +29,13 @@ pub struct HttpConfig {
     /// Whether `/metrics` is served beside the API (off when it has its own address or is
     /// turned off).
     pub metrics_here: bool,
+    /// The dashboard's build (`web/dist`); none or not built: a page saying how to build it.
+    pub web_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { cors_origins: Vec::new(), metrics_here: true }
+        Self { cors_origins: Vec::new(), metrics_here: true, web_dir: None }
     }
 }
 

@@ -1,10 +1,13 @@
-//! `/api/v1/teams/{team}/workloads/{name}/events` and `/api/v1/audit`
+//! `/api/v1/teams/{team}/workloads/{name}/events`, `/api/v1/audit` and
+//! `/api/v1/usage/history`
 
+use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
 use berth_app::history as app;
 use berth_core::event::{AuditRecord, Event};
 use berth_core::page::PageRequest;
+use berth_core::team::UsageHistory;
 use berth_store::audit::AuditFilter;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -20,7 +23,10 @@ list_type!(EventList, Event);
 list_type!(AuditList, AuditRecord);
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_workload_events)).routes(routes!(list_audit))
+    OpenApiRouter::new()
+        .routes(routes!(list_workload_events))
+        .routes(routes!(list_audit))
+        .routes(routes!(get_usage_history))
 }
 
 /// A workload's events, oldest first.
@@ -72,4 +78,28 @@ async fn list_audit(
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
     let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor };
     Ok(list::<_, AuditList>(app::audit_list(&s.db, &filter, &page).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UsageHistoryParams {
+    /// Start of the history (RFC 3339), within the last 30 days; default 24 hours ago.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only this flavor.
+    pub flavor: Option<String>,
+}
+
+/// GPUs allocated to each team the caller can see, per flavor, over time: a series of
+/// changes per team and flavor, for charts of who held what.
+#[utoipa::path(get, path = "/api/v1/usage/history", tag = "teams", params(UsageHistoryParams),
+    responses((status = 200, description = "The history", body = UsageHistory)))]
+async fn get_usage_history(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    ApiQuery(q): ApiQuery<UsageHistoryParams>,
+) -> Result<Json<UsageHistory>, ApiError> {
+    let since = q.since.unwrap_or_else(|| chrono::Utc::now() - chrono::TimeDelta::hours(24));
+    let visible: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
+    Ok(Json(app::usage_history(&s.db, since, q.flavor.as_deref(), visible.as_deref()).await?))
 }

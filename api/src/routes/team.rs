@@ -1,11 +1,13 @@
 //! `/api/v1/teams`
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::response::Response;
 use berth_app::team as app;
 use berth_core::page::PageRequest;
-use berth_core::team::{Team, TeamApply};
+use berth_core::team::{QuotaPreview, Team, TeamApply};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -19,7 +21,10 @@ use crate::state::AppState;
 list_type!(TeamList, Team);
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_teams)).routes(routes!(get_team, put_team, delete_team))
+    OpenApiRouter::new()
+        .routes(routes!(list_teams))
+        .routes(routes!(get_team, put_team, delete_team))
+        .routes(routes!(preview_team))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -83,6 +88,31 @@ async fn put_team(
     caller.access().apply_team(&name, body.spec.parent.as_deref())?;
     let (team, outcome) = app::team_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
+}
+
+/// Preview a change of a team's quotas: what the scheduler would do differently with the
+/// body applied — workloads admitted or preempted, fair shares — without saving it.
+///
+/// The body is a replacement of the team as for `PUT`, checked by the same rules (422
+/// naming the field) and allowed to the same callers. Workloads of teams the caller may
+/// not read are counted but not named.
+#[utoipa::path(post, path = "/api/v1/teams/{name}/preview", tag = "teams",
+    params(("name" = String, Path, description = "Team name")),
+    request_body = TeamApply,
+    responses((status = 200, description = "What the change would do", body = QuotaPreview)))]
+async fn preview_team(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    Caller(caller): Caller,
+    ApiJson(body): ApiJson<TeamApply>,
+) -> Result<Response, ApiError> {
+    let access = caller.access();
+    access.apply_team(&name, body.spec.parent.as_deref())?;
+    app::team_check(&s.db, &name, &body).await?;
+    let config = berth_controllers::Config::default();
+    let preview = berth_controllers::preview::quota_preview(&s.db, &config, &name, &body.spec.quotas).await?;
+    let preview = berth_controllers::preview::redact(preview, |team| access.can_read_team(team));
+    Ok(Json(preview).into_response())
 }
 
 /// Delete a team with no child teams and no live workloads.

@@ -427,8 +427,11 @@ async fn public_routes_cors_and_dashboard_headers(db: berth_store::PgPool) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let auth = berthd::auth::Auth::new(common::verifier(None), None);
-    let http =
-        berthd::state::HttpConfig { cors_origins: vec!["https://dash.example".parse().unwrap()], metrics_here: false };
+    let http = berthd::state::HttpConfig {
+        cors_origins: vec!["https://dash.example".parse().unwrap()],
+        metrics_here: false,
+        web_dir: None,
+    };
     let app = berthd::app(berthd::state::AppState { http, ..berthd::state::AppState::new(db, auth) });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let preflight = |origin: &'static str| {
@@ -532,4 +535,27 @@ async fn refused_tokens_and_secrets_never_reach_the_logs(
         assert!(signature.len() < 16 || !log.contains(signature), "{what}'s signature appears in the log");
     }
     assert!(!log.to_ascii_lowercase().contains("bearer "), "no Authorization header value is logged");
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_dashboard_build_is_served_with_its_assets(db: berth_store::PgPool) {
+    let dir = std::env::temp_dir().join(format!("berth-web-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("assets")).unwrap();
+    std::fs::write(dir.join("index.html"), "<!doctype html><title>built</title>").unwrap();
+    std::fs::write(dir.join("assets/app-1.js"), "console.log(1)").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let auth = berthd::auth::Auth::new(common::verifier(None), None);
+    let http = berthd::state::HttpConfig { web_dir: Some(dir.clone()), ..Default::default() };
+    let app = berthd::app(berthd::state::AppState { http, ..berthd::state::AppState::new(db, auth) });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let plain = reqwest::Client::new();
+    let page = plain.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    assert_eq!(page.text().await.unwrap(), "<!doctype html><title>built</title>");
+    let script = plain.get(format!("{base}/assets/app-1.js")).send().await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert!(script.headers()["content-type"].to_str().unwrap().contains("javascript"));
+    assert_eq!(plain.get(format!("{base}/assets/nope.js")).send().await.unwrap().status(), 404);
+    std::fs::remove_dir_all(dir).unwrap();
 }

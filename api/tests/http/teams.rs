@@ -1,4 +1,30 @@
-use crate::common::{Server, TeamBody, WorkloadBody, check_declarative_contract, collect_pages};
+use std::sync::Arc;
+
+use berth_core::auth::Role;
+use reqwest::Method;
+use serde_json::json;
+
+use crate::common::{
+    Server, TeamBody, WorkloadBody, check_declarative_contract, collect_pages, flavor, sim_cluster, token,
+};
+
+/// Flavor h100, a sim cluster of 16 h100 GPUs with its inventory taken, and top-level teams
+/// a and b guaranteed `guaranteed` each; the controllers' context (controllers not running).
+async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_controllers::Context {
+    s.put_ok("/api/v1/flavors/h100", &flavor("h100"), 201).await;
+    s.put_ok("/api/v1/clusters/c1", &sim_cluster("h100"), 201).await;
+    for team in ["a", "b"] {
+        let body = TeamBody::new().quota("h100", guaranteed, None, 1).json();
+        s.put_ok(&format!("/api/v1/teams/{team}"), &body, 201).await;
+    }
+    let ctx = berth_controllers::Context {
+        db: s.db.clone(),
+        backends: Arc::new(berth_adapters::Registry::new(None)),
+        config: berth_controllers::Config::default(),
+    };
+    berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");
+    ctx
+}
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn team_keeps_the_declarative_contract(db: berth_store::PgPool) {
@@ -73,4 +99,107 @@ async fn a_team_with_children_or_live_workloads_cannot_be_deleted(db: berth_stor
     assert_eq!(s.delete("/api/v1/teams/nlp/workloads/train").await.status, 202);
     assert_eq!(s.delete("/api/v1/teams/nlp").await.status, 200);
     assert_eq!(s.delete("/api/v1/teams/research").await.status, 200);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_quota_preview_tells_what_the_scheduler_would_do_and_saves_nothing(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let ctx = two_teams_on_one_cluster(&s, 0).await;
+    // b borrows the whole cluster (16 GPUs); a, guaranteed nothing, waits for 8.
+    for name in ["b1", "b2"] {
+        let mut body = WorkloadBody::new().gpus(8.0).json();
+        body["spec"]["preemptible"] = json!(true);
+        s.put_ok(&format!("/api/v1/teams/b/workloads/{name}"), &body, 201).await;
+    }
+    let cycle = berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle");
+    assert_eq!(cycle.admitted, 2);
+    s.put_ok("/api/v1/teams/a/workloads/a1", &WorkloadBody::new().gpus(8.0).json(), 201).await;
+    let before = s.table_counts().await;
+    let team_before = s.get("/api/v1/teams/a").await;
+
+    // What if a were guaranteed 8? It would reclaim them from one of b's workloads.
+    let raise = TeamBody::new().quota("h100", 8, None, 1).json();
+    let preview = s.send(Method::POST, "/api/v1/teams/a/preview", Some(&raise), &[]).await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    let p = &preview.body;
+    let preempted = p["preempted"].as_array().expect("preempted");
+    assert_eq!(preempted.len(), 1, "{p}");
+    assert_eq!(preempted[0]["team"], "b");
+    assert!(["b1", "b2"].contains(&preempted[0]["name"].as_str().unwrap()), "{p}");
+    assert_eq!(preempted[0]["gpus"], 8.0);
+    let summary: Vec<&str> = p["summary"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert!(summary.contains(&"1 workload would be preempted (8 GPUs: b)"), "{summary:?}");
+    // a's and b's fair shares stay 8 each (equal weights, both want more): none listed.
+    assert_eq!(p["fair_shares"], json!([]), "{p}");
+
+    // The same quota again: nothing would change.
+    let same = TeamBody::new().quota("h100", 0, None, 1).json();
+    let nothing = s.send(Method::POST, "/api/v1/teams/a/preview", Some(&same), &[]).await;
+    assert_eq!(nothing.status, 200);
+    assert_eq!(nothing.body["summary"], json!([]), "{}", nothing.body);
+
+    // The PUT's rules and permissions: a bad body names the field; a viewer may not.
+    let bad = TeamBody::new().quota("h100", 8, Some(4), 1).json();
+    s.send(Method::POST, "/api/v1/teams/a/preview", Some(&bad), &[])
+        .await
+        .assert_problem(422, Some("/spec/quotas/0/limit"));
+    s.send(Method::POST, "/api/v1/teams/ghost/preview", Some(&raise), &[]).await.assert_problem(404, None);
+    let viewer = token("v", &[(Role::Viewer, None)]);
+    let refused = s.send_as(Some(&viewer), Method::POST, "/api/v1/teams/a/preview", Some(&raise)).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+
+    assert_eq!(s.table_counts().await, before, "a preview writes nothing");
+    assert_eq!(s.get("/api/v1/teams/a").await.body, team_before.body);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn usage_history_follows_the_schedulers_allocations(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let ctx = two_teams_on_one_cluster(&s, 4).await;
+    s.put_ok("/api/v1/teams/b/workloads/b1", &WorkloadBody::new().gpus(6.0).json(), 201).await;
+    let started = chrono::Utc::now();
+    assert_eq!(berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle").admitted, 1);
+    // A cycle that changes nothing records nothing.
+    berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_history").fetch_one(&s.db).await.unwrap();
+    assert_eq!(rows, 1);
+
+    let history = s.get("/api/v1/usage/history").await;
+    assert_eq!(history.status, 200, "{}", history.body);
+    let series = history.body["series"].as_array().unwrap();
+    assert_eq!(series.len(), 1, "only b ever held GPUs: {}", history.body);
+    assert_eq!((series[0]["team"].as_str(), series[0]["flavor"].as_str()), (Some("b"), Some("h100")));
+    let point = &series[0]["points"][0];
+    assert_eq!((point["allocated"].as_f64(), point["borrowed"].as_f64()), (Some(6.0), Some(2.0)));
+    let at: chrono::DateTime<chrono::Utc> = serde_json::from_value(point["at"].clone()).unwrap();
+    assert!(at >= started - chrono::TimeDelta::seconds(1), "{at} {started}");
+
+    // Asked from a later time, b's value at that time opens the series.
+    let later =
+        (chrono::Utc::now() + chrono::TimeDelta::milliseconds(1)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let from_later = s.get(&format!("/api/v1/usage/history?since={later}&flavor=h100")).await;
+    assert_eq!(from_later.body["series"][0]["points"][0]["allocated"], 6.0, "{}", from_later.body);
+    assert_eq!(from_later.body["series"][0]["points"].as_array().unwrap().len(), 1);
+    assert_eq!(s.get("/api/v1/usage/history?flavor=a100").await.body["series"], json!([]));
+
+    // A member of a sees only a's history (none).
+    let member = token("m", &[(Role::Member, Some("a"))]);
+    let as_member = s.send_as(Some(&member), Method::GET, "/api/v1/usage/history", None).await;
+    assert_eq!(as_member.body["series"], json!([]), "{}", as_member.body);
+    // Bad input names the field.
+    s.get("/api/v1/usage/history?since=2000-01-01T00:00:00Z").await.assert_problem(422, Some("since"));
+    s.get("/api/v1/usage/history?since=yesterday").await.assert_problem(400, Some("since"));
+
+    // Pruning keeps each series' value at the cut-off.
+    sqlx::query("INSERT INTO usage_history (team_uid, flavor, at, allocated, borrowed) SELECT team_uid, flavor, now() - make_interval(days => d), d, 0 FROM usage_history, generate_series(40, 45) d")
+        .execute(&s.db)
+        .await
+        .unwrap();
+    let pruned =
+        berth_store::usage::usage_prune(&s.db, chrono::Utc::now() - chrono::TimeDelta::days(30)).await.unwrap();
+    assert_eq!(pruned, 5, "the rows 41–45 days old go; 40 days old is the value at the cut-off");
+    let kept: Vec<f64> =
+        sqlx::query_scalar("SELECT allocated FROM usage_history ORDER BY at").fetch_all(&s.db).await.unwrap();
+    assert_eq!(kept, [40.0, 6.0]);
 }

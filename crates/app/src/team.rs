@@ -28,14 +28,7 @@ pub async fn team_apply(
     input: &TeamApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Team> {
-    input.validate(name)?;
-    let quota_flavors: Vec<String> = input.spec.quotas.iter().map(|q| q.flavor.clone()).collect();
-    let missing = flavors::flavor_missing(db, &quota_flavors).await?;
-    let refs = quota_flavors.into_iter().enumerate().map(|(i, f)| (format!("/spec/quotas/{i}/flavor"), f));
-    let errors = missing_references(&missing, refs, "flavor");
-    if !errors.is_empty() {
-        return Err(Error::Invalid(errors));
-    }
+    check_body(db, name, input).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
@@ -64,6 +57,29 @@ pub async fn team_apply(
         return Ok((team, applied));
     }
     Err(lost_create_race(KIND, name))
+}
+
+/// Checks a replacement of an existing team as [`team_apply`] would, writing nothing;
+/// returns the team as it is.
+///
+/// # Errors
+/// As [`team_apply`]; [`Error::NotFound`] when there is no such team.
+pub async fn team_check(db: &PgPool, name: &str, input: &TeamApply) -> Result<Team, Error> {
+    check_body(db, name, input).await?;
+    let mut tx = berth_store::begin(db).await?;
+    let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
+    check_tree(&mut tx, name, TeamId(team.metadata.uid), true, input).await?;
+    Ok(team)
+}
+
+/// The body's own rules and its flavors.
+async fn check_body(db: &PgPool, name: &str, input: &TeamApply) -> Result<(), Error> {
+    input.validate(name)?;
+    let quota_flavors: Vec<String> = input.spec.quotas.iter().map(|q| q.flavor.clone()).collect();
+    let missing = flavors::flavor_missing(db, &quota_flavors).await?;
+    let refs = quota_flavors.into_iter().enumerate().map(|(i, f)| (format!("/spec/quotas/{i}/flavor"), f));
+    let errors = missing_references(&missing, refs, "flavor");
+    if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 
 /// Checks the parent exists, no cycle forms and guarantees nest; returns the parent's uid.

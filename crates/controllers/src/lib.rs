@@ -24,6 +24,7 @@ mod explain;
 pub mod leader;
 pub mod orphans;
 pub mod preemption;
+pub mod preview;
 pub mod runner;
 pub mod scheduler;
 pub mod snapshot;

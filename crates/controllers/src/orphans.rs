@@ -1,7 +1,8 @@
 //! The orphan collector: a backend job that carries Berth's key but belongs to no live
 //! workload attempt (the workload is gone, finished, or on a later attempt) is cancelled,
 //! once it is older than the orphan grace period (its workload's write may be in flight). It
-//! also prunes dispatch intents no admitted workload needs any more.
+//! also prunes dispatch intents no admitted workload needs any more, and usage history older
+//! than [`USAGE_RETENTION`].
 
 use std::collections::HashMap;
 
@@ -10,6 +11,9 @@ use chrono::Utc;
 use serde::Serialize;
 
 use crate::Context;
+
+/// How long the usage history (the dashboard's allocation chart) goes back.
+pub const USAGE_RETENTION: chrono::TimeDelta = chrono::TimeDelta::days(30);
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct OrphanStatus {
@@ -29,6 +33,7 @@ impl crate::runner::Report for OrphanStatus {
 pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let mut status = OrphanStatus::default();
     berth_store::dispatch::dispatch_intents_prune(&ctx.db).await?;
+    berth_store::usage::usage_prune(&ctx.db, Utc::now() - USAGE_RETENTION).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let now = Utc::now();
     for cluster in &clusters {

@@ -44,8 +44,8 @@ impl crate::runner::Report for SchedulerStatus {
 ///
 /// # Errors
 /// Store errors.
-pub async fn load_world(ctx: &Context) -> Result<World, Error> {
-    let mut tx = berth_store::begin_snapshot(&ctx.db).await?;
+pub async fn load_world(db: &berth_store::PgPool) -> Result<World, Error> {
+    let mut tx = berth_store::begin_snapshot(db).await?;
     let world = World {
         now: chrono::Utc::now(),
         flavors: berth_store::flavor::flavor_names(&mut *tx).await?,
@@ -64,7 +64,7 @@ pub async fn load_world(ctx: &Context) -> Result<World, Error> {
 /// Store errors; `Internal` if the snapshot is inconsistent.
 pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let started = Instant::now();
-    let world = load_world(ctx).await?;
+    let world = load_world(&ctx.db).await?;
     let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
     let s = &built.snapshot;
     let plan = berth_sched::schedule(s).map_err(|e| Error::Internal(e.to_string()))?;
@@ -164,15 +164,16 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             fair_share: share.fair_share,
         });
     }
-    let team_writes: Vec<_> = world
-        .teams
-        .iter()
-        .enumerate()
-        .filter_map(|(i, t)| {
-            let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default() };
-            (t.status != next).then(|| (snapshot::team_uid(&world, i), next))
-        })
-        .collect();
+    let mut team_writes = Vec::new();
+    let mut usage_changes = Vec::new();
+    for (i, t) in world.teams.iter().enumerate() {
+        let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default() };
+        if t.status != next {
+            let uid = snapshot::team_uid(&world, i);
+            usage_changes.extend(changed_usage(&t.status, &next).map(|(f, a, b)| (uid.0, f, a, b)));
+            team_writes.push((uid, next));
+        }
+    }
     status.teams_updated = team_writes.len();
 
     let mut tx = berth_store::begin(&ctx.db).await?;
@@ -192,7 +193,23 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     events.retain(|e| written.contains(&e.uid));
     berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
     berth_store::team::team_write_statuses(&mut tx, &team_writes).await?;
+    berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
     status.cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(status)
+}
+
+/// The flavors whose allocated or borrowed GPUs differ between two statuses of a team, with
+/// the new values (a flavor no longer used: zeros).
+fn changed_usage<'a>(before: &'a TeamStatus, after: &'a TeamStatus) -> impl Iterator<Item = (String, f64, f64)> + 'a {
+    let of = |s: &TeamStatus, flavor: &str| {
+        s.usage.iter().find(|u| u.flavor == flavor).map_or((0.0, 0.0), |u| (u.allocated, u.borrowed))
+    };
+    let mut flavors: Vec<&str> = before.usage.iter().chain(&after.usage).map(|u| u.flavor.as_str()).collect();
+    flavors.sort_unstable();
+    flavors.dedup();
+    flavors.into_iter().filter_map(move |f| {
+        let (old, new) = (of(before, f), of(after, f));
+        (old != new).then(|| (f.to_owned(), new.0, new.1))
+    })
 }

@@ -52,6 +52,11 @@ fn seconds(t: DateTime<Utc>) -> i64 {
     t.timestamp()
 }
 
+/// A team's quota for one flavor as the scheduler sees it.
+pub fn quota(q: &berth_core::team::Quota) -> s::Quota {
+    s::Quota { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight }
+}
+
 pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     let flavor_ix: HashMap<&str, usize> = world.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
     let team_ix: HashMap<&str, usize> =
@@ -68,7 +73,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             let mut quotas = vec![s::Quota::default(); world.flavors.len()];
             for q in &t.spec.quotas {
                 if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
-                    quotas[f] = s::Quota { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight };
+                    quotas[f] = quota(q);
                 }
             }
             s::Team {

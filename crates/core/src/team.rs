@@ -75,6 +75,68 @@ pub struct FlavorUsage {
     pub fair_share: f64,
 }
 
+/// What the scheduler would do differently if a team's quotas were as proposed: its next
+/// plan as things are against its next plan with the change (`POST
+/// /api/v1/teams/{name}/preview`). Nothing is written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaPreview {
+    /// The differences in plain words; empty when the change alters nothing now.
+    pub summary: Vec<String>,
+    /// Waiting workloads the change would admit.
+    pub admitted: Vec<PreviewWorkload>,
+    /// Workloads that would be admitted as things are, but not with the change.
+    pub no_longer_admitted: Vec<PreviewWorkload>,
+    /// Running workloads the change would preempt.
+    pub preempted: Vec<PreviewWorkload>,
+    /// Running workloads that would be preempted as things are, but not with the change.
+    pub no_longer_preempted: Vec<PreviewWorkload>,
+    /// Fair shares that change, in GPUs.
+    pub fair_shares: Vec<FairShareChange>,
+}
+
+/// A workload named in a [`QuotaPreview`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PreviewWorkload {
+    /// Team and name are none when the caller may not read that team.
+    pub team: Option<String>,
+    pub name: Option<String>,
+    pub gpus: f64,
+}
+
+/// A team's fair share of a flavor before and after a proposed change, in GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FairShareChange {
+    pub team: String,
+    pub flavor: String,
+    pub before: f64,
+    pub after: f64,
+}
+
+/// GPUs allocated to teams over time (`GET /api/v1/usage/history`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageHistory {
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// One series per team and flavor, by team and flavor name.
+    pub series: Vec<UsageSeries>,
+}
+
+/// A team's GPUs of one flavor over time: a step function, each point's values holding
+/// until the next point (the last until now). The first point is at `since` when the team
+/// held GPUs of the flavor then.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageSeries {
+    pub team: String,
+    pub flavor: String,
+    pub points: Vec<UsagePoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsagePoint {
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub allocated: f64,
+    pub borrowed: f64,
+}
+
 /// A team in the quota tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Team {

@@ -18,6 +18,7 @@ pub mod flavor;
 pub mod identity;
 mod row;
 pub mod team;
+pub mod usage;
 pub mod workload;
 
 use berth_core::Error;

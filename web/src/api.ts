@@ -1,0 +1,157 @@
+// The Berth API as the dashboard uses it: a bearer token kept in this browser, JSON in and
+// out, RFC 9457 problems turned into errors that keep their field.
+
+const TOKEN_KEY = "berth.token";
+
+export function savedToken(): string | null {
+  return localStorage.getItem(TOKEN_KEY);
+}
+
+export function saveToken(token: string | null) {
+  if (token) localStorage.setItem(TOKEN_KEY, token);
+  else localStorage.removeItem(TOKEN_KEY);
+}
+
+/// A problem the API answered (RFC 9457), or a network failure (status 0).
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly title: string,
+    readonly detail: string,
+    /// Each broken rule with its field (a JSON pointer into the body, or a parameter).
+    readonly errors: FieldError[] = [],
+  ) {
+    super(detail || title);
+  }
+
+  /// The message for one field, if the API named it.
+  about(field: string): string | undefined {
+    return this.errors.find((e) => e.field === field)?.message;
+  }
+}
+
+export interface FieldError {
+  field: string;
+  message: string;
+}
+
+interface Problem {
+  title?: string;
+  detail?: string;
+  errors?: FieldError[];
+}
+
+export async function api<T>(path: string, init: { method?: string; body?: unknown } = {}): Promise<T> {
+  const headers: Record<string, string> = { Accept: "application/json" };
+  const token = savedToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (init.body !== undefined) headers["Content-Type"] = "application/json";
+  let response: Response;
+  try {
+    response = await fetch(path, {
+      method: init.method ?? "GET",
+      headers,
+      body: init.body === undefined ? undefined : JSON.stringify(init.body),
+    });
+  } catch (e) {
+    throw new ApiError(0, "Berth did not answer", String(e));
+  }
+  const text = await response.text();
+  const body = text ? JSON.parse(text) : null;
+  if (!response.ok) {
+    const p: Problem = body ?? {};
+    throw new ApiError(response.status, p.title ?? response.statusText, p.detail ?? "", p.errors ?? []);
+  }
+  return body as T;
+}
+
+/// Every item of a paged list.
+export async function all<T>(path: string): Promise<T[]> {
+  const items: T[] = [];
+  let cursor: string | null = null;
+  do {
+    const sep = path.includes("?") ? "&" : "?";
+    const page: Page<T> = await api(`${path}${sep}limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    items.push(...page.items);
+    cursor = page.next;
+  } while (cursor);
+  return items;
+}
+
+export interface Page<T> {
+  items: T[];
+  next: string | null;
+}
+
+export interface Meta {
+  name: string;
+  team?: string;
+  uid: string;
+  resource_version: string;
+  labels?: Record<string, string>;
+  created_at?: string;
+}
+
+export interface Grant {
+  role: "platform-admin" | "team-admin" | "member" | "viewer";
+  team?: string | null;
+}
+
+export interface Me {
+  subject: string;
+  grants: Grant[];
+}
+
+/// What the signed-in principal may do, as far as the dashboard shows controls for it (the
+/// API decides in the end).
+export function abilities(me: Me) {
+  const global = (role: Grant["role"]) => me.grants.some((g) => g.role === role && !g.team);
+  return {
+    platformAdmin: global("platform-admin"),
+    /// Teams whose subtree the principal administers.
+    adminOf: me.grants.filter((g) => g.role === "team-admin" && g.team).map((g) => g.team as string),
+  };
+}
+
+export interface InventoryEntry {
+  flavor: string;
+  nodes: number;
+  gpus_total: number;
+  gpus_free: number;
+}
+
+export interface Cluster {
+  metadata: Meta;
+  spec: { kind: string; cordoned?: boolean; [k: string]: unknown };
+  status: {
+    health: string;
+    last_sync?: string;
+    message?: string;
+    inventory: InventoryEntry[];
+  };
+}
+
+export interface Quota {
+  flavor: string;
+  guaranteed: number;
+  limit?: number | null;
+  weight: number;
+}
+
+export interface FlavorUsage {
+  flavor: string;
+  allocated: number;
+  borrowed: number;
+  fair_share: number;
+}
+
+export interface Team {
+  metadata: Meta;
+  spec: { parent?: string | null; description?: string | null; quotas: Quota[] };
+  status: { usage: FlavorUsage[] };
+}
+
+export interface UsageHistory {
+  since: string;
+  series: { team: string; flavor: string; points: { at: string; allocated: number; borrowed: number }[] }[];
+}

@@ -1,0 +1,120 @@
+import { useEffect, useState } from "preact/hooks";
+import { ApiError, Me, api, saveToken, savedToken } from "./api";
+import { Overview } from "./pages/overview";
+
+/// The pages, by the hash that shows them.
+const PAGES: { hash: string; title: string; view: (p: { me: Me }) => preact.JSX.Element }[] = [
+  { hash: "#/overview", title: "Overview", view: Overview },
+];
+
+export function App() {
+  const [me, setMe] = useState<Me | null>(null);
+  const [checking, setChecking] = useState(savedToken() !== null);
+  const [hash, setHash] = useState(location.hash || PAGES[0].hash);
+
+  useEffect(() => {
+    const onHash = () => setHash(location.hash || PAGES[0].hash);
+    addEventListener("hashchange", onHash);
+    return () => removeEventListener("hashchange", onHash);
+  }, []);
+
+  useEffect(() => {
+    if (!checking) return;
+    api<Me>("/api/v1/me")
+      .then(setMe)
+      .catch(() => saveToken(null))
+      .finally(() => setChecking(false));
+  }, [checking]);
+
+  if (checking) return <p class="loading">Signing in…</p>;
+  if (!me) return <SignIn onSignedIn={setMe} />;
+  const page = PAGES.find((p) => hash.startsWith(p.hash)) ?? PAGES[0];
+  const View = page.view;
+  return (
+    <div class="shell">
+      <header>
+        <span class="brand">Berth</span>
+        <nav aria-label="Pages">
+          {PAGES.map((p) => (
+            <a href={p.hash} aria-current={p === page ? "page" : undefined}>
+              {p.title}
+            </a>
+          ))}
+        </nav>
+        <span class="who">
+          {me.subject}{" "}
+          <button
+            type="button"
+            onClick={() => {
+              saveToken(null);
+              setMe(null);
+            }}
+          >
+            Sign out
+          </button>
+        </span>
+      </header>
+      <main>
+        <View me={me} />
+      </main>
+    </div>
+  );
+}
+
+function SignIn({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
+  const [token, setToken] = useState("");
+  const [error, setError] = useState<string | null>(null);
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    saveToken(token.trim());
+    try {
+      onSignedIn(await api<Me>("/api/v1/me"));
+    } catch (err) {
+      saveToken(null);
+      setError(err instanceof ApiError && err.status === 401 ? "This token is not valid." : String(err));
+    }
+  };
+  return (
+    <form class="sign-in" onSubmit={submit}>
+      <h1>Berth</h1>
+      <label for="token">Access token</label>
+      <textarea
+        id="token"
+        rows={4}
+        value={token}
+        onInput={(e) => setToken(e.currentTarget.value)}
+        placeholder="Paste the token scripts/run printed, or one from berthd token create"
+        aria-describedby={error ? "token-error" : undefined}
+        required
+      />
+      {error && (
+        <p id="token-error" class="error" role="alert">
+          {error}
+        </p>
+      )}
+      <button type="submit">Sign in</button>
+    </form>
+  );
+}
+
+/// Runs `load` now and every `ms` milliseconds while the page shows; the last value and
+/// error, and a function to load again at once.
+export function usePoll<T>(load: () => Promise<T>, ms = 5000): [T | null, ApiError | null, () => void] {
+  const [value, setValue] = useState<T | null>(null);
+  const [error, setError] = useState<ApiError | null>(null);
+  const [tick, setTick] = useState(0);
+  useEffect(() => {
+    let live = true;
+    const run = () =>
+      load()
+        .then((v) => live && (setValue(v), setError(null)))
+        .catch((e) => live && setError(e instanceof ApiError ? e : new ApiError(0, "Error", String(e))));
+    run();
+    const timer = setInterval(run, ms);
+    return () => {
+      live = false;
+      clearInterval(timer);
+    };
+  }, [tick]);
+  return [value, error, () => setTick((t) => t + 1)];
+}
