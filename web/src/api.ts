@@ -155,3 +155,18 @@ export interface UsageHistory {
   since: string;
   series: { team: string; flavor: string; points: { at: string; allocated: number; borrowed: number }[] }[];
 }
+
+export interface PreviewWorkload {
+  team?: string | null;
+  name?: string | null;
+  gpus: number;
+}
+
+export interface QuotaPreview {
+  summary: string[];
+  admitted: PreviewWorkload[];
+  no_longer_admitted: PreviewWorkload[];
+  preempted: PreviewWorkload[];
+  no_longer_preempted: PreviewWorkload[];
+  fair_shares: { team: string; flavor: string; before: number; after: number }[];
+}

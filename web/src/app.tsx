@@ -1,10 +1,12 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, Me, api, saveToken, savedToken } from "./api";
 import { Overview } from "./pages/overview";
+import { Teams } from "./pages/teams";
 
 /// The pages, by the hash that shows them.
 const PAGES: { hash: string; title: string; view: (p: { me: Me }) => preact.JSX.Element }[] = [
   { hash: "#/overview", title: "Overview", view: Overview },
+  { hash: "#/teams", title: "Teams", view: Teams },
 ];
 
 export function App() {

@@ -20,16 +20,19 @@ before(async () => {
     spec: { kind: "sim", sim: { node_groups: [{ name: "g", count: 2, flavor: "h100", gpus_per_node: 8 }] } },
   });
   await call("PUT", "/api/v1/teams/nlp", { spec: { quotas: [{ flavor: "h100", guaranteed: 4 }] } });
-  for (const name of ["t1", "t2", "t3"]) {
-    await call("PUT", `/api/v1/teams/nlp/workloads/${name}`, {
-      spec: { kind: "training", tasks: { count: 1, resources: { flavors: ["h100"], gpus: 4 } }, sim: { duration_seconds: 3600 } },
-    });
-  }
-  // The controllers admit all three: 12 of 16 GPUs held.
+  await call("PUT", "/api/v1/teams/vision", { spec: { quotas: [{ flavor: "h100", guaranteed: 0 }] } });
+  const workload = (gpus) => ({
+    spec: { kind: "training", preemptible: true, tasks: { count: 1, resources: { flavors: ["h100"], gpus } }, sim: { duration_seconds: 3600 } },
+  });
+  for (const name of ["t1", "t2", "t3"]) await call("PUT", `/api/v1/teams/nlp/workloads/${name}`, workload(4));
+  await call("PUT", "/api/v1/teams/vision/workloads/v1", workload(4));
+  // The controllers admit all four: the 16 GPUs are held, nlp borrows 8, vision 4.
   await eventually(async () => {
     const c = await call("GET", "/api/v1/clusters/sim-a");
-    return c.status.inventory[0]?.gpus_free === 4;
+    return c.status.inventory[0]?.gpus_free === 0;
   });
+  // nlp wants 4 more: it waits, being above its guarantee.
+  await call("PUT", "/api/v1/teams/nlp/workloads/t4", workload(4));
 });
 
 after(async () => {
@@ -69,9 +72,51 @@ test("the overview's numbers are the API's", async () => {
   const cells = await row.locator("td").allTextContents();
   assert.deepEqual(cells.slice(3), ["h100", String(inv.gpus_total), String(inv.gpus_total - inv.gpus_free), String(inv.gpus_free)]);
   assert.equal(await page.getByTestId("allocated-h100").textContent(), String(inv.gpus_total - inv.gpus_free));
-  // nlp holds 12 with a guarantee of 4.
+  // nlp holds 12 with a guarantee of 4, vision 4 with none.
   await page.getByText("nlp: 8 h100 GPUs above its guarantee").waitFor();
+  await page.getByText("vision: 4 h100 GPUs above its guarantee").waitFor();
   await page.screenshot({ path: join(ARTIFACTS, "overview.png"), fullPage: true });
   console.log(`overview usable ${usable} ms after sign-in`);
+  await page.close();
+});
+
+test("an admin previews a quota change, sees the API's message next to a bad field, and saves", async () => {
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/teams");
+  const nlp = page.locator('tr[data-team="nlp"][data-flavor="h100"]');
+  await nlp.waitFor();
+  assert.deepEqual((await nlp.locator("td").allTextContents()).slice(1, 6), ["4", "none", "1", "12", "8"]);
+  await page.getByRole("button", { name: "Edit quotas of nlp" }).click();
+  const guaranteed = page.getByLabel("Guaranteed GPUs (h100)");
+  const limit = page.getByLabel("Limit (GPUs) (h100)");
+  // A limit below the guarantee: the API's message shows beside the limit field.
+  await guaranteed.fill("16");
+  await limit.fill("6");
+  await page.getByRole("button", { name: "Preview" }).click();
+  const message = page.locator("#q-0-limit-error");
+  await message.waitFor();
+  assert.match(await message.textContent(), /limit/);
+  assert.equal(await limit.getAttribute("aria-invalid"), "true");
+  // Guaranteed 16, nlp could reclaim vision's borrowed 4 for t4: the preview says so, and
+  // nothing is saved yet.
+  await limit.fill("");
+  await page.getByRole("button", { name: "Preview" }).click();
+  const preview = page.getByRole("status", { name: "Preview" });
+  await preview.getByText("1 workload would be preempted (4 GPUs: vision)").waitFor();
+  await page.screenshot({ path: join(ARTIFACTS, "teams-preview.png"), fullPage: true });
+  assert.equal((await berth.call("GET", "/api/v1/teams/nlp")).spec.quotas[0].guaranteed, 4);
+  await page.getByRole("button", { name: "Save" }).click();
+  await eventually(async () => (await nlp.locator("td").nth(1).textContent()) === "16");
+  const saved = await berth.call("GET", "/api/v1/teams/nlp");
+  assert.deepEqual(saved.spec.quotas, [{ flavor: "h100", guaranteed: 16, weight: 1 }]);
+  await page.screenshot({ path: join(ARTIFACTS, "teams.png"), fullPage: true });
+  await page.close();
+});
+
+test("a viewer sees the teams but no edit controls", async () => {
+  const page = await signedIn(berth.token("viewer"));
+  await page.goto(berth.origin + "/#/teams");
+  await page.locator('tr[data-team="nlp"]').first().waitFor();
+  assert.equal(await page.getByRole("button", { name: /Edit quotas/ }).count(), 0);
   await page.close();
 });

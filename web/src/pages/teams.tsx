@@ -1,0 +1,231 @@
+import { useState } from "preact/hooks";
+import { ApiError, Me, Quota, QuotaPreview, Team, abilities, all, api } from "../api";
+import { usePoll } from "../app";
+import { fmt } from "./overview";
+
+/// Teams in tree order (parents before children, siblings by name), with their depth.
+export function treeOrder(teams: Team[]): { team: Team; depth: number }[] {
+  const children = new Map<string | null, Team[]>();
+  for (const t of teams) {
+    const parent = t.spec.parent && teams.some((p) => p.metadata.name === t.spec.parent) ? t.spec.parent : null;
+    children.set(parent, [...(children.get(parent) ?? []), t]);
+  }
+  const out: { team: Team; depth: number }[] = [];
+  const walk = (parent: string | null, depth: number) => {
+    for (const t of (children.get(parent) ?? []).sort((a, b) => a.metadata.name.localeCompare(b.metadata.name))) {
+      out.push({ team: t, depth });
+      walk(t.metadata.name, depth + 1);
+    }
+  };
+  walk(null, 0);
+  return out;
+}
+
+/// Whether the principal may change `team`'s quotas: platform admins anywhere, team admins
+/// below (never at) the team they administer. The API has the last word.
+function mayEdit(me: Me, teams: Team[], team: Team): boolean {
+  const a = abilities(me);
+  if (a.platformAdmin) return true;
+  let parent = team.spec.parent;
+  while (parent) {
+    if (a.adminOf.includes(parent)) return true;
+    parent = teams.find((t) => t.metadata.name === parent)?.spec.parent;
+  }
+  return false;
+}
+
+export function Teams({ me }: { me: Me }) {
+  const [teams, error, reload] = usePoll(() => all<Team>("/api/v1/teams"));
+  const [editing, setEditing] = useState<string | null>(null);
+  if (!teams) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
+  const ordered = treeOrder(teams);
+  const team = teams.find((t) => t.metadata.name === editing);
+  return (
+    <>
+      <h1>Teams</h1>
+      {error && <p class="error" role="alert">Not refreshed: {error.message}</p>}
+      <table class="teams">
+        <thead>
+          <tr>
+            <th scope="col">Team</th>
+            <th scope="col">Flavor</th>
+            <th scope="col" class="num">Guaranteed</th>
+            <th scope="col" class="num">Limit</th>
+            <th scope="col" class="num">Weight</th>
+            <th scope="col" class="num">Allocated</th>
+            <th scope="col" class="num">Borrowed</th>
+            <th scope="col" class="num">Fair share</th>
+            <th scope="col">
+              <span class="visually-hidden">Actions</span>
+            </th>
+          </tr>
+        </thead>
+        <tbody>
+          {ordered.flatMap(({ team: t, depth }) => {
+            const flavors = [...new Set([...t.spec.quotas.map((q) => q.flavor), ...t.status.usage.map((u) => u.flavor)])];
+            const rows = flavors.length ? flavors : [null];
+            return rows.map((flavor, i) => {
+              const q = t.spec.quotas.find((q) => q.flavor === flavor);
+              const u = t.status.usage.find((u) => u.flavor === flavor);
+              const over = u && u.borrowed > 0;
+              return (
+                <tr data-team={t.metadata.name} data-flavor={flavor ?? undefined} class={over ? "over" : undefined}>
+                  <th scope="row" style={{ paddingLeft: `${0.6 + depth * 1.2}rem` }}>
+                    {i === 0 && t.metadata.name}
+                  </th>
+                  <td>{flavor ?? <span class="muted">no quota</span>}</td>
+                  <td class="num">{q ? q.guaranteed : flavor ? 0 : ""}</td>
+                  <td class="num">{q?.limit ?? (flavor ? "none" : "")}</td>
+                  <td class="num">{q ? q.weight : flavor ? 1 : ""}</td>
+                  <td class="num">{u ? fmt(u.allocated) : flavor ? 0 : ""}</td>
+                  <td class="num">
+                    {u && u.borrowed > 0 ? <span title="above its guarantee">{fmt(u.borrowed)}</span> : flavor ? 0 : ""}
+                  </td>
+                  <td class="num">{u ? fmt(u.fair_share) : ""}</td>
+                  <td>
+                    {i === 0 && mayEdit(me, teams, t) && (
+                      <button type="button" onClick={() => setEditing(t.metadata.name)}>
+                        Edit quotas<span class="visually-hidden"> of {t.metadata.name}</span>
+                      </button>
+                    )}
+                  </td>
+                </tr>
+              );
+            });
+          })}
+        </tbody>
+      </table>
+      {team && (
+        <QuotaEditor
+          key={team.metadata.name}
+          team={team}
+          onDone={() => {
+            setEditing(null);
+            reload();
+          }}
+        />
+      )}
+    </>
+  );
+}
+
+type Draft = { flavor: string; guaranteed: string; limit: string; weight: string };
+
+function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
+  const name = team.metadata.name;
+  const [draft, setDraft] = useState<Draft[]>(
+    team.spec.quotas.map((q) => ({
+      flavor: q.flavor,
+      guaranteed: String(q.guaranteed),
+      limit: q.limit == null ? "" : String(q.limit),
+      weight: String(q.weight),
+    })),
+  );
+  const [problem, setProblem] = useState<ApiError | null>(null);
+  const [preview, setPreview] = useState<QuotaPreview | null>(null);
+  const [busy, setBusy] = useState(false);
+  const body = () => ({
+    metadata: { labels: team.metadata.labels ?? {}, resource_version: team.metadata.resource_version },
+    spec: {
+      ...team.spec,
+      quotas: draft.map(
+        (d): Quota => ({
+          flavor: d.flavor,
+          guaranteed: Number(d.guaranteed),
+          limit: d.limit.trim() === "" ? null : Number(d.limit),
+          weight: Number(d.weight),
+        }),
+      ),
+    },
+  });
+  const run = async (what: "preview" | "save") => {
+    setBusy(true);
+    setProblem(null);
+    try {
+      if (what === "preview") setPreview(await api<QuotaPreview>(`/api/v1/teams/${name}/preview`, { method: "POST", body: body() }));
+      else {
+        await api(`/api/v1/teams/${name}`, { method: "PUT", body: body() });
+        onDone();
+      }
+    } catch (e) {
+      setPreview(null);
+      setProblem(e instanceof ApiError ? e : new ApiError(0, "Error", String(e)));
+    } finally {
+      setBusy(false);
+    }
+  };
+  const set = (i: number, field: keyof Draft, value: string) => {
+    setPreview(null);
+    setDraft(draft.map((d, j) => (j === i ? { ...d, [field]: value } : d)));
+  };
+  const input = (i: number, field: "guaranteed" | "limit" | "weight", label: string) => {
+    const id = `q-${i}-${field}`;
+    const message = problem?.about(`/spec/quotas/${i}/${field}`);
+    return (
+      <div class="field">
+        <label for={id}>
+          {label} ({draft[i].flavor})
+        </label>
+        <input
+          id={id}
+          inputMode="numeric"
+          value={draft[i][field]}
+          placeholder={field === "limit" ? "none" : undefined}
+          onInput={(e) => set(i, field, e.currentTarget.value)}
+          aria-invalid={message ? true : undefined}
+          aria-describedby={message ? `${id}-error` : undefined}
+        />
+        {message && (
+          <span id={`${id}-error`} class="error">
+            {message}
+          </span>
+        )}
+      </div>
+    );
+  };
+  const unplaced = problem && !draft.some((_, i) => ["guaranteed", "limit", "weight"].some((f) => problem.about(`/spec/quotas/${i}/${f}`)));
+  return (
+    <section class="editor" aria-labelledby="editor-heading">
+      <h2 id="editor-heading">Quotas of {name}</h2>
+      {draft.length === 0 && <p class="muted">This team declares no quota.</p>}
+      {draft.map((_, i) => (
+        <fieldset>
+          <legend>{draft[i].flavor}</legend>
+          {input(i, "guaranteed", "Guaranteed GPUs")}
+          {input(i, "limit", "Limit (GPUs)")}
+          {input(i, "weight", "Weight")}
+        </fieldset>
+      ))}
+      {unplaced && (
+        <p class="error" role="alert">
+          {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
+        </p>
+      )}
+      {preview && (
+        <div class="preview" role="status" aria-label="Preview">
+          <h3>If saved</h3>
+          {preview.summary.length === 0 ? (
+            <p>Nothing would change now.</p>
+          ) : (
+            <ul>
+              {preview.summary.map((line) => (
+                <li>{line}</li>
+              ))}
+            </ul>
+          )}
+        </div>
+      )}
+      <div class="actions">
+        <button type="button" disabled={busy} onClick={() => run("preview")}>
+          Preview
+        </button>
+        <button type="submit" disabled={busy} onClick={() => run("save")}>
+          Save
+        </button>
+        <button type="button" onClick={onDone}>
+          Cancel
+        </button>
+      </div>
+    </section>
+  );
+}
