@@ -170,3 +170,52 @@ export interface QuotaPreview {
   no_longer_preempted: PreviewWorkload[];
   fair_shares: { team: string; flavor: string; before: number; after: number }[];
 }
+
+export const PHASES = [
+  "Pending",
+  "Admitted",
+  "Dispatched",
+  "Running",
+  "Preempting",
+  "Unknown",
+  "Succeeded",
+  "Failed",
+  "Cancelled",
+] as const;
+
+export interface Workload {
+  metadata: Meta & { team: string; deletion_timestamp?: string };
+  spec: {
+    kind: string;
+    priority?: number;
+    preemptible?: boolean;
+    tasks: { count: number; resources: { flavors: string[]; gpus: number; cpus?: number; memory_mib?: number } };
+    [k: string]: unknown;
+  };
+  status: {
+    phase: (typeof PHASES)[number];
+    attempt: number;
+    submitted_at?: string;
+    admission?: { cluster: string; flavor: string; borrowed: boolean };
+    backend_ref?: { cluster: string; job_id: string };
+    pending_reason?: { code: string; message: string };
+    queue_position?: { global: number; team: number };
+    started_at?: string;
+    finished_at?: string;
+    exit_code?: number;
+    reason?: string;
+    message?: string;
+  };
+}
+
+export interface WorkloadEvent {
+  id: number;
+  type: "Normal" | "Warning";
+  reason: string;
+  message: string;
+  time: string;
+}
+
+export function gpusOf(w: Workload): number {
+  return w.spec.tasks.count * w.spec.tasks.resources.gpus;
+}

@@ -1,13 +1,22 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, Me, api, saveToken, savedToken } from "./api";
 import { Overview } from "./pages/overview";
+import { Clusters } from "./pages/clusters";
+import { Queue } from "./pages/queue";
 import { Teams } from "./pages/teams";
+import { WorkloadDetail, Workloads } from "./pages/workloads";
 
 /// The pages, by the hash that shows them.
 const PAGES: { hash: string; title: string; view: (p: { me: Me }) => preact.JSX.Element }[] = [
   { hash: "#/overview", title: "Overview", view: Overview },
   { hash: "#/teams", title: "Teams", view: Teams },
+  { hash: "#/queue", title: "Queue", view: Queue },
+  { hash: "#/workloads", title: "Workloads", view: Workloads },
+  { hash: "#/clusters", title: "Clusters", view: Clusters },
 ];
+
+/// Pages reached by links, not listed in the navigation.
+const DETAILS = [{ hash: "#/workload/", view: WorkloadDetail }];
 
 export function App() {
   const [me, setMe] = useState<Me | null>(null);
@@ -30,8 +39,8 @@ export function App() {
 
   if (checking) return <p class="loading">Signing in…</p>;
   if (!me) return <SignIn onSignedIn={setMe} />;
-  const page = PAGES.find((p) => hash.startsWith(p.hash)) ?? PAGES[0];
-  const View = page.view;
+  const page = PAGES.find((p) => hash.startsWith(p.hash));
+  const View = page?.view ?? DETAILS.find((d) => hash.startsWith(d.hash))?.view ?? PAGES[0].view;
   return (
     <div class="shell">
       <header>
@@ -57,7 +66,7 @@ export function App() {
         </span>
       </header>
       <main>
-        <View me={me} />
+        <View key={hash} me={me} />
       </main>
     </div>
   );

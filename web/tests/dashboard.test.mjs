@@ -120,3 +120,59 @@ test("a viewer sees the teams but no edit controls", async () => {
   assert.equal(await page.getByRole("button", { name: /Edit quotas/ }).count(), 0);
   await page.close();
 });
+
+test("the queue shows a pending workload's reason, as the API gives it", async () => {
+  // The cluster is full: vision, guaranteed nothing, waits for 4 GPUs.
+  await berth.call("PUT", "/api/v1/teams/vision/workloads/v2", {
+    spec: { kind: "batch", tasks: { count: 1, resources: { flavors: ["h100"], gpus: 4 } }, sim: { duration_seconds: 60 } },
+  });
+  const v2 = await eventually(async () => {
+    const w = await berth.call("GET", "/api/v1/teams/vision/workloads/v2");
+    return w.status.pending_reason ? w : null;
+  });
+  const reason = v2.status.pending_reason.message;
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/queue");
+  const row = page.locator('tr[data-workload="vision/v2"]');
+  await row.locator("td.reason").filter({ hasText: reason }).waitFor();
+  await page.screenshot({ path: join(ARTIFACTS, "queue.png"), fullPage: true });
+  // Its detail page has the same reason and the event timeline.
+  await row.getByRole("link").click();
+  await page.locator('dd[data-fact="Why"]').filter({ hasText: reason }).waitFor();
+  await page.getByRole("listitem").filter({ hasText: "Created" }).first().waitFor();
+  await page.screenshot({ path: join(ARTIFACTS, "workload.png"), fullPage: true });
+  await page.close();
+});
+
+test("the workloads table filters by phase through the API", async () => {
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/workloads");
+  await page.locator("tr[data-workload]").first().waitFor();
+  await page.getByLabel("Phase").selectOption("Running");
+  const running = await berth.call("GET", "/api/v1/workloads?phase=Running");
+  const expected = running.items.map((w) => `${w.metadata.team}/${w.metadata.name}`).sort();
+  await eventually(async () => {
+    const shown = await page.locator("tr[data-workload]").evaluateAll((rows) => rows.map((r) => r.dataset.workload));
+    return JSON.stringify(shown.sort()) === JSON.stringify(expected);
+  });
+  await page.screenshot({ path: join(ARTIFACTS, "workloads.png"), fullPage: true });
+  await page.close();
+});
+
+test("an admin cordons and uncordons a cluster; a viewer has no such button", async () => {
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/clusters");
+  await page.getByRole("button", { name: "Cordon sim-a" }).click();
+  await page.getByRole("button", { name: "Uncordon sim-a" }).waitFor();
+  assert.equal((await berth.call("GET", "/api/v1/clusters/sim-a")).spec.cordoned, true);
+  await page.screenshot({ path: join(ARTIFACTS, "clusters.png"), fullPage: true });
+  await page.getByRole("button", { name: "Uncordon sim-a" }).click();
+  await page.getByRole("button", { name: "Cordon sim-a" }).waitFor();
+  assert.equal((await berth.call("GET", "/api/v1/clusters/sim-a")).spec.cordoned, false);
+  await page.close();
+  const viewer = await signedIn(berth.token("viewer"));
+  await viewer.goto(berth.origin + "/#/clusters");
+  await viewer.locator('section[data-cluster="sim-a"]').waitFor();
+  assert.equal(await viewer.getByRole("button", { name: /Cordon/ }).count(), 0);
+  await viewer.close();
+});

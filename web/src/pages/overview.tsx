@@ -1,4 +1,4 @@
-import { Cluster, Team, UsageHistory, all, api } from "../api";
+import { Cluster, InventoryEntry, Team, UsageHistory, all, api } from "../api";
 import { usePoll } from "../app";
 import { UsageChart } from "../chart";
 
@@ -74,9 +74,7 @@ export function Overview() {
                   )}
                 </td>
                 <td>{inv?.flavor ?? "—"}</td>
-                <td class="num">{inv ? fmt(inv.gpus_total) : ""}</td>
-                <td class="num">{inv ? fmt(inv.gpus_total - inv.gpus_free) : ""}</td>
-                <td class="num">{inv ? fmt(inv.gpus_free) : ""}</td>
+                {inv ? <GpuCells inv={inv} /> : <td colSpan={3} />}
               </tr>
             ))}
           </tbody>
@@ -104,6 +102,17 @@ export function Overview() {
           </ul>
         )}
       </section>
+    </>
+  );
+}
+
+/// A flavor's GPUs on a cluster: total, allocated, free (three cells).
+export function GpuCells({ inv }: { inv: InventoryEntry }) {
+  return (
+    <>
+      <td class="num">{fmt(inv.gpus_total)}</td>
+      <td class="num">{fmt(inv.gpus_total - inv.gpus_free)}</td>
+      <td class="num">{fmt(inv.gpus_free)}</td>
     </>
   );
 }
