@@ -219,3 +219,13 @@ export interface WorkloadEvent {
 export function gpusOf(w: Workload): number {
   return w.spec.tasks.count * w.spec.tasks.resources.gpus;
 }
+
+export interface Queue {
+  total: number;
+  gpus: number;
+  items: Workload[];
+}
+
+export interface WorkloadSummary {
+  phases: { phase: (typeof PHASES)[number]; workloads: number; gpus: number }[];
+}

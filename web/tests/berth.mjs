@@ -29,8 +29,9 @@ function psql(url, sql) {
   execFileSync("psql", [url, "-v", "ON_ERROR_STOP=1", "-qc", sql], { stdio: ["ignore", "ignore", "inherit"] });
 }
 
-/// Starts berthd on a fresh database; `stop()` ends it and drops the database.
-export async function startBerth() {
+/// Starts berthd on a fresh database (with `extraEnv` on top of the defaults); `stop()` ends
+/// it and drops the database.
+export async function startBerth(extraEnv = {}) {
   const base = process.env.DATABASE_URL;
   if (!base) throw new Error("DATABASE_URL must name a Postgres server whose role may create databases");
   const name = `berth_web_${process.pid}_${Date.now()}`;
@@ -50,6 +51,7 @@ export async function startBerth() {
     BERTH_DEMO: "false",
     BERTH_LOG_FORMAT: "json",
     RUST_LOG: "warn",
+    ...extraEnv,
   };
   const token = (role, team) =>
     execFileSync(BERTHD, ["token", "create", "--subject", `${role}-user`, "--role", role, ...(team ? ["--team", team] : [])], {

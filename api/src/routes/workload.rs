@@ -1,12 +1,13 @@
 //! `/api/v1/teams/{team}/workloads` and `/api/v1/workloads`
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use berth_app::workload as app;
 use berth_core::page::PageRequest;
 use berth_core::selector::LabelSelector;
-use berth_core::workload::{Phase, Workload, WorkloadApply, WorkloadKind};
+use berth_core::workload::{Phase, Queue, Workload, WorkloadApply, WorkloadKind, WorkloadSummary};
 use berth_store::workload::WorkloadFilter;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -21,11 +22,12 @@ use crate::state::AppState;
 list_type!(WorkloadList, Workload);
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_all_workloads)).routes(routes!(list_team_workloads)).routes(routes!(
-        get_workload,
-        put_workload,
-        delete_workload
-    ))
+    OpenApiRouter::new()
+        .routes(routes!(list_all_workloads))
+        .routes(routes!(list_team_workloads))
+        .routes(routes!(get_workload, put_workload, delete_workload))
+        .routes(routes!(get_queue))
+        .routes(routes!(get_workload_summary))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -78,6 +80,49 @@ async fn list_all_workloads(
     let visible = caller.access().visible_teams().map(|t| t.into_iter().collect());
     let filter = q.filter(None, visible)?;
     Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct QueueParams {
+    /// Only this team's pending workloads.
+    pub team: Option<String>,
+    /// How many of the first to return, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+}
+
+/// The pending workloads of the teams the caller can see, in the order the scheduler will
+/// consider them (each with its queue position and the reason it waits), and how many
+/// wait in all.
+#[utoipa::path(get, path = "/api/v1/queue", tag = "workloads", params(QueueParams),
+    responses((status = 200, description = "The head of the queue", body = Queue)))]
+async fn get_queue(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    ApiQuery(q): ApiQuery<QueueParams>,
+) -> Result<Json<Queue>, ApiError> {
+    let limit = PageRequest::<String>::new(q.limit, None)?.limit;
+    let access = caller.access();
+    let only: Option<Vec<String>> = match q.team {
+        Some(team) => {
+            access.read_team(&team)?;
+            Some(vec![team])
+        }
+        None => access.visible_teams().map(|t| t.into_iter().collect()),
+    };
+    Ok(Json(app::workload_queue(&s.db, only.as_deref(), limit).await?))
+}
+
+/// How many workloads of the teams the caller can see are in each phase, and their GPUs.
+#[utoipa::path(get, path = "/api/v1/workloads/summary", tag = "workloads",
+    responses((status = 200, description = "Workloads per phase", body = WorkloadSummary)))]
+async fn get_workload_summary(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Json<WorkloadSummary>, ApiError> {
+    let only: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
+    Ok(Json(app::workload_summary(&s.db, only.as_deref()).await?))
 }
 
 /// List a team's workloads, by name, with filters (`team` is taken from the path).

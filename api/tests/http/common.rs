@@ -443,3 +443,21 @@ impl Drop for LoggedBerthd {
         let _ = self.child.wait();
     }
 }
+
+/// Flavor h100, a sim cluster of 16 h100 GPUs with its inventory taken, and top-level teams
+/// a and b guaranteed `guaranteed` each; the controllers' context (controllers not running).
+pub async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_controllers::Context {
+    s.put_ok("/api/v1/flavors/h100", &flavor("h100"), 201).await;
+    s.put_ok("/api/v1/clusters/c1", &sim_cluster("h100"), 201).await;
+    for team in ["a", "b"] {
+        let body = TeamBody::new().quota("h100", guaranteed, None, 1).json();
+        s.put_ok(&format!("/api/v1/teams/{team}"), &body, 201).await;
+    }
+    let ctx = berth_controllers::Context {
+        db: s.db.clone(),
+        backends: std::sync::Arc::new(berth_adapters::Registry::new(None)),
+        config: berth_controllers::Config::default(),
+    };
+    berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");
+    ctx
+}

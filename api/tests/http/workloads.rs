@@ -197,3 +197,64 @@ async fn concurrent_puts_of_one_new_name_create_it_exactly_once(db: berth_store:
         .unwrap();
     assert_eq!(creates, 1);
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_queue_is_in_the_schedulers_order_and_the_summary_counts_phases(db: berth_store::PgPool) {
+    use berth_core::auth::Role;
+
+    use crate::common::{token, two_teams_on_one_cluster};
+
+    let s = Server::start(db).await;
+    let ctx = two_teams_on_one_cluster(&s, 8).await;
+    // b fills the cluster; then a's w1, w2, w3 and b's x wait.
+    s.put_ok("/api/v1/teams/b/workloads/big", &WorkloadBody::new().gpus(8.0).count(2).json(), 201).await;
+    berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle");
+    for (team, name, priority) in [("a", "w1", 0), ("b", "x", 0), ("a", "w2", 5), ("a", "w3", 0)] {
+        let body = WorkloadBody::new().gpus(4.0).priority(priority).json();
+        s.put_ok(&format!("/api/v1/teams/{team}/workloads/{name}"), &body, 201).await;
+    }
+    let before_cycle = s.get("/api/v1/queue").await;
+    assert_eq!(before_cycle.body["total"], 4, "{}", before_cycle.body);
+    berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle");
+
+    let queue = s.get("/api/v1/queue").await;
+    assert_eq!(queue.status, 200, "{}", queue.body);
+    assert_eq!((queue.body["total"].as_i64(), queue.body["gpus"].as_f64()), (Some(4), Some(16.0)));
+    let items = queue.body["items"].as_array().unwrap();
+    let positions: Vec<i64> = items.iter().map(|w| w["status"]["queue_position"]["global"].as_i64().unwrap()).collect();
+    assert_eq!(positions, [1, 2, 3, 4], "{}", queue.body);
+    assert!(items.iter().all(|w| w["status"]["pending_reason"]["message"].is_string()));
+    let order: Vec<&str> = items.iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(order[0], "w2", "a's higher-priority workload comes first within a: {order:?}");
+    let head = s.get("/api/v1/queue?limit=2").await;
+    assert_eq!(head.body["items"].as_array().unwrap().len(), 2);
+    assert_eq!(head.body["total"], 4);
+    s.get("/api/v1/queue?limit=0").await.assert_problem(422, Some("limit"));
+
+    // A member of a sees a's part only, the same order.
+    let member = token("m", &[(Role::Member, Some("a"))]);
+    let mine = s.send_as(Some(&member), Method::GET, "/api/v1/queue", None).await;
+    let names: Vec<&str> =
+        mine.body["items"].as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    let expected: Vec<&str> = order.iter().copied().filter(|n| *n != "x").collect();
+    assert_eq!(names, expected);
+    assert_eq!(mine.body["total"], 3);
+    s.send_as(Some(&member), Method::GET, "/api/v1/queue?team=b", None).await.assert_problem(404, None);
+
+    let summary = s.get("/api/v1/workloads/summary").await;
+    let phases = summary.body["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 9, "every phase is listed");
+    let count = |phase: &str| {
+        let p = phases.iter().find(|p| p["phase"] == phase).unwrap();
+        (p["workloads"].as_i64().unwrap(), p["gpus"].as_f64().unwrap())
+    };
+    assert_eq!(count("Pending"), (4, 16.0));
+    // a reclaims its guarantee from b: the second cycle preempted big.
+    assert_eq!(count("Preempting"), (1, 16.0), "{}", summary.body);
+    assert_eq!(count("Admitted"), (0, 0.0));
+    assert_eq!(count("Running"), (0, 0.0));
+    let as_member = s.send_as(Some(&member), Method::GET, "/api/v1/workloads/summary", None).await;
+    let member_pending =
+        as_member.body["phases"].as_array().unwrap().iter().find(|p| p["phase"] == "Pending").unwrap().clone();
+    assert_eq!(member_pending["workloads"], 3);
+}

@@ -3,7 +3,7 @@
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::event::{Actor, EventType};
 use berth_core::page::{Page, PageRequest};
-use berth_core::workload::{Workload, WorkloadApply, WorkloadStatus};
+use berth_core::workload::{Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadStatus, WorkloadSummary};
 use berth_core::{Error, WorkloadId};
 use berth_store::event::event_record;
 use berth_store::workload::{NewWorkload, WorkloadFilter};
@@ -117,6 +117,31 @@ pub async fn workload_list(
     page: &PageRequest<(String, String)>,
 ) -> Result<Page<Workload>, Error> {
     store::workload_list(db, filter, page).await
+}
+
+/// The first `limit` pending workloads in queue order, and the totals.
+///
+/// # Errors
+/// Store errors.
+pub async fn workload_queue(db: &PgPool, only: Option<&[String]>, limit: u32) -> Result<Queue, Error> {
+    let (items, total, gpus) = store::workload_queue(db, only, limit).await?;
+    Ok(Queue { total, gpus, items })
+}
+
+/// Workloads per phase, every phase listed.
+///
+/// # Errors
+/// Store errors.
+pub async fn workload_summary(db: &PgPool, only: Option<&[String]>) -> Result<WorkloadSummary, Error> {
+    let counts = store::workload_phase_counts(db, only).await?;
+    let phases = Phase::ALL
+        .iter()
+        .map(|&phase| {
+            let (workloads, gpus) = counts.iter().find(|(p, ..)| *p == phase).map_or((0, 0.0), |(_, n, g)| (*n, *g));
+            PhaseCount { phase, workloads, gpus }
+        })
+        .collect();
+    Ok(WorkloadSummary { phases })
 }
 
 /// Checks that a team exists (for team-scoped lists, so an unknown team is a 404 rather

@@ -328,6 +328,31 @@ pub struct WorkloadStatus {
     pub unknown_since: Option<DateTime<Utc>>,
 }
 
+/// Pending workloads in queue order (`GET /api/v1/queue`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Queue {
+    /// Pending workloads in all (of the teams the caller can see).
+    pub total: i64,
+    /// Their GPUs in all.
+    pub gpus: f64,
+    /// The first of them, in the order the scheduler will consider them.
+    pub items: Vec<Workload>,
+}
+
+/// Workloads per phase (`GET /api/v1/workloads/summary`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkloadSummary {
+    /// Every phase, in lifecycle order, with how many workloads are in it and their GPUs.
+    pub phases: Vec<PhaseCount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PhaseCount {
+    pub phase: Phase,
+    pub workloads: i64,
+    pub gpus: f64,
+}
+
 /// A workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Workload {

@@ -249,6 +249,66 @@ pub async fn workload_list(
     Ok(Page::from_rows(rows, page.limit, |r| (r.team_name.clone(), r.name.clone())).map(Workload::from))
 }
 
+/// The first `limit` pending workloads in queue order (the scheduler's global position;
+/// those it has not placed in the queue yet last, oldest first), of the teams in `only`
+/// when given; and how many are pending and their GPUs in all.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_queue(
+    db: &crate::PgPool,
+    only: Option<&[String]>,
+    limit: u32,
+) -> Result<(Vec<Workload>, i64, f64), Error> {
+    let rows = sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp
+           FROM workloads
+           WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))
+           ORDER BY (status #>> '{queue_position,global}')::int NULLS LAST, created_at, team_name, name
+           LIMIT $2"#,
+        only,
+        i64::from(limit),
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    let totals = sqlx::query!(
+        r#"SELECT count(*) AS "count!", coalesce(sum(gpus), 0) AS "gpus!"
+           FROM (SELECT (spec #>> '{tasks,count}')::float8 * (spec #>> '{tasks,resources,gpus}')::float8 AS gpus
+                 FROM workloads WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))) p"#,
+        only,
+    )
+    .fetch_one(db)
+    .await
+    .map_err(db_error)?;
+    Ok((rows.into_iter().map(Workload::from).collect(), totals.count, totals.gpus))
+}
+
+/// How many workloads are in each phase (of the teams in `only` when given), with their
+/// GPUs; phases without workloads are left out.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_phase_counts(
+    db: &crate::PgPool,
+    only: Option<&[String]>,
+) -> Result<Vec<(Phase, i64, f64)>, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT phase AS "phase!", count(*) AS "count!",
+                  coalesce(sum((spec #>> '{tasks,count}')::float8 * (spec #>> '{tasks,resources,gpus}')::float8), 0)
+                      AS "gpus!"
+           FROM workloads WHERE ($1::text[] IS NULL OR team_name = ANY($1))
+           GROUP BY phase"#,
+        only,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    rows.into_iter().map(|r| Ok((stored_phase(&r.phase)?, r.count, r.gpus))).collect()
+}
+
 /// What an apply needs to know before it writes, read in one round trip.
 pub struct WorkloadLookup {
     /// The team's uid; `None` when the team does not exist.

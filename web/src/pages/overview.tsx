@@ -1,4 +1,4 @@
-import { Cluster, InventoryEntry, Team, UsageHistory, all, api } from "../api";
+import { Cluster, InventoryEntry, Team, UsageHistory, WorkloadSummary, all, api } from "../api";
 import { usePoll } from "../app";
 import { UsageChart } from "../chart";
 
@@ -6,15 +6,17 @@ interface OverviewData {
   clusters: Cluster[];
   teams: Team[];
   history: UsageHistory;
+  summary: WorkloadSummary;
 }
 
 async function load(): Promise<OverviewData> {
-  const [clusters, teams, history] = await Promise.all([
+  const [clusters, teams, history, summary] = await Promise.all([
     all<Cluster>("/api/v1/clusters"),
     all<Team>("/api/v1/teams"),
     api<UsageHistory>("/api/v1/usage/history"),
+    api<WorkloadSummary>("/api/v1/workloads/summary"),
   ]);
-  return { clusters, teams, history };
+  return { clusters, teams, history, summary };
 }
 
 export function Overview() {
@@ -45,6 +47,29 @@ export function Overview() {
             <div class="muted">GPUs allocated · {fmt(t.free)} free</div>
           </div>
         ))}
+      </section>
+      <section aria-labelledby="phases-heading">
+        <h2 id="phases-heading">Workloads by phase</h2>
+        <table class="phases">
+          <thead>
+            <tr>
+              <th scope="col">Phase</th>
+              <th scope="col" class="num">Workloads</th>
+              <th scope="col" class="num">GPUs</th>
+            </tr>
+          </thead>
+          <tbody>
+            {data.summary.phases.map((p) => (
+              <tr data-phase={p.phase}>
+                <td>
+                  <a href={`#/workloads?phase=${p.phase}`}>{p.phase}</a>
+                </td>
+                <td class="num">{p.workloads}</td>
+                <td class="num">{fmt(p.gpus)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
       </section>
       <section aria-labelledby="clusters-heading">
         <h2 id="clusters-heading">Clusters</h2>

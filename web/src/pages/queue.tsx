@@ -1,19 +1,22 @@
-import { Workload, all, gpusOf } from "../api";
+import { Queue as QueueHead, api, gpusOf } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
 
-/// Pending workloads in the order the scheduler will consider them, with its reason.
+const SHOWN = 100;
+
+/// Pending workloads in the order the scheduler will consider them, with its reason (the
+/// first hundred; the API orders them).
 export function Queue() {
-  const [pending, error] = usePoll(() => all<Workload>("/api/v1/workloads?phase=Pending"));
-  if (!pending) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
-  const position = (w: Workload) => w.status.queue_position?.global ?? Number.MAX_SAFE_INTEGER;
-  const ordered = [...pending].sort((a, b) => position(a) - position(b));
+  const [queue, error] = usePoll(() => api<QueueHead>(`/api/v1/queue?limit=${SHOWN}`));
+  if (!queue) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
+  const ordered = queue.items;
   return (
     <>
       <h1>Queue</h1>
       {error && <p class="error" role="alert">Not refreshed: {error.message}</p>}
       <p class="muted">
-        {ordered.length} workload{ordered.length === 1 ? "" : "s"} waiting, {fmt(ordered.reduce((n, w) => n + gpusOf(w), 0))} GPUs.
+        {queue.total} workload{queue.total === 1 ? "" : "s"} waiting for {fmt(queue.gpus)} GPUs
+        {queue.total > ordered.length ? `; the first ${ordered.length} shown` : ""}.
       </p>
       <table class="queue">
         <thead>
