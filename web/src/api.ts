@@ -229,3 +229,41 @@ export interface Queue {
 export interface WorkloadSummary {
   phases: { phase: (typeof PHASES)[number]; workloads: number; gpus: number }[];
 }
+
+export interface NodeView {
+  name: string;
+  flavor?: string | null;
+  block?: string | null;
+  gpus: number;
+  unavailable_gpus: number;
+  allocated_gpus: number;
+  schedulable: boolean;
+}
+
+/// Replaces the spec of the object at `path` with `change(spec)`, conditionally on the
+/// version it read. Berth's own status writes also move an object's version, so a refused
+/// write (409, 412) is read again and retried, as long as the spec is still the one the
+/// user saw (`seen`, when given); a spec someone else changed is reported instead.
+export async function updateSpec<S>(
+  path: string,
+  change: (spec: S) => S,
+  seen?: S,
+): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    const current = await api<{ metadata: Meta; spec: S }>(path);
+    if (seen !== undefined && JSON.stringify(current.spec) !== JSON.stringify(seen))
+      throw new ApiError(409, "Changed meanwhile", "Someone else changed this since you opened it; reload and edit again.");
+    try {
+      await api(path, {
+        method: "PUT",
+        body: {
+          metadata: { labels: current.metadata.labels ?? {}, resource_version: current.metadata.resource_version },
+          spec: change(current.spec),
+        },
+      });
+      return;
+    } catch (e) {
+      if (!(e instanceof ApiError) || (e.status !== 409 && e.status !== 412) || attempt >= 4) throw e;
+    }
+  }
+}

@@ -172,12 +172,20 @@ test("the workloads table filters by phase through the API", async () => {
 test("an admin cordons and uncordons a cluster; a viewer has no such button", async () => {
   const page = await signedIn();
   await page.goto(berth.origin + "/#/clusters");
-  await page.getByRole("button", { name: "Cordon sim-a" }).click();
-  await page.getByRole("button", { name: "Uncordon sim-a" }).waitFor();
+  // One node group (h100, no block): 2 nodes, 16 GPUs, as many placed by Berth as its
+  // nodes endpoint says.
+  const nodes = (await berth.call("GET", "/api/v1/clusters/sim-a/nodes")).items;
+  const placed = nodes.reduce((a, n) => a + n.allocated_gpus, 0);
+  const group = page.locator('section[data-cluster="sim-a"] tr[data-group="h100/—"] td');
+  await group.first().waitFor();
+  assert.deepEqual((await group.allTextContents()).slice(2, 4), ["2 (2)", "16"]);
+  assert.ok(placed > 0);
+  await page.getByRole("button", { name: "Cordon sim-a", exact: true }).click();
+  await page.getByRole("button", { name: "Uncordon sim-a", exact: true }).waitFor();
   assert.equal((await berth.call("GET", "/api/v1/clusters/sim-a")).spec.cordoned, true);
   await page.screenshot({ path: join(ARTIFACTS, "clusters.png"), fullPage: true });
-  await page.getByRole("button", { name: "Uncordon sim-a" }).click();
-  await page.getByRole("button", { name: "Cordon sim-a" }).waitFor();
+  await page.getByRole("button", { name: "Uncordon sim-a", exact: true }).click();
+  await page.getByRole("button", { name: "Cordon sim-a", exact: true }).waitFor();
   assert.equal((await berth.call("GET", "/api/v1/clusters/sim-a")).spec.cordoned, false);
   await page.close();
   const viewer = await signedIn(berth.token("viewer"));
@@ -185,4 +193,29 @@ test("an admin cordons and uncordons a cluster; a viewer has no such button", as
   await viewer.locator('section[data-cluster="sim-a"]').waitFor();
   assert.equal(await viewer.getByRole("button", { name: /Cordon/ }).count(), 0);
   await viewer.close();
+});
+
+test("on a narrow screen every page fits its width", async () => {
+  const page = await browser.newPage({ viewport: { width: 390, height: 844 } });
+  await page.addInitScript((token) => localStorage.setItem("berth.token", token), berth.admin);
+  for (const [hash, ready] of [
+    ["#/overview", 'tr[data-phase="Pending"]'],
+    ["#/teams", 'tr[data-team="nlp"]'],
+    ["#/queue", "h1"],
+    ["#/workloads", "tr[data-workload]"],
+    ["#/clusters", 'section[data-cluster="sim-a"]'],
+  ]) {
+    await page.goto(berth.origin + "/" + hash);
+    await page.locator(ready).first().waitFor();
+    await page.screenshot({ path: join(ARTIFACTS, `narrow-${hash.slice(2)}.png`), fullPage: true });
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+    const wide = await page.evaluate(() =>
+      [...document.querySelectorAll("body *")]
+        .filter((e) => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+        .slice(0, 3)
+        .map((e) => e.tagName + "." + e.className),
+    );
+    assert.ok(overflow <= 0, `${hash} is ${overflow} px wider than the screen: ${wide}`);
+  }
+  await page.close();
 });

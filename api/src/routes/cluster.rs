@@ -1,13 +1,14 @@
 //! `/api/v1/clusters`
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use berth_app::cluster as app;
-use berth_core::cluster::{Cluster, ClusterApply, ClusterKind};
+use berth_core::cluster::{Cluster, ClusterApply, ClusterKind, NodeView};
 use berth_core::page::PageRequest;
-use serde::Deserialize;
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,7 +20,10 @@ use crate::state::AppState;
 list_type!(ClusterList, Cluster);
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_clusters)).routes(routes!(get_cluster, put_cluster, delete_cluster))
+    OpenApiRouter::new()
+        .routes(routes!(list_clusters))
+        .routes(routes!(get_cluster, put_cluster, delete_cluster))
+        .routes(routes!(list_cluster_nodes))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -52,6 +56,24 @@ async fn list_clusters(
 async fn get_cluster(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
     let cluster = app::cluster_get(&s.db, &name).await?;
     Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
+}
+
+/// A cluster's nodes as last inventoried, by name, each with the GPUs Berth's active
+/// workloads are placed on.
+#[utoipa::path(get, path = "/api/v1/clusters/{name}/nodes", tag = "clusters",
+    params(("name" = String, Path, description = "Cluster name")),
+    responses((status = 200, description = "The nodes", body = NodeList)))]
+async fn list_cluster_nodes(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<NodeList>, ApiError> {
+    Ok(Json(NodeList { items: app::cluster_nodes(&s.db, &name).await? }))
+}
+
+/// A cluster's nodes.
+#[derive(Serialize, ToSchema)]
+pub struct NodeList {
+    pub items: Vec<NodeView>,
 }
 
 /// Register or replace a cluster.

@@ -80,3 +80,29 @@ async fn cluster_credentials_are_a_reference_never_a_secret(db: berth_store::PgP
     assert_eq!(stored.len(), 1);
     assert!(!stored[0].contains(secret));
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_clusters_nodes_show_the_gpus_berth_placed_on_them(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let ctx = crate::common::two_teams_on_one_cluster(&s, 8).await;
+    let body = crate::common::WorkloadBody::new().gpus(4.0).count(3).json();
+    s.put_ok("/api/v1/teams/a/workloads/three", &body, 201).await;
+    assert_eq!(berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle").admitted, 1);
+
+    let nodes = s.get("/api/v1/clusters/c1/nodes").await;
+    assert_eq!(nodes.status, 200, "{}", nodes.body);
+    let items = nodes.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{}", nodes.body);
+    for n in items {
+        assert_eq!(
+            (n["flavor"].as_str(), n["gpus"].as_u64(), n["block"].as_str()),
+            (Some("h100"), Some(8), Some("nvl-a"))
+        );
+        assert_eq!(n["schedulable"], true);
+    }
+    // Three 4-GPU tasks on two 8-GPU nodes: 8 on one, 4 on the other.
+    let mut allocated: Vec<f64> = items.iter().map(|n| n["allocated_gpus"].as_f64().unwrap()).collect();
+    allocated.sort_by(f64::total_cmp);
+    assert_eq!(allocated, [4.0, 8.0]);
+    s.get("/api/v1/clusters/nope/nodes").await.assert_problem(404, None);
+}

@@ -1,7 +1,7 @@
 //! Cluster use cases.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
-use berth_core::cluster::{Cluster, ClusterApply, ClusterKind};
+use berth_core::cluster::{Cluster, ClusterApply, ClusterKind, NodeView};
 use berth_core::event::Actor;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{ClusterId, Error};
@@ -91,6 +91,15 @@ async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
 /// [`Error::NotFound`] when there is none by that name.
 pub async fn cluster_get(db: &PgPool, name: &str) -> Result<Cluster, Error> {
     store::cluster_fetch(db, name).await?.ok_or_else(|| not_found(name))
+}
+
+/// A cluster's nodes, with the GPUs Berth holds on each.
+///
+/// # Errors
+/// [`Error::NotFound`] when there is no such cluster; store errors.
+pub async fn cluster_nodes(db: &PgPool, name: &str) -> Result<Vec<NodeView>, Error> {
+    cluster_get(db, name).await?;
+    store::cluster_nodes_of(db, name).await
 }
 
 /// Lists clusters, optionally of one kind.

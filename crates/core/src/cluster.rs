@@ -261,6 +261,23 @@ pub struct InventoryEntry {
     pub gpus_free: f64,
 }
 
+/// A node of a cluster as the dashboard shows it (`GET /api/v1/clusters/{name}/nodes`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
+    pub name: String,
+    /// None: the node's GPUs map to no flavor (Berth does not place work there).
+    pub flavor: Option<String>,
+    /// Topology block (e.g. an NVLink domain or a switch), if the backend reports one.
+    pub block: Option<String>,
+    pub gpus: u32,
+    /// GPUs the backend reports unusable, or held by work Berth did not start.
+    pub unavailable_gpus: u32,
+    /// GPUs Berth's active workloads are placed on.
+    pub allocated_gpus: f64,
+    /// False when drained, down or cordoned at the backend.
+    pub schedulable: bool,
+}
+
 /// A registered backend cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Cluster {

@@ -1,6 +1,6 @@
 //! SQL for clusters.
 
-use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec, ClusterStatus};
+use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec, ClusterStatus, NodeView};
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{ClusterId, Error};
@@ -213,6 +213,43 @@ pub struct ClusterNode {
     pub memory_mib: i64,
     pub block: Option<String>,
     pub schedulable: bool,
+}
+
+/// A cluster's nodes by name, each with the GPUs Berth's active workloads hold on it (by
+/// their placement).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn cluster_nodes_of(db: impl PgExecutor<'_>, cluster: &str) -> Result<Vec<NodeView>, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT n.name, n.flavor, n.gpus, n.unavailable_gpus, n.block, n.schedulable,
+                  coalesce(a.allocated, 0) AS "allocated!"
+           FROM clusters c JOIN cluster_nodes n ON n.cluster_uid = c.uid
+           LEFT JOIN (
+               SELECT p ->> 'node' AS node, sum((w.spec #>> '{tasks,resources,gpus}')::float8) AS allocated
+               FROM workloads w, jsonb_array_elements(w.status #> '{admission,placement}') p
+               WHERE w.cluster = $1 AND w.phase IN ('Admitted', 'Dispatched', 'Running', 'Preempting', 'Unknown')
+               GROUP BY 1
+           ) a ON a.node = n.name
+           WHERE c.name = $1
+           ORDER BY n.name"#,
+        cluster
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| NodeView {
+            name: r.name,
+            flavor: r.flavor,
+            block: r.block,
+            gpus: u32::try_from(r.gpus).unwrap_or(0),
+            unavailable_gpus: u32::try_from(r.unavailable_gpus).unwrap_or(0),
+            allocated_gpus: r.allocated,
+            schedulable: r.schedulable,
+        })
+        .collect())
 }
 
 /// Every cluster's nodes: (cluster uid, node), by cluster and name.

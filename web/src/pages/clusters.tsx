@@ -1,24 +1,48 @@
 import { useState } from "preact/hooks";
-import { ApiError, Cluster, Me, abilities, all, api } from "../api";
+import { ApiError, Cluster, Me, NodeView, abilities, all, api, updateSpec } from "../api";
 import { usePoll } from "../app";
-import { GpuCells } from "./overview";
+import { GpuCells, fmt } from "./overview";
 
-/// Clusters: health, inventory per flavor, and cordon / uncordon for platform admins.
+interface ClusterNodes {
+  cluster: Cluster;
+  nodes: NodeView[];
+}
+
+async function load(): Promise<ClusterNodes[]> {
+  const clusters = await all<Cluster>("/api/v1/clusters");
+  return Promise.all(
+    clusters.map(async (cluster) => ({
+      cluster,
+      nodes: (await api<{ items: NodeView[] }>(`/api/v1/clusters/${cluster.metadata.name}/nodes`)).items,
+    })),
+  );
+}
+
+/// Nodes grouped by flavor and topology block, in name order of the first node.
+export function nodeGroups(nodes: NodeView[]) {
+  const groups = new Map<string, { flavor: string; block: string; nodes: NodeView[] }>();
+  for (const n of nodes) {
+    const flavor = n.flavor ?? "(no flavor)";
+    const block = n.block ?? "—";
+    const key = `${flavor}\u0000${block}`;
+    const g = groups.get(key) ?? { flavor, block, nodes: [] };
+    g.nodes.push(n);
+    groups.set(key, g);
+  }
+  return [...groups.values()];
+}
+
+/// Clusters: health, inventory per flavor and per node group, and cordon / uncordon for
+/// platform admins.
 export function Clusters({ me }: { me: Me }) {
-  const [clusters, error, reload] = usePoll(() => all<Cluster>("/api/v1/clusters"));
+  const [data, error, reload] = usePoll(load);
   const [problem, setProblem] = useState<string | null>(null);
   const admin = abilities(me).platformAdmin;
-  if (!clusters) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
+  if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const cordon = async (c: Cluster, cordoned: boolean) => {
     setProblem(null);
     try {
-      await api(`/api/v1/clusters/${c.metadata.name}`, {
-        method: "PUT",
-        body: {
-          metadata: { labels: c.metadata.labels ?? {}, resource_version: c.metadata.resource_version },
-          spec: { ...c.spec, cordoned },
-        },
-      });
+      await updateSpec<Cluster["spec"]>(`/api/v1/clusters/${c.metadata.name}`, (spec) => ({ ...spec, cordoned }));
     } catch (e) {
       setProblem(e instanceof ApiError ? e.message : String(e));
     }
@@ -29,7 +53,7 @@ export function Clusters({ me }: { me: Me }) {
       <h1>Clusters</h1>
       {error && <p class="error" role="alert">Not refreshed: {error.message}</p>}
       {problem && <p class="error" role="alert">{problem}</p>}
-      {clusters.map((c) => (
+      {data.map(({ cluster: c, nodes }) => (
         <section class="cluster" data-cluster={c.metadata.name} aria-labelledby={`cluster-${c.metadata.name}`}>
           <h2 id={`cluster-${c.metadata.name}`}>
             {c.metadata.name} <span class="muted">({c.spec.kind})</span>{" "}
@@ -56,6 +80,36 @@ export function Clusters({ me }: { me: Me }) {
                   <GpuCells inv={i} />
                 </tr>
               ))}
+            </tbody>
+          </table>
+          <table class="node-groups">
+            <caption>Node groups</caption>
+            <thead>
+              <tr>
+                <th scope="col">Flavor</th>
+                <th scope="col">Block</th>
+                <th scope="col" class="num">Nodes (schedulable)</th>
+                <th scope="col" class="num">GPUs</th>
+                <th scope="col" class="num">Placed by Berth</th>
+                <th scope="col" class="num">Unavailable</th>
+              </tr>
+            </thead>
+            <tbody>
+              {nodeGroups(nodes).map((g) => {
+                const sum = (f: (n: NodeView) => number) => g.nodes.reduce((a, n) => a + f(n), 0);
+                return (
+                  <tr data-group={`${g.flavor}/${g.block}`}>
+                    <td>{g.flavor}</td>
+                    <td>{g.block}</td>
+                    <td class="num">
+                      {g.nodes.length} ({g.nodes.filter((n) => n.schedulable).length})
+                    </td>
+                    <td class="num">{sum((n) => n.gpus)}</td>
+                    <td class="num">{fmt(sum((n) => n.allocated_gpus))}</td>
+                    <td class="num">{sum((n) => n.unavailable_gpus)}</td>
+                  </tr>
+                );
+              })}
             </tbody>
           </table>
           {admin && (

@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import { ApiError, Me, Quota, QuotaPreview, Team, abilities, all, api } from "../api";
+import { ApiError, Me, Quota, QuotaPreview, Team, abilities, all, api, updateSpec } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
 
@@ -124,27 +124,25 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const [problem, setProblem] = useState<ApiError | null>(null);
   const [preview, setPreview] = useState<QuotaPreview | null>(null);
   const [busy, setBusy] = useState(false);
-  const body = () => ({
-    metadata: { labels: team.metadata.labels ?? {}, resource_version: team.metadata.resource_version },
-    spec: {
-      ...team.spec,
-      quotas: draft.map(
-        (d): Quota => ({
-          flavor: d.flavor,
-          guaranteed: Number(d.guaranteed),
-          limit: d.limit.trim() === "" ? null : Number(d.limit),
-          weight: Number(d.weight),
-        }),
-      ),
-    },
-  });
+  const quotas = () =>
+    draft.map(
+      (d): Quota => ({
+        flavor: d.flavor,
+        guaranteed: Number(d.guaranteed),
+        limit: d.limit.trim() === "" ? null : Number(d.limit),
+        weight: Number(d.weight),
+      }),
+    );
   const run = async (what: "preview" | "save") => {
     setBusy(true);
     setProblem(null);
     try {
-      if (what === "preview") setPreview(await api<QuotaPreview>(`/api/v1/teams/${name}/preview`, { method: "POST", body: body() }));
-      else {
-        await api(`/api/v1/teams/${name}`, { method: "PUT", body: body() });
+      const path = `/api/v1/teams/${name}`;
+      if (what === "preview") {
+        const body = { spec: { ...team.spec, quotas: quotas() } };
+        setPreview(await api<QuotaPreview>(`${path}/preview`, { method: "POST", body }));
+      } else {
+        await updateSpec<Team["spec"]>(path, (spec) => ({ ...spec, quotas: quotas() }), team.spec);
         onDone();
       }
     } catch (e) {
