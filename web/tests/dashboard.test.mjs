@@ -95,7 +95,9 @@ test("an admin previews a quota change, sees the API's message next to a bad fie
   await page.goto(berth.origin + "/#/teams");
   const nlp = page.locator('tr[data-team="nlp"][data-flavor="h100"]');
   await nlp.waitFor();
-  assert.deepEqual((await nlp.locator("td").allTextContents()).slice(1, 6), ["4", "none", "1", "12", "8"]);
+  const cells = await nlp.locator("td").allTextContents();
+  assert.deepEqual(cells.slice(1, 6), ["4", "none", "1", "12", "8"]);
+  assert.equal(cells[7], "over by 8");
   await page.getByRole("button", { name: "Edit quotas of nlp" }).click();
   const guaranteed = page.getByLabel("Guaranteed GPUs (h100)");
   const limit = page.getByLabel("Limit (GPUs) (h100)");

@@ -55,6 +55,7 @@ export function Teams({ me }: { me: Me }) {
             <th scope="col" class="num">Allocated</th>
             <th scope="col" class="num">Borrowed</th>
             <th scope="col" class="num">Fair share</th>
+            <th scope="col">Against its guarantee</th>
             <th scope="col">
               <span class="visually-hidden">Actions</span>
             </th>
@@ -82,6 +83,7 @@ export function Teams({ me }: { me: Me }) {
                     {u && u.borrowed > 0 ? <span title="above its guarantee">{fmt(u.borrowed)}</span> : flavor ? 0 : ""}
                   </td>
                   <td class="num">{u ? fmt(u.fair_share) : ""}</td>
+                  <td>{flavor && standing(u?.allocated ?? 0, q?.guaranteed ?? 0)}</td>
                   <td>
                     {i === 0 && mayEdit(me, teams, t) && (
                       <button type="button" onClick={() => setEditing(t.metadata.name)}>
@@ -107,6 +109,13 @@ export function Teams({ me }: { me: Me }) {
       )}
     </>
   );
+}
+
+/// A team's use of a flavor against its guarantee, in words.
+function standing(allocated: number, guaranteed: number): string {
+  if (allocated > guaranteed) return `over by ${fmt(allocated - guaranteed)}`;
+  if (allocated < guaranteed) return `under by ${fmt(guaranteed - allocated)}`;
+  return allocated > 0 ? "at it" : "";
 }
 
 type Draft = { flavor: string; guaranteed: string; limit: string; weight: string };
