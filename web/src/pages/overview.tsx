@@ -1,3 +1,4 @@
+import { useEffect, useState } from "preact/hooks";
 import { Cluster, InventoryEntry, Team, UsageHistory, WorkloadSummary, all, api } from "../api";
 import { usePoll } from "../app";
 import { UsageChart } from "../chart";
@@ -9,18 +10,28 @@ interface OverviewData {
   summary: WorkloadSummary;
 }
 
-async function load(): Promise<OverviewData> {
+/// The chart's periods, in hours.
+const PERIODS: [number, string][] = [
+  [1, "last hour"],
+  [24, "last 24 hours"],
+  [24 * 7, "last 7 days"],
+];
+
+async function load(hours: number): Promise<OverviewData> {
+  const since = new Date(Date.now() - hours * 3600_000).toISOString();
   const [clusters, teams, history, summary] = await Promise.all([
     all<Cluster>("/api/v1/clusters"),
     all<Team>("/api/v1/teams"),
-    api<UsageHistory>("/api/v1/usage/history"),
+    api<UsageHistory>(`/api/v1/usage/history?since=${encodeURIComponent(since)}`),
     api<WorkloadSummary>("/api/v1/workloads/summary"),
   ]);
   return { clusters, teams, history, summary };
 }
 
 export function Overview() {
-  const [data, error] = usePoll(load);
+  const [hours, setHours] = useState(24);
+  const [data, error, reload] = usePoll(() => load(hours));
+  useEffect(reload, [hours]);
   if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const rows = data.clusters.flatMap((c) =>
     (c.status.inventory.length ? c.status.inventory : [null]).map((inv, i) => ({ c, inv, first: i === 0 })),
@@ -106,7 +117,15 @@ export function Overview() {
         </table>
       </section>
       <section aria-labelledby="chart-heading">
-        <h2 id="chart-heading">GPUs allocated per team, last 24 hours</h2>
+        <h2 id="chart-heading">GPUs allocated per team</h2>
+        <label>
+          Period{" "}
+          <select value={hours} onChange={(e) => setHours(Number(e.currentTarget.value))}>
+            {PERIODS.map(([h, words]) => (
+              <option value={h}>{words}</option>
+            ))}
+          </select>
+        </label>
         <UsageChart history={data.history} />
       </section>
       <section aria-labelledby="borrowing-heading">
