@@ -12,6 +12,7 @@ use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::nodes::{node_states, place};
+use berth_sched::plan::PreemptionCause;
 use berth_sched::schedule;
 use berth_sched::snapshot::{
     Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
@@ -139,25 +140,69 @@ proptest! {
 
     #[test]
     fn cycles_carried_out_never_ping_pong(seed in any::<u64>()) {
-        // A closed system (no arrivals, no completions): plans are carried out, stopped work
-        // is requeued. Every cycle's plan holds the invariants, no two workloads ever
-        // preempt each other, and preemption dies out.
-        let mut w = World { s: snapshot(seed) };
-        let mut pairs = BTreeSet::new();
-        let mut quiet = 0;
-        for _ in 0..16 {
-            let plan = schedule(&w.s).unwrap();
-            prop_assert_eq!(violations(&w.s, &plan), Vec::<String>::new());
-            for p in &plan.preemptions {
-                let victim = w.s.running[p.victim].id.clone();
-                let cause = w.s.pending[p.cause.workload()].id.clone();
-                prop_assert!(!pairs.contains(&(cause.clone(), victim.clone())), "{victim} and {cause} preempt each other");
-                pairs.insert((victim, cause));
-            }
-            quiet = if plan.preemptions.is_empty() { quiet + 1 } else { 0 };
-            w.carry_out(&plan);
-            w.finish_stopping(true);
-        }
-        prop_assert!(quiet >= 4, "still preempting after 12 cycles");
+        closed_system(seed, false)?;
     }
+}
+
+/// The seed CI found preempting forever (`cycles_carried_out_never_ping_pong`): seed
+/// 9042032229544198028. Every other cycle p2 preempts r4 (team t0, priority 2 over 1); the
+/// next cycle, with r4 gone, the starving p1 (ahead of p2) is within quota again and gets
+/// nodes reserved that p2 needs, so p2 cannot start and r4 is admitted again behind the
+/// reservation — which takes p1 back above its guarantee, so it loses the reservation and
+/// p2 preempts r4 once more. Ignored until the scheduler is fixed; run with
+/// `cargo test -p berth-sched --release --test plan_properties -- --ignored --nocapture`.
+#[test]
+#[ignore = "seed 9042032229544198028 still ping-pongs (r4 preempted for p2 every other cycle)"]
+fn the_seed_that_kept_preempting_settles() {
+    closed_system(9_042_032_229_544_198_028, true).unwrap();
+}
+
+/// A closed system (no arrivals, no completions) built from `seed`, over 16 cycles: plans
+/// are carried out, stopped work is requeued. Every cycle's plan holds the invariants, no
+/// two workloads ever preempt each other, and preemption dies out. With `trace`, prints
+/// each cycle's preemptions and admissions.
+fn closed_system(seed: u64, trace: bool) -> Result<(), TestCaseError> {
+    let mut w = World { s: snapshot(seed) };
+    let mut pairs = BTreeSet::new();
+    let mut quiet = 0;
+    for cycle in 0..16 {
+        let plan = schedule(&w.s).unwrap();
+        if trace {
+            println!("cycle {cycle}:");
+            for p in &plan.preemptions {
+                let cause = match p.cause {
+                    PreemptionCause::Reclaim { team, .. } => format!("reclaim by t{team}"),
+                    PreemptionCause::Priority { .. } => "priority".to_string(),
+                };
+                let (v, c) = (&w.s.running[p.victim], &w.s.pending[p.cause.workload()]);
+                println!(
+                    "  preempt {} (t{}, prio {}) for {} (t{}, prio {}): {cause}",
+                    v.id, v.team, v.priority, c.id, c.team, c.priority
+                );
+            }
+            for a in &plan.admissions {
+                let p = &w.s.pending[a.workload];
+                println!(
+                    "  admit {} (t{}) on c{} f{}{}",
+                    p.id,
+                    p.team,
+                    a.cluster,
+                    a.flavor,
+                    if a.borrowed { " borrowed" } else { "" }
+                );
+            }
+        }
+        prop_assert_eq!(violations(&w.s, &plan), Vec::<String>::new());
+        for p in &plan.preemptions {
+            let victim = w.s.running[p.victim].id.clone();
+            let cause = w.s.pending[p.cause.workload()].id.clone();
+            prop_assert!(!pairs.contains(&(cause.clone(), victim.clone())), "{victim} and {cause} preempt each other");
+            pairs.insert((victim, cause));
+        }
+        quiet = if plan.preemptions.is_empty() { quiet + 1 } else { 0 };
+        w.carry_out(&plan);
+        w.finish_stopping(true);
+    }
+    prop_assert!(quiet >= 4, "still preempting after 12 cycles");
+    Ok(())
 }
