@@ -3,14 +3,15 @@
 // headless Chromium Debian ships (never a downloaded browser).
 
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
-const ROOT = resolve(import.meta.dirname, "../..");
-const BERTHD = process.env.BERTHD ?? join(ROOT, "target/debug/berthd");
+const ROOT = fileURLToPath(new URL("../..", import.meta.url));
+const BERTHD = process.env.BERTHD ?? join(process.env.CARGO_TARGET_DIR ?? join(ROOT, "target"), "debug/berthd");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 export const ARTIFACTS = join(ROOT, "web/test-results");
 
@@ -32,6 +33,8 @@ function psql(url, sql) {
 /// Starts berthd on a fresh database (with `extraEnv` on top of the defaults); `stop()` ends
 /// it and drops the database.
 export async function startBerth(extraEnv = {}) {
+  if (!existsSync(BERTHD)) throw new Error(`no berthd at ${BERTHD}: build it (cargo build -p berthd) or set BERTHD`);
+  if (!existsSync(CHROMIUM)) throw new Error(`no Chromium at ${CHROMIUM}: apt-get install chromium (scripts/install-tools)`);
   const base = process.env.DATABASE_URL;
   if (!base) throw new Error("DATABASE_URL must name a Postgres server whose role may create databases");
   const name = `berth_web_${process.pid}_${Date.now()}`;
