@@ -108,9 +108,13 @@ function SignIn({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
   );
 }
 
-/// Runs `load` now and every `ms` milliseconds while the page shows; the last value and
-/// error, and a function to load again at once.
-export function usePoll<T>(load: () => Promise<T>, ms = 5000): [T | null, ApiError | null, () => void] {
+/// Runs `load` now, every `ms` milliseconds while the page shows, and at once when one of
+/// `deps` changes; the last value and error, and a function to load again at once.
+export function usePoll<T>(
+  load: () => Promise<T>,
+  deps: unknown[] = [],
+  ms = 5000,
+): [T | null, ApiError | null, () => void] {
   const [value, setValue] = useState<T | null>(null);
   const [error, setError] = useState<ApiError | null>(null);
   const [tick, setTick] = useState(0);
@@ -126,6 +130,6 @@ export function usePoll<T>(load: () => Promise<T>, ms = 5000): [T | null, ApiErr
       live = false;
       clearInterval(timer);
     };
-  }, [tick]);
+  }, [tick, ...deps]);
   return [value, error, () => setTick((t) => t + 1)];
 }

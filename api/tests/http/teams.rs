@@ -154,10 +154,8 @@ async fn usage_history_follows_the_schedulers_allocations(db: berth_store::PgPoo
     let at: chrono::DateTime<chrono::Utc> = serde_json::from_value(point["at"].clone()).unwrap();
     assert!(at >= started - chrono::TimeDelta::seconds(1), "{at} {started}");
 
-    // Asked from a later time, b's value at that time opens the series.
-    let later =
-        (chrono::Utc::now() + chrono::TimeDelta::milliseconds(1)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    // Asked from just after that point, b's value then opens the series.
+    let later = (at + chrono::TimeDelta::microseconds(1)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let from_later = s.get(&format!("/api/v1/usage/history?since={later}&flavor=h100")).await;
     assert_eq!(from_later.body["series"][0]["points"][0]["allocated"], 6.0, "{}", from_later.body);
     assert_eq!(from_later.body["series"][0]["points"].as_array().unwrap().len(), 1);

@@ -20,6 +20,9 @@
 //!
 //! `bench/slurm` runs it; DATABASE_URL must let the role create databases.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +31,6 @@ use berth_adapters::slurm::dev::DevCluster;
 use berth_controllers::{Config, Context};
 use berth_core::event::Actor;
 use serde_json::json;
-use sqlx::{Connection, Executor};
 
 const SUBMITTERS: usize = 8;
 /// Connections the direct run submits from: slurmrestd took bursts fastest this way
@@ -45,16 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::args().nth(1).map_or(Ok(1000), |n| n.parse())?;
     let rounds: usize = std::env::args().nth(2).map_or(Ok(3), |n| n.parse())?;
     let dev = DevCluster::get("alpha");
-    let base = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
-    let name = format!("berth_bench_{}", std::process::id());
-    let mut admin = sqlx::PgConnection::connect(&base).await?;
-    admin.execute(format!("CREATE DATABASE {name}").as_str()).await?;
-    let url = format!("{}/{name}", base.rsplit_once('/').ok_or("DATABASE_URL names no database")?.0);
-    let db = berth_store::connect(&url, 32).await?;
-    berth_store::migrate(&db).await?;
-    let result = run(&db, &url, &dev, n, rounds).await;
-    db.close().await;
-    admin.execute(format!("DROP DATABASE {name} WITH (FORCE)").as_str()).await?;
+    let scratch = scratch::Scratch::create().await?;
+    let result = run(&scratch.db, &scratch.url, &dev, n, rounds).await;
+    scratch.drop().await?;
     result
 }
 

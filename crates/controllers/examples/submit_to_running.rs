@@ -14,6 +14,9 @@
 //! cargo run --release -p berth-controllers --example submit_to_running -- 20000 backlog
 //! ```
 
+#[path = "support/scratch.rs"]
+mod scratch;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +24,6 @@ use berth_adapters::Registry;
 use berth_controllers::{Config, Context};
 use berth_core::event::Actor;
 use serde_json::json;
-use sqlx::{Connection, Executor};
 
 const TEAMS: usize = 100;
 const CLUSTERS: usize = 3;
@@ -35,16 +37,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("backlog") => true,
         Some(other) => return Err(format!("unknown mode {other:?}: stream or backlog").into()),
     };
-    let base = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
-    let name = format!("berth_bench_{}", std::process::id());
-    let mut admin = sqlx::PgConnection::connect(&base).await?;
-    admin.execute(format!("CREATE DATABASE {name}").as_str()).await?;
-    let url = format!("{}/{name}", base.rsplit_once('/').ok_or("DATABASE_URL names no database")?.0);
-    let db = berth_store::connect(&url, 32).await?;
-    berth_store::migrate(&db).await?;
-    let result = run(&db, workloads, backlog).await;
-    db.close().await;
-    admin.execute(format!("DROP DATABASE {name} WITH (FORCE)").as_str()).await?;
+    let scratch = scratch::Scratch::create().await?;
+    let result = run(&scratch.db, workloads, backlog).await;
+    scratch.drop().await?;
     result
 }
 

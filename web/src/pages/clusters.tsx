@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 import { ApiError, Cluster, Me, NodeView, abilities, all, api, updateSpec } from "../api";
 import { usePoll } from "../app";
-import { GpuCells, fmt } from "./overview";
+import { GpuCells, GpuHeads, fmt } from "./overview";
 
 interface ClusterNodes {
   cluster: Cluster;
@@ -67,9 +67,7 @@ export function Clusters({ me }: { me: Me }) {
               <tr>
                 <th scope="col">Flavor</th>
                 <th scope="col" class="num">Nodes</th>
-                <th scope="col" class="num">GPUs</th>
-                <th scope="col" class="num">Allocated</th>
-                <th scope="col" class="num">Free</th>
+                <GpuHeads />
               </tr>
             </thead>
             <tbody>

@@ -1,4 +1,4 @@
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { Cluster, InventoryEntry, Team, UsageHistory, WorkloadSummary, all, api } from "../api";
 import { usePoll } from "../app";
 import { UsageChart } from "../chart";
@@ -30,8 +30,7 @@ async function load(hours: number): Promise<OverviewData> {
 
 export function Overview() {
   const [hours, setHours] = useState(24);
-  const [data, error, reload] = usePoll(() => load(hours));
-  useEffect(reload, [hours]);
+  const [data, error] = usePoll(() => load(hours), [hours]);
   if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const rows = data.clusters.flatMap((c) =>
     (c.status.inventory.length ? c.status.inventory : [null]).map((inv, i) => ({ c, inv, first: i === 0 })),
@@ -91,9 +90,7 @@ export function Overview() {
               <th scope="col">Kind</th>
               <th scope="col">Health</th>
               <th scope="col">Flavor</th>
-              <th scope="col" class="num">GPUs</th>
-              <th scope="col" class="num">Allocated</th>
-              <th scope="col" class="num">Free</th>
+              <GpuHeads />
             </tr>
           </thead>
           <tbody>
@@ -146,6 +143,17 @@ export function Overview() {
           </ul>
         )}
       </section>
+    </>
+  );
+}
+
+/// The headers of [`GpuCells`].
+export function GpuHeads() {
+  return (
+    <>
+      <th scope="col" class="num">GPUs</th>
+      <th scope="col" class="num">Allocated</th>
+      <th scope="col" class="num">Free</th>
     </>
   );
 }

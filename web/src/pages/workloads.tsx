@@ -1,4 +1,4 @@
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { PHASES, Page, Team, Workload, WorkloadEvent, all, api, gpusOf } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
@@ -20,9 +20,8 @@ export function Workloads() {
   if (kind) query.set("kind", kind);
   const cursor = pages[pages.length - 1];
   if (cursor) query.set("cursor", cursor);
-  const [teams] = usePoll(() => all<Team>("/api/v1/teams"), 60000);
-  const [page, error, reload] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`));
-  useEffect(reload, [team, phase, kind, cursor]);
+  const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60000);
+  const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, cursor]);
   const filter = (set: (v: string) => void) => (e: Event) => {
     set((e.currentTarget as HTMLSelectElement).value);
     setPages([]);

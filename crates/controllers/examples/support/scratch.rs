@@ -1,0 +1,32 @@
+//! A scratch database for a benchmark: created on the `DATABASE_URL` server (whose role
+//! must be allowed to create databases), migrated, and dropped by [`Scratch::drop`].
+
+use sqlx::{Connection, Executor};
+
+pub struct Scratch {
+    admin: sqlx::PgConnection,
+    name: String,
+    /// For a benchmark that opens pools of its own (not every one does).
+    #[allow(dead_code)]
+    pub url: String,
+    pub db: berth_store::PgPool,
+}
+
+impl Scratch {
+    pub async fn create() -> Result<Self, Box<dyn std::error::Error>> {
+        let base = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
+        let name = format!("berth_bench_{}", std::process::id());
+        let mut admin = sqlx::PgConnection::connect(&base).await?;
+        admin.execute(format!("CREATE DATABASE {name}").as_str()).await?;
+        let url = format!("{}/{name}", base.rsplit_once('/').ok_or("DATABASE_URL names no database")?.0);
+        let db = berth_store::connect(&url, 32).await?;
+        berth_store::migrate(&db).await?;
+        Ok(Self { admin, name, url, db })
+    }
+
+    pub async fn drop(mut self) -> Result<(), Box<dyn std::error::Error>> {
+        self.db.close().await;
+        self.admin.execute(format!("DROP DATABASE {} WITH (FORCE)", self.name).as_str()).await?;
+        Ok(())
+    }
+}
