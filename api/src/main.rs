@@ -214,6 +214,11 @@ struct ServeArgs {
     demo: bool,
     #[arg(long, env = "BERTH_DEMO_INTERVAL_SECONDS", default_value_t = 5)]
     demo_interval_seconds: u64,
+    /// With `demo`: also register the Kubernetes cluster `kube-demo` at this API server
+    /// (scripts/run starts the test API server for it), with the kubeconfig in the secret
+    /// `BERTH_DEMO_KUBECONFIG`.
+    #[arg(long, env = "BERTH_DEMO_KUBERNETES")]
+    demo_kubernetes: Option<String>,
     /// Time a cancelled job gets to checkpoint.
     #[arg(long, env = "BERTH_CANCEL_GRACE_SECONDS", default_value_t = 30)]
     cancel_grace_seconds: u64,
@@ -286,7 +291,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, "berthd listening");
     if args.demo {
-        berth_app::demo::seed(&db).await.context("seeding the demo world")?;
+        berth_app::demo::seed(&db, args.demo_kubernetes.as_deref()).await.context("seeding the demo world")?;
         tokio::spawn(berth_app::demo::trickle(db.clone(), Duration::from_secs(args.demo_interval_seconds.max(1))));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -12,6 +12,14 @@ async fn cluster_keeps_the_declarative_contract(db: berth_store::PgPool) {
     check_declarative_contract(&s, "/api/v1/clusters/sim-a", &v1, &v2, 200).await;
 }
 
+/// A Kubernetes cluster with one flavor entry and `more` Kubernetes settings.
+fn kubernetes(flavor: serde_json::Value, more: serde_json::Value) -> serde_json::Value {
+    let mut settings = json!({"flavors": [flavor]});
+    settings.as_object_mut().unwrap().extend(more.as_object().unwrap().clone());
+    json!({"spec": {"kind": "kubernetes", "endpoint": "https://k8s.internal:6443", "credentials_ref": "K8S_KUBECONFIG",
+                    "kubernetes": settings}})
+}
+
 fn slurm(endpoint: &str) -> serde_json::Value {
     json!({"metadata": {"labels": {"tier": "reservation"}},
            "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_SLURM_TOKEN",
@@ -54,10 +62,34 @@ async fn cluster_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
             "/spec/credentials_ref",
         ),
         (json!({"spec": {"kind": "nomad"}}), "/spec/kind"),
+        (json!({"spec": {"kind": "kubernetes", "endpoint": "http://x"}}), "/spec/kubernetes"),
+        (kubernetes(json!({"flavor": "tpu", "product": "TPU"}), json!({})), "/spec/kubernetes/flavors/0/flavor"),
+        (
+            kubernetes(json!({"flavor": "h100", "product": "not a label!"}), json!({})),
+            "/spec/kubernetes/flavors/0/product",
+        ),
+        (
+            kubernetes(json!({"flavor": "h100", "product": "H100", "resource": "amd.com/gpu"}), json!({})),
+            "/spec/kubernetes/flavors/0/resource",
+        ),
+        (
+            kubernetes(json!({"flavor": "h100", "product": "H100"}), json!({"namespaces": {"nlp": "Not_A_Namespace"}})),
+            "/spec/kubernetes/namespaces/nlp",
+        ),
+        (
+            json!({"spec": {"kind": "sim", "sim": {"node_groups": []}, "kubernetes": {"flavors": []}}}),
+            "/spec/kubernetes",
+        ),
     ];
     for (body, field) in cases {
         s.put("/api/v1/clusters/c1", &body).await.assert_problem(422, Some(field));
     }
+    let k8s = s
+        .put_ok("/api/v1/clusters/k1", &kubernetes(json!({"flavor": "h100", "product": "H100"}), json!({})), 201)
+        .await
+        .body;
+    assert_eq!(k8s["spec"]["kubernetes"]["namespace_prefix"], "berth-", "{k8s}");
+    assert_eq!(k8s["spec"]["kubernetes"]["flavors"][0]["resource"], "nvidia.com/gpu", "{k8s}");
     // The kind of an existing cluster is immutable.
     s.put_ok("/api/v1/clusters/c1", &sim_cluster("h100"), 201).await;
     s.put("/api/v1/clusters/c1", &slurm("http://127.0.0.1:6820")).await.assert_problem(422, Some("/spec/kind"));

@@ -1,11 +1,13 @@
-//! Tests of real berthd processes: crashes at random points, and two replicas on one
-//! database. They need Postgres (DATABASE_URL, as scripts/test sets up).
+//! Tests of real berthd processes: crashes at random points (on sim, Slurm and Kubernetes
+//! clusters), and two replicas on one database. They need Postgres (DATABASE_URL, as scripts/test sets up).
 
 mod support;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use berth_adapters::slurm::dev::DevCluster;
+use berth_k8s_test_server::{Config, FakeNode, TestApiServer};
 use berth_store::PgPool;
 use serde_json::json;
 use support::{Berthd, Lcg};
@@ -51,7 +53,6 @@ async fn killing_berthd_during_a_burst_loses_and_duplicates_nothing(db: PgPool) 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn killing_berthd_mid_submit_to_slurm_leaves_exactly_one_slurm_job_per_attempt(db: PgPool) {
     let dev = DevCluster::get("alpha");
-    let url = support::database_url(&db);
     let dir = std::env::temp_dir().join(format!("berth-slurm-crash-{}", uuid::Uuid::now_v7()));
     let a = support::actor();
     let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
@@ -62,35 +63,10 @@ async fn killing_berthd_mid_submit_to_slurm_leaves_exactly_one_slurm_job_per_att
     let cluster = serde_json::from_value(cluster_body.clone()).unwrap();
     berth_app::cluster::cluster_apply(&db, &a, "alpha", &cluster, None).await.unwrap();
     let env = [("BERTH_TEST_SLURM_TOKEN", dev.token.as_str())];
-    let mut berthd = Berthd::start_with(&url, "slurm-crash-0", &dir, &env);
+    let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"]},
+        "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0}}}});
     const WORKLOADS: usize = 300;
-    let submitter = {
-        let db = db.clone();
-        tokio::spawn(async move {
-            for i in 0..WORKLOADS {
-                let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"]},
-                    "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0}}}});
-                let input = serde_json::from_value(spec).unwrap();
-                berth_app::workload::workload_apply(&db, &support::actor(), "nlp", &format!("w{i}"), &input, None)
-                    .await
-                    .unwrap();
-                // Paced, so dispatching spans the kills below.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
-    let mut rng = Lcg(11);
-    let mut adopted = 0;
-    for restart in 1..=5 {
-        // A random point in the burst: the kill itself is what is under test.
-        tokio::time::sleep(Duration::from_millis(200 + rng.below(700))).await;
-        adopted += berthd.adopted.load(std::sync::atomic::Ordering::Relaxed);
-        berthd.kill();
-        berthd = Berthd::start_with(&url, &format!("slurm-crash-{restart}"), &dir, &env);
-    }
-    submitter.await.unwrap();
-    support::wait_all_final(&db, Duration::from_secs(240)).await;
-    adopted += berthd.adopted.load(std::sync::atomic::Ordering::Relaxed);
+    let adopted = support::kill_during_burst(&db, "slurm-crash", &dir, &env, WORKLOADS, &spec, 11).await;
 
     // Every Slurm job Berth made for this database's workloads, by key.
     let spec: berth_core::cluster::ClusterSpec = serde_json::from_value(cluster_body["spec"].clone()).unwrap();
@@ -116,7 +92,58 @@ async fn killing_berthd_mid_submit_to_slurm_leaves_exactly_one_slurm_job_per_att
         "after 5 kills: {WORKLOADS} workloads succeeded, {} Slurm jobs, {adopted} adopted after a crash",
         per_key.len()
     );
-    berthd.kill();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn killing_berthd_mid_submit_to_kubernetes_leaves_exactly_one_job_per_attempt(db: PgPool) {
+    let nodes = (0..4).map(|i| FakeNode::gpu(&format!("node-{i}"), 8, "H100")).collect();
+    let config = Config { nodes, default_run_seconds: 0.2, ..Config::default() };
+    let server = TestApiServer::start(config).await.expect("the test API server starts");
+    let dir = std::env::temp_dir().join(format!("berth-kube-crash-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let a = support::actor();
+    let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
+    berth_app::flavor::flavor_apply(&db, &a, "h100", &flavor, None).await.unwrap();
+    let team = serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 32}]}})).unwrap();
+    berth_app::team::team_apply(&db, &a, "nlp", &team, None).await.unwrap();
+    let cluster = serde_json::from_value(json!({"spec": {
+        "kind": "kubernetes", "endpoint": server.url(), "credentials_ref": "BERTH_TEST_KUBECONFIG",
+        "kubernetes": {"flavors": [{"flavor": "h100", "product": "H100"}]},
+    }}))
+    .unwrap();
+    berth_app::cluster::cluster_apply(&db, &a, "kube", &cluster, None).await.unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let env = [("BERTH_TEST_KUBECONFIG_FILE", kubeconfig.as_str())];
+    let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"], "image": "busybox"},
+        "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}});
+    const WORKLOADS: usize = 200;
+    let adopted = support::kill_during_burst(&db, "kube-crash", &dir, &env, WORKLOADS, &spec, 13).await;
+
+    // Every Job on the cluster, by the workload and attempt its name carries.
+    let mut per_key: HashMap<(uuid::Uuid, u32), usize> = HashMap::new();
+    for job in server.objects("jobs") {
+        let key = berth_adapters::JobKey::parse(job["metadata"]["name"].as_str().unwrap()).expect("only Berth's Jobs");
+        *per_key.entry((key.workload, key.attempt)).or_default() += 1;
+    }
+    let workloads: Vec<(uuid::Uuid, String, i64)> =
+        sqlx::query_as("SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) FROM workloads")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(workloads.len(), WORKLOADS, "no workload lost");
+    for (uid, phase, attempt) in &workloads {
+        assert_eq!(phase, "Succeeded", "{uid}");
+        assert_eq!(per_key.get(&(*uid, *attempt as u32)), Some(&1), "{uid} attempt {attempt} has one Job");
+    }
+    assert_eq!(per_key.len(), WORKLOADS, "no Job for an attempt that did not run: {per_key:?}");
+    let applies = server.requests("PATCH", "jobs", false);
+    println!(
+        "after 5 kills: {WORKLOADS} workloads succeeded, {} Jobs, {applies} applies of a Job, {adopted} adopted after a crash",
+        per_key.len()
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -281,3 +281,47 @@ pub async fn check_jobs(db: &PgPool, dir: &Path) -> usize {
     }
     jobs.len()
 }
+
+/// Submits `count` workloads of team nlp (`w0`, `w1`, …, with `spec`), paced so that
+/// dispatching spans five SIGKILLs of berthd at random points (from `seed`), each followed
+/// by a fresh berthd (`{name}-{n}`, with `env`); waits until every workload is final.
+/// Returns how many jobs the dispatchers found already on the backend after a crash.
+pub async fn kill_during_burst(
+    db: &PgPool,
+    name: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+    count: usize,
+    spec: &Value,
+    seed: u64,
+) -> usize {
+    let url = database_url(db);
+    let mut berthd = Berthd::start_with(&url, &format!("{name}-0"), dir, env);
+    let submitter = {
+        let (db, input) =
+            (db.clone(), serde_json::from_value::<berth_core::workload::WorkloadApply>(spec.clone()).unwrap());
+        tokio::spawn(async move {
+            for i in 0..count {
+                berth_app::workload::workload_apply(&db, &actor(), "nlp", &format!("w{i}"), &input, None)
+                    .await
+                    .unwrap();
+                // Paced, so dispatching spans the kills below.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut rng = Lcg(seed);
+    let mut adopted = 0;
+    for restart in 1..=5 {
+        // A random point in the burst: the kill itself is what is under test.
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(700))).await;
+        adopted += berthd.adopted.load(Ordering::Relaxed);
+        berthd.kill();
+        berthd = Berthd::start_with(&url, &format!("{name}-{restart}"), dir, env);
+    }
+    submitter.await.unwrap();
+    wait_all_final(db, Duration::from_secs(240)).await;
+    adopted += berthd.adopted.load(Ordering::Relaxed);
+    berthd.kill();
+    adopted
+}

@@ -69,6 +69,11 @@ pub enum JobState {
     /// Accepted, waiting for resources on the backend.
     Queued,
     Running,
+    /// Never started: the backend could not run its tasks on the nodes Berth chose within
+    /// the cluster's gang timeout (the cluster changed under Berth's placement). It holds no
+    /// GPUs; the controllers requeue the workload, and the job, now of an old attempt, is
+    /// withdrawn as an orphan.
+    Unplaceable,
     Succeeded,
     Failed,
     Cancelled,
@@ -172,6 +177,12 @@ pub trait ClusterBackend: Send + Sync {
 
     /// Asks the job to stop; it gets `grace` to checkpoint before it is killed.
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError>;
+
+    /// Sets how many replicas a serving job (inference, notebook) runs.
+    async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {
+        let _ = replicas;
+        Err(BackendError::Unsupported(format!("{} clusters cannot scale job {key}", self.kind().as_str())))
+    }
 }
 
 #[cfg(test)]

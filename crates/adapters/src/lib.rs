@@ -6,6 +6,7 @@
 //! controllers own every decision and call a backend only to observe or to act.
 
 mod backend;
+pub mod kubernetes;
 pub mod sim;
 pub mod slurm;
 
@@ -122,9 +123,12 @@ impl Registry {
                 let token = token.ok_or_else(|| missing_secret(cluster))?;
                 Ok(Arc::new(slurm::SlurmCluster::new(&cluster.spec, token)?))
             }),
-            ClusterKind::Kubernetes => {
-                Err(BackendError::Unsupported(format!("Berth has no {} adapter yet", cluster.spec.kind.as_str())))
-            }
+            ClusterKind::Kubernetes => self.remote(cluster, |kubeconfig| {
+                if kubeconfig.is_none() && cluster.spec.credentials_ref.is_some() {
+                    return Err(missing_secret(cluster));
+                }
+                Ok(Arc::new(kubernetes::KubernetesCluster::new(&cluster.spec, kubeconfig)?))
+            }),
         }
     }
 

@@ -64,20 +64,26 @@ pub async fn cluster_apply(
 
 async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
     let spec = &input.spec;
-    let refs: Vec<(String, String)> = match (&spec.sim, &spec.slurm) {
-        (Some(sim), _) => sim
+    let refs: Vec<(String, String)> = match (&spec.sim, &spec.slurm, &spec.kubernetes) {
+        (Some(sim), _, _) => sim
             .node_groups
             .iter()
             .enumerate()
             .map(|(i, g)| (format!("/spec/sim/node_groups/{i}/flavor"), g.flavor.clone()))
             .collect(),
-        (None, Some(slurm)) => slurm
+        (None, Some(slurm), _) => slurm
             .partitions
             .iter()
             .enumerate()
             .map(|(i, p)| (format!("/spec/slurm/partitions/{i}/flavor"), p.flavor.clone()))
             .collect(),
-        (None, None) => return Ok(()),
+        (None, None, Some(k8s)) => k8s
+            .flavors
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (format!("/spec/kubernetes/flavors/{i}/flavor"), f.flavor.clone()))
+            .collect(),
+        (None, None, None) => return Ok(()),
     };
     let names: Vec<String> = refs.iter().map(|(_, f)| f.clone()).collect();
     let missing = flavors::flavor_missing(db, &names).await?;

@@ -1,6 +1,7 @@
 //! The demo world a fresh install starts with (`berthd serve --demo`): two simulated
-//! clusters, two flavors, a small team tree with quotas, and a trickle of workloads, so a
-//! newcomer sees work flow at once. Applying it again changes nothing.
+//! clusters (and, when given an API server, a Kubernetes cluster), two flavors, a small
+//! team tree with quotas, and a trickle of workloads, so a newcomer sees work flow at once.
+//! Applying it again changes nothing.
 
 use std::time::Duration;
 
@@ -18,11 +19,19 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Error> {
     serde_json::from_value(v).map_err(|e| Error::Internal(format!("demo object does not parse: {e}")))
 }
 
-/// Applies the demo flavors, clusters and teams.
+/// The secret holding the demo Kubernetes cluster's kubeconfig.
+pub const DEMO_KUBECONFIG: &str = "BERTH_DEMO_KUBECONFIG";
+
+/// The GPU products of the demo flavors' nodes (`nvidia.com/gpu.product`).
+pub const DEMO_PRODUCTS: [(&str, &str); 2] =
+    [("h100-80gb", "NVIDIA-H100-80GB-HBM3"), ("a100-80gb", "NVIDIA-A100-SXM4-80GB")];
+
+/// Applies the demo flavors, clusters and teams; with `kubernetes`, also the Kubernetes
+/// cluster `kube-demo` whose API server listens there.
 ///
 /// # Errors
 /// Whatever applying them reports.
-pub async fn seed(db: &PgPool) -> Result<(), Error> {
+pub async fn seed(db: &PgPool, kubernetes: Option<&str>) -> Result<(), Error> {
     let a = actor();
     for (name, memory) in [("h100-80gb", 80), ("a100-80gb", 80)] {
         let body = parse(json!({"spec": {"description": format!("demo {name}"), "gpu_memory_gib": memory}}))?;
@@ -52,6 +61,15 @@ pub async fn seed(db: &PgPool) -> Result<(), Error> {
             "spec": {"kind": "sim", "sim": {"node_groups": groups, "time_scale": 60, "seed": 1}}
         }))?;
         crate::cluster::cluster_apply(db, &a, name, &body, None).await?;
+    }
+    if let Some(endpoint) = kubernetes {
+        let flavors: Vec<Value> = DEMO_PRODUCTS.iter().map(|(f, p)| json!({"flavor": f, "product": p})).collect();
+        let body = parse(json!({
+            "metadata": {"labels": {"tier": "on-demand", "demo": "true"}},
+            "spec": {"kind": "kubernetes", "endpoint": endpoint, "credentials_ref": DEMO_KUBECONFIG,
+                "kubernetes": {"flavors": flavors}}
+        }))?;
+        crate::cluster::cluster_apply(db, &a, "kube-demo", &body, None).await?;
     }
     let teams = [
         (
@@ -85,12 +103,17 @@ pub async fn trickle(db: PgPool, every: Duration) {
         let (team, flavor) = TEAMS[pick(10, 3) as usize];
         let gpus = [1, 2, 4, 8][pick(14, 4) as usize];
         let count = if gpus == 8 { 1 + pick(18, 2) } else { 1 };
+        let duration = 600 + pick(34, 3000);
         let body = json!({"metadata": {"labels": {"demo": "true"}}, "spec": {
             "kind": if pick(22, 4) == 0 { "inference" } else { "training" },
             "priority": pick(26, 3) * 10,
             "resumable": pick(30, 2) == 0,
             "tasks": {"count": count, "resources": {"flavors": [flavor], "gpus": gpus}},
-            "sim": {"duration_seconds": 600 + pick(34, 3000)},
+            "sim": {"duration_seconds": duration},
+            // On the demo Kubernetes cluster the test API server's fake kubelet runs it
+            // for the same time (the sim clusters run 60× faster than real time).
+            "run": {"image": "registry.example/demo/train:1", "command": ["python", "train.py"],
+                "env": {"FAKE_RUN_SECONDS": (duration / 60).to_string()}},
         }});
         let name = format!("demo-{}", n % 1_000_000_000);
         match parse(body) {

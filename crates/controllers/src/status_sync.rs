@@ -1,6 +1,7 @@
 //! Status sync: what the backends say about Berth's jobs becomes the workloads' phases
 //! (`Dispatched` → `Running` → `Succeeded` / `Failed`), and drift is settled: a job that
-//! vanished while its workload ran is requeued (resumable) or failed.
+//! vanished while its workload ran is requeued (resumable) or failed, and one the backend
+//! could not start as placed (`Unplaceable`) is requeued.
 //!
 //! Workloads are read before the backends' job lists, so a job dispatched meanwhile can
 //! never look vanished.
@@ -15,7 +16,7 @@ use chrono::Utc;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::{Context, Transition, finished, requeued_or_failed};
+use crate::{Context, Transition, finished, requeued, requeued_or_failed};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatusSyncStatus {
@@ -128,6 +129,11 @@ fn next_status(w: &Workload, job: Option<&JobStatus>) -> Option<WorkloadStatus> 
             message: Some(format!("running as job {}", job.job_id)),
             ..w.status.clone()
         }),
+        JobState::Unplaceable => Some(requeued(
+            w,
+            "Unplaceable",
+            format!("the cluster did not start the job as placed; requeued: {}", why()),
+        )),
         JobState::Succeeded => Some(WorkloadStatus {
             started_at: job.started_at.or(w.status.started_at),
             ..finished(w, Phase::Succeeded, "Completed", "the job completed".into(), job.exit_code, at)

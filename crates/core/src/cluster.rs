@@ -1,5 +1,7 @@
 //! Clusters: registered backends (Slurm, Kubernetes or simulated) that run workloads.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -75,6 +77,71 @@ pub struct ClusterSpec {
     /// Required for `slurm` clusters: the Slurm user, and which partitions hold which flavor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmSpec>,
+    /// Required for `kubernetes` clusters: which nodes hold which flavor, and where each
+    /// team's work goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSpec>,
+}
+
+/// How Berth uses a Kubernetes cluster (reached at `endpoint`; `credentials_ref` names a
+/// kubeconfig, and without one berthd uses its in-cluster service account).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"flavors": [{"flavor": "h100-80gb", "product": "NVIDIA-H100-80GB-HBM3"}]}))]
+pub struct KubernetesSpec {
+    /// Which nodes hold which flavor: one entry per flavor. Nodes of no listed product are
+    /// not Berth's to use.
+    pub flavors: Vec<KubernetesFlavor>,
+    /// A team's work runs in namespace `namespace_prefix` + team name, unless `namespaces`
+    /// names one for it.
+    #[serde(default = "default_namespace_prefix")]
+    #[schema(example = "berth-")]
+    pub namespace_prefix: String,
+    /// Team name → namespace, for teams whose namespace is not the prefixed team name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, String>,
+    /// The node label holding the topology block (NVLink domain, switch).
+    #[serde(default = "default_topology_label")]
+    #[schema(example = "berth.dev/topology-block")]
+    pub topology_label: String,
+    /// How long a dispatched job's pods may stay unscheduled (the cluster changed under
+    /// Berth's placement) before Berth withdraws the job and requeues the workload.
+    #[serde(default = "default_gang_timeout")]
+    #[schema(example = 300)]
+    pub gang_timeout_seconds: u64,
+}
+
+/// The nodes of one flavor on a Kubernetes cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesFlavor {
+    #[schema(example = "h100-80gb")]
+    pub flavor: String,
+    /// The value of the node label `nvidia.com/gpu.product` (set by NVIDIA's GPU feature
+    /// discovery) on the flavor's nodes.
+    #[schema(example = "NVIDIA-H100-80GB-HBM3")]
+    pub product: String,
+    /// The extended resource a task asks for: `nvidia.com/gpu`, or a MIG resource such as
+    /// `nvidia.com/mig-1g.10gb`.
+    #[serde(default = "default_gpu_resource")]
+    #[schema(example = "nvidia.com/gpu")]
+    pub resource: String,
+}
+
+fn default_namespace_prefix() -> String {
+    "berth-".into()
+}
+
+fn default_topology_label() -> String {
+    "berth.dev/topology-block".into()
+}
+
+fn default_gang_timeout() -> u64 {
+    300
+}
+
+fn default_gpu_resource() -> String {
+    "nvidia.com/gpu".into()
 }
 
 /// How Berth uses a Slurm cluster (reached through slurmrestd at `endpoint`, with the JWT
@@ -373,6 +440,17 @@ impl ClusterApply {
             (Some(slurm), _) => validate_slurm(&mut v, slurm),
             (None, _) => {}
         }
+        match (&s.kubernetes, s.kind) {
+            (None, ClusterKind::Kubernetes) => v.error("/spec/kubernetes", "required for a kubernetes cluster"),
+            (Some(_), kind) if kind != ClusterKind::Kubernetes => {
+                v.error(
+                    "/spec/kubernetes",
+                    format!("only a kubernetes cluster takes Kubernetes settings, not a {} cluster", kind.as_str()),
+                );
+            }
+            (Some(k), _) => validate_kubernetes(&mut v, k),
+            (None, _) => {}
+        }
         if s.kind == ClusterKind::Slurm && s.credentials_ref.is_none() {
             v.error("/spec/credentials_ref", "required for a slurm cluster: the name of the secret holding its JWT");
         }
@@ -417,6 +495,56 @@ fn validate_slurm(v: &mut Validator, slurm: &SlurmSpec) {
     );
 }
 
+/// A Kubernetes name (DNS-1123 label): lowercase letters, digits and '-', at most `max`.
+fn dns_label(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A Kubernetes label key or value part: letters, digits, '-', '_', '.', '/'.
+fn label_text(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+}
+
+fn validate_kubernetes(v: &mut Validator, k: &KubernetesSpec) {
+    v.check(!k.flavors.is_empty() && k.flavors.len() <= 64, "/spec/kubernetes/flavors", || {
+        "must list 1 to 64 flavors".into()
+    });
+    for (i, f) in k.flavors.iter().enumerate() {
+        let at = |field: &str| format!("/spec/kubernetes/flavors/{i}/{field}");
+        v.name(&at("flavor"), &f.flavor);
+        if k.flavors[..i].iter().any(|other| other.flavor == f.flavor) {
+            v.error(at("flavor"), format!("flavor {:?} is listed twice", f.flavor));
+        }
+        v.check(label_text(&f.product) && f.product.len() <= 63, at("product"), || {
+            "must be a node label value (letters, digits, '-', '_', '.'; at most 63)".into()
+        });
+        if k.flavors[..i].iter().any(|other| other.product == f.product) {
+            v.error(at("product"), format!("product {:?} is already mapped to a flavor", f.product));
+        }
+        v.check(f.resource.starts_with("nvidia.com/") && label_text(&f.resource), at("resource"), || {
+            "must be an NVIDIA extended resource such as nvidia.com/gpu or nvidia.com/mig-1g.10gb".into()
+        });
+    }
+    v.check(
+        k.namespace_prefix.is_empty() || dns_label(&format!("{}x", k.namespace_prefix), 40),
+        "/spec/kubernetes/namespace_prefix",
+        || "must start a namespace name: lowercase letters, digits and '-', at most 39".into(),
+    );
+    for (team, ns) in &k.namespaces {
+        v.check(dns_label(ns, 63), format!("/spec/kubernetes/namespaces/{team}"), || {
+            "must be a namespace name: lowercase letters, digits and '-', at most 63".into()
+        });
+    }
+    v.check(label_text(&k.topology_label), "/spec/kubernetes/topology_label", || "must be a node label key".into());
+    v.check((1..=86_400).contains(&k.gang_timeout_seconds), "/spec/kubernetes/gang_timeout_seconds", || {
+        "must be 1 to 86400".into()
+    });
+}
+
 fn validate_node_groups(v: &mut Validator, groups: &[NodeGroup]) {
     v.check(!groups.is_empty() && groups.len() <= 256, "/spec/sim/node_groups", || {
         "must list 1 to 256 node groups".into()
@@ -454,6 +582,7 @@ mod tests {
                 cordoned: false,
                 sim: Some(SimSpec::new(groups)),
                 slurm: None,
+                kubernetes: None,
             },
             status: None,
         }

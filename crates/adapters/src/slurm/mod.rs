@@ -306,7 +306,7 @@ fn status(job: &Job) -> JobStatus {
     // gets its cancel time as both start and end; Slurm's "was running" flag is not kept
     // on every finished job.
     let started = match state {
-        JobState::Queued => false,
+        JobState::Queued | JobState::Unplaceable => false,
         JobState::Running => true,
         JobState::Cancelled => job.was_running || (job.start_time > 0 && job.start_time < job.end_time),
         JobState::Succeeded | JobState::Failed => job.start_time > 0,

@@ -1,11 +1,18 @@
 //! Berth driving real Slurm clusters (`scripts/slurm-dev` alpha: 2 nodes × 8 h100, beta:
-//! 2 × 4 a100, gamma: 2 × 2 l40s) with every controller running in-process on a fresh
-//! database. They fail when a cluster is not running; scripts/test starts them.
+//! 2 × 4 a100, gamma: 2 × 2 l40s), and one of them beside a Kubernetes cluster served by
+//! the test API server, with every controller running in-process on a fresh database.
+//! They fail when a Slurm cluster is not running; scripts/test starts them.
 
 mod support;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use berth_core::cluster::ClusterHealth;
 use berth_core::workload::Phase;
+use berth_k8s_test_server::FakeNode;
 use serde_json::json;
 use support::{Plane, command};
 
@@ -156,5 +163,120 @@ async fn stopping_slurmctld_makes_the_cluster_unreachable_and_restarting_it_reco
         let key = format!("berth-{}-", w.metadata.uid);
         assert_eq!(names.lines().filter(|l| l.trim().starts_with(&key)).count(), 1, "{key}: {names}");
     }
+    p.stop().await;
+}
+
+/// GPUs of `flavor` held per cluster by the team's workloads, as Berth records them.
+async fn held_per_cluster(db: &berth_store::PgPool, team: &str, flavor: &str) -> BTreeMap<String, f64> {
+    sqlx::query_as(
+        "SELECT status->'admission'->>'cluster',
+                sum((spec->'tasks'->>'count')::float8 * (spec->'tasks'->'resources'->>'gpus')::float8)
+         FROM workloads
+         WHERE team_name = $1 AND status->'admission'->>'flavor' = $2
+           AND status->>'phase' IN ('Admitted', 'Dispatched', 'Running', 'Preempting', 'Unknown')
+         GROUP BY 1",
+    )
+    .bind(team)
+    .bind(flavor)
+    .fetch_all(db)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn slurm_and_kubernetes_run_side_by_side_under_one_quota(db: berth_store::PgPool) {
+    let kube_nodes = vec![
+        FakeNode::gpu("k8s-h100-0", 8, "H100"),
+        FakeNode::gpu("k8s-h100-1", 8, "H100"),
+        FakeNode::gpu("k8s-l4-0", 4, "L4"),
+    ];
+    let p = Plane::start_with_kubernetes(db, &["alpha"], Some(kube_nodes)).await;
+    // At most 20 h100 for nlp, wherever they are: alpha has 16 and kube 16.
+    let limit = 20.0;
+    p.team_quotas(
+        "nlp",
+        vec![json!({"flavor": "h100", "guaranteed": 16, "limit": 20}), json!({"flavor": "l4", "guaranteed": 4})],
+    )
+    .await;
+    // Watches what the team holds on both clusters for the whole test: the highest total,
+    // and whether it ever held h100 on both at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn({
+        let (db, stop) = (p.ctx.db.clone(), stop.clone());
+        async move {
+            let (mut peak, mut both) = (0.0_f64, false);
+            while !stop.load(Ordering::Relaxed) {
+                let held = held_per_cluster(&db, "nlp", "h100").await;
+                peak = peak.max(held.values().sum());
+                both |= held.get("alpha").is_some_and(|g| *g > 0.0) && held.get("kube").is_some_and(|g| *g > 0.0);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (peak, both)
+        }
+    });
+    let image = "ghcr.io/acme/train:1";
+    let h100 = |gpus: u32| json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": gpus}});
+    let run = |seconds: u32| json!({"command": ["bash", "-c", format!("sleep {seconds}")], "image": image, "env": {"FAKE_RUN_SECONDS": seconds.to_string()}});
+    // Inference goes to Kubernetes.
+    p.submit(
+        "nlp",
+        "serve",
+        json!({"kind": "inference", "tasks": h100(2), "inference": {"min_replicas": 1, "max_replicas": 1}, "run": run(0)}),
+    )
+    .await;
+    let serve = p.wait("nlp", "serve", "running", |w| w.status.phase == Phase::Running).await;
+    assert_eq!(serve.status.admission.as_ref().unwrap().cluster, "kube");
+    // Training goes to Slurm, where policy sends it when a node fits it as well as on
+    // Kubernetes (8 GPUs: a whole node on either).
+    for name in ["t1", "t2"] {
+        p.submit("nlp", name, json!({"kind": "training", "tasks": h100(8), "run": run(8)})).await;
+    }
+    for name in ["t1", "t2"] {
+        let w = p.wait("nlp", name, "running", |w| w.status.phase == Phase::Running).await;
+        assert_eq!(w.status.admission.as_ref().unwrap().cluster, "alpha", "{name}");
+    }
+    // Training on a flavor only Kubernetes has goes there.
+    let l4 = json!({"count": 1, "resources": {"flavors": ["l4"], "gpus": 2}});
+    p.submit("nlp", "on-l4", json!({"kind": "training", "tasks": l4, "run": run(1)})).await;
+    // 8 + 8 on alpha and 2 on kube: another 4 would pass the limit of 20 though kube has
+    // room for it, so it waits.
+    p.submit("nlp", "t3", json!({"kind": "training", "tasks": h100(4), "run": run(1)})).await;
+    let waiting = p.wait("nlp", "t3", "explained", |w| w.status.pending_reason.is_some()).await;
+    assert_eq!(waiting.status.phase, Phase::Pending, "{:?}", waiting.status);
+    // What the clusters themselves run at that moment: 16 h100 on alpha, 2 on kube.
+    let kube = p.kube.as_ref().unwrap();
+    let kube_h100: u64 = kube
+        .objects("pods")
+        .iter()
+        .filter(|pod| {
+            pod["status"]["phase"] == "Running"
+                && pod["spec"]["nodeName"].as_str().unwrap_or("").starts_with("k8s-h100")
+        })
+        .map(|pod| {
+            pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    let squeue = p.dev("alpha").output("squeue", &["-h", "-t", "running", "-O", "tres-per-task:30"]);
+    let alpha_h100 = squeue.lines().filter(|l| l.contains("gpu:h100:8")).count() as u64 * 8;
+    assert_eq!((alpha_h100, kube_h100), (16, 2), "{squeue}");
+
+    for name in ["t1", "t2", "on-l4", "t3"] {
+        let w = p.wait("nlp", name, "final", |w| w.status.phase.is_final()).await;
+        assert_eq!(w.status.phase, Phase::Succeeded, "{name}: {:?}", w.status);
+    }
+    assert_eq!(p.workload("nlp", "on-l4").await.status.admission.unwrap().cluster, "kube");
+    stop.store(true, Ordering::Relaxed);
+    let (peak, both) = sampler.await.unwrap();
+    assert!(both, "the team held h100 on both clusters at once");
+    assert!(peak <= limit, "the team held {peak} h100 across both clusters, above its limit of {limit}");
+    println!("nlp held at most {peak} of its {limit} h100 across alpha and kube");
+    p.delete_all().await;
+    assert!(kube.objects("deployments").is_empty(), "deleting the inference workload removed its Deployment");
     p.stop().await;
 }

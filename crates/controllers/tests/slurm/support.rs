@@ -1,16 +1,19 @@
 //! A control plane on real Slurm clusters: a fresh database, the `scripts/slurm-dev`
-//! clusters registered with their tokens, and every controller running in-process.
+//! clusters registered with their tokens, optionally a Kubernetes cluster served by the
+//! test API server, and every controller running in-process.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_adapters::Registry;
+use berth_adapters::kubernetes::PRODUCT_LABEL;
 use berth_adapters::slurm::dev::DevCluster;
 use berth_controllers::{Config, Context};
 use berth_core::cluster::Cluster;
 use berth_core::event::Actor;
 use berth_core::workload::Workload;
+use berth_k8s_test_server::{Config as TestServerConfig, FakeNode, TestApiServer};
 use berth_store::PgPool;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
@@ -26,6 +29,8 @@ pub fn command(shell: &str) -> Value {
 pub struct Plane {
     pub ctx: Context,
     devs: HashMap<String, DevCluster>,
+    /// The API server of the Kubernetes cluster `kube`, when there is one.
+    pub kube: Option<TestApiServer>,
     controllers: JoinSet<()>,
     actor: Actor,
 }
@@ -34,9 +39,33 @@ impl Plane {
     /// Registers the named dev clusters (each one partition whose flavor is named after
     /// its GPU type) and starts the controllers.
     pub async fn start(db: PgPool, clusters: &[&str]) -> Self {
+        Self::start_with_kubernetes(db, clusters, None).await
+    }
+
+    /// Like [`start`](Self::start), plus a Kubernetes cluster `kube` on the test API server
+    /// with these nodes; its flavors are the nodes' GPU products, lowercased.
+    pub async fn start_with_kubernetes(db: PgPool, clusters: &[&str], kube: Option<Vec<FakeNode>>) -> Self {
         let devs: HashMap<String, DevCluster> =
             clusters.iter().map(|n| ((*n).to_owned(), DevCluster::get(n))).collect();
-        let secrets: HashMap<String, String> = devs.values().map(|d| (secret_name(&d.name), d.token.clone())).collect();
+        let mut secrets: HashMap<String, String> =
+            devs.values().map(|d| (secret_name(&d.name), d.token.clone())).collect();
+        let mut products: Vec<String> = Vec::new();
+        let kube = match kube {
+            Some(nodes) => {
+                for n in &nodes {
+                    let product = &n.labels[PRODUCT_LABEL];
+                    if !products.contains(product) {
+                        products.push(product.clone());
+                    }
+                }
+                let server = TestApiServer::start(TestServerConfig { nodes, ..TestServerConfig::default() })
+                    .await
+                    .expect("the test API server starts");
+                secrets.insert("KUBE_KUBECONFIG".into(), server.kubeconfig());
+                Some(server)
+            }
+            None => None,
+        };
         let backends = Registry::new(None).with_secrets(Arc::new(move |name: &str| secrets.get(name).cloned()));
         let config = Config {
             resync: Duration::from_secs(2),
@@ -56,9 +85,25 @@ impl Plane {
             let body = serde_json::from_value(dev.apply_body(&dev.gpu_type, &secret_name(&dev.name))).unwrap();
             berth_app::cluster::cluster_apply(&ctx.db, &actor, &dev.name, &body, None).await.unwrap();
         }
+        if let Some(server) = &kube {
+            for product in &products {
+                let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
+                berth_app::flavor::flavor_apply(&ctx.db, &actor, &product.to_lowercase(), &flavor, None).await.unwrap();
+            }
+            let flavors: Vec<Value> =
+                products.iter().map(|p| json!({"flavor": p.to_lowercase(), "product": p})).collect();
+            let body = serde_json::from_value(json!({"spec": {
+                "kind": "kubernetes",
+                "endpoint": server.url(),
+                "credentials_ref": "KUBE_KUBECONFIG",
+                "kubernetes": {"flavors": flavors},
+            }}))
+            .unwrap();
+            berth_app::cluster::cluster_apply(&ctx.db, &actor, "kube", &body, None).await.unwrap();
+        }
         berth_controllers::cluster_health::reconcile(&ctx).await.unwrap();
         let controllers = berth_controllers::runner::start(&ctx, "slurm-test");
-        Self { ctx, devs, controllers, actor }
+        Self { ctx, devs, kube, controllers, actor }
     }
 
     pub fn dev(&self, name: &str) -> &DevCluster {
@@ -68,6 +113,11 @@ impl Plane {
     /// A team with these guarantees (flavor, GPUs).
     pub async fn team(&self, name: &str, guaranteed: &[(&str, u32)]) {
         let quotas: Vec<Value> = guaranteed.iter().map(|(f, g)| json!({"flavor": f, "guaranteed": g})).collect();
+        self.team_quotas(name, quotas).await;
+    }
+
+    /// A team with these quotas (`{"flavor", "guaranteed", "limit", "weight"}`).
+    pub async fn team_quotas(&self, name: &str, quotas: Vec<Value>) {
         let input = serde_json::from_value(json!({"spec": {"quotas": quotas}})).unwrap();
         berth_app::team::team_apply(&self.ctx.db, &self.actor, name, &input, None).await.unwrap();
     }
