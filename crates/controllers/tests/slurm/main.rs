@@ -1,7 +1,7 @@
 //! Berth driving real Slurm clusters (`scripts/slurm-dev` alpha: 2 nodes × 8 h100, beta:
-//! 2 × 4 a100, gamma: 2 × 2 l40s), and one of them beside a Kubernetes cluster served by
-//! the test API server, with every controller running in-process on a fresh database.
-//! They fail when a Slurm cluster is not running; scripts/test starts them.
+//! 2 × 4 a100, gamma: 2 × 2 l40s) and Kubernetes clusters served by the test API server
+//! (alone, and beside alpha), with every controller running in-process on a fresh
+//! database. They fail when a Slurm cluster is not running; scripts/test starts them.
 
 mod support;
 
@@ -279,4 +279,61 @@ async fn slurm_and_kubernetes_run_side_by_side_under_one_quota(db: berth_store::
     p.delete_all().await;
     assert!(kube.objects("deployments").is_empty(), "deleting the inference workload removed its Deployment");
     p.stop().await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn kubernetes_pods_that_cannot_start_where_berth_placed_them_are_withdrawn_and_requeued(db: berth_store::PgPool) {
+    let p = Plane::start_with_kubernetes(db, &[], Some(vec![FakeNode::gpu("k8s-0", 8, "H100")])).await;
+    p.team("nlp", &[("h100", 8)]).await;
+    // A pod Berth did not start takes 60 of the node's 64 CPUs but no GPU: Berth's
+    // scheduler sees 8 free GPUs, Kubernetes' sees too few CPUs for Berth's pod.
+    let kube = p.kube.as_ref().unwrap();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-hog", "namespace": "default"},
+        "spec": {"nodeName": "k8s-0", "containers": [{"name": "hog", "image": "busybox",
+            "env": [{"name": "FAKE_RUN_SECONDS", "value": "3600"}], "resources": {"requests": {"cpu": "60"}}}]}});
+    let created = reqwest::Client::new()
+        .post(format!("{}/api/v1/namespaces/default/pods", kube.url()))
+        .json(&pod)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let tasks = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 8, "cpus": 8}});
+    let run =
+        json!({"command": ["python", "train.py"], "image": "ghcr.io/acme/train:1", "env": {"FAKE_RUN_SECONDS": "1"}});
+    p.submit("nlp", "big", json!({"kind": "training", "tasks": tasks, "run": run})).await;
+    let requeued = p.wait("nlp", "big", "requeued", |w| w.status.attempt >= 1).await;
+    let events = p.events(&requeued).await;
+    assert_eq!(events[..4], ["Created", "Admitted", "Dispatched", "Requeued"], "{events:?}");
+    let (message,): (String,) =
+        sqlx::query_as("SELECT message FROM events WHERE object_uid = $1 AND reason = 'Requeued' ORDER BY id LIMIT 1")
+            .bind(requeued.metadata.uid)
+            .fetch_one(&p.ctx.db)
+            .await
+            .unwrap();
+    assert!(message.contains("did not start the job as placed") && message.contains("Insufficient cpu"), "{message}");
+    // The first attempt's Job is withdrawn (an orphan now) ...
+    eventually_gone(kube, &format!("berth-{}-0", requeued.metadata.uid)).await;
+    // ... and once the node has room the workload runs.
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/api/v1/namespaces/default/pods/cpu-hog?gracePeriodSeconds=0", kube.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    let done = p.wait("nlp", "big", "final", |w| w.status.phase.is_final()).await;
+    assert_eq!(done.status.phase, Phase::Succeeded, "{:?}", done.status);
+    assert!(done.status.attempt >= 1);
+    p.stop().await;
+}
+
+/// Waits until the test API server has no Job of this name.
+async fn eventually_gone(kube: &berth_k8s_test_server::TestApiServer, name: &str) {
+    for _ in 0..600 {
+        if kube.objects("jobs").iter().all(|j| j["metadata"]["name"] != name) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Job {name} is still there after a minute");
 }

@@ -18,6 +18,9 @@ use berth_store::PgPool;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
+/// How long the Kubernetes cluster's pods may stay unscheduled before Berth withdraws the job.
+pub const KUBE_GANG_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The cancel grace period the controllers give in these tests.
 pub const GRACE: Duration = Duration::from_secs(3);
 
@@ -96,7 +99,7 @@ impl Plane {
                 "kind": "kubernetes",
                 "endpoint": server.url(),
                 "credentials_ref": "KUBE_KUBECONFIG",
-                "kubernetes": {"flavors": flavors},
+                "kubernetes": {"flavors": flavors, "gang_timeout_seconds": KUBE_GANG_TIMEOUT.as_secs()},
             }}))
             .unwrap();
             berth_app::cluster::cluster_apply(&ctx.db, &actor, "kube", &body, None).await.unwrap();
