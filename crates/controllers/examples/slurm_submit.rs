@@ -14,8 +14,9 @@
 //!   cordoned; the clock runs from the uncordon until every one has its job (scheduler,
 //!   dispatcher, and status sync following the jobs meanwhile).
 //!
-//! Three rounds (or as many as the second argument says) of the three, with Slurm's queue drained between runs (this machine is
-//! noisy); the ratios are of the medians. Jobs are CPU-only `true` (1 CPU each), so Slurm runs 32
+//! Three rounds (or as many as the second argument says) of the three, in an order that
+//! turns every round, with Slurm's queue drained between runs (this machine is noisy); the
+//! ratios are of the medians. Jobs are CPU-only `true` (1 CPU each), so Slurm runs 32
 //! at a time and the rest queue.
 //!
 //! `bench/slurm` runs it; DATABASE_URL must let the role create databases.
@@ -65,38 +66,69 @@ async fn run(
     // Warm-up, not measured: the first burst into a quiet slurmctld runs slower.
     direct(dev, 200).await?;
     drain(dev).await;
-    let (mut direct_rates, mut live_rates, mut backlog_rates) = (Vec::new(), Vec::new(), Vec::new());
+    // Rates per mode: direct, live, backlog.
+    let mut rates: [Vec<f64>; 3] = Default::default();
     for round in 0..rounds {
-        let d = direct(dev, n).await?;
-        drain(dev).await;
-        // Berth runs as it does in production: controllers already up, caches warm.
-        // On a pool of their own, closed when they stop: stopping aborts a pass wherever it
-        // is, which can leave a connection inside a transaction.
-        let ctx = Context { db: berth_store::connect(url, 16).await?, ..ctx.clone() };
-        let mut controllers = berth_controllers::runner::start(&ctx, "bench");
-        tokio::time::sleep(WARM_UP).await;
-        let live = through_berth(db, dev, n, &format!("l{round}-"), false).await?;
-        drain(dev).await;
-        let backlog = through_berth(db, dev, n, &format!("b{round}-"), true).await?;
-        controllers.shutdown().await;
-        ctx.db.close().await;
-        drain(dev).await;
+        // slurmctld remembers finished jobs for MinJobAge (300 s), and each one it remembers
+        // makes its calls slower: a run that always came later would be at a disadvantage,
+        // so the order of the three turns every round.
+        let mut order = [Mode::Direct, Mode::Live, Mode::Backlog];
+        order.rotate_left(round % 3);
+        let mut took = [Duration::ZERO; 3];
+        for mode in order {
+            took[mode as usize] = match mode {
+                Mode::Direct => direct(dev, n).await?,
+                Mode::Live | Mode::Backlog => {
+                    // Berth runs as it does in production: controllers already up, caches
+                    // warm. On a pool of their own, closed when they stop: stopping aborts a
+                    // pass wherever it is, which can leave a connection inside a transaction.
+                    let ctx = Context { db: berth_store::connect(url, 16).await?, ..ctx.clone() };
+                    let mut controllers = berth_controllers::runner::start(&ctx, "bench");
+                    tokio::time::sleep(WARM_UP).await;
+                    let prefix = format!("{}{round}-", if mode == Mode::Live { "l" } else { "b" });
+                    let took = through_berth(db, dev, n, &prefix, mode == Mode::Backlog).await?;
+                    controllers.shutdown().await;
+                    ctx.db.close().await;
+                    took
+                }
+            };
+            drain(dev).await;
+        }
         println!(
-            "round {round}: direct {:4.0} jobs/s, through Berth submitted live {:4.0} jobs/s, from a backlog {:4.0} jobs/s",
-            rate(n, d),
-            rate(n, live),
-            rate(n, backlog)
+            "round {round} ({}): direct {:4.0} jobs/s, through Berth submitted live {:4.0} jobs/s, from a backlog {:4.0} jobs/s",
+            order.map(|m| m.name()).join(", "),
+            rate(n, took[0]),
+            rate(n, took[1]),
+            rate(n, took[2])
         );
-        direct_rates.push(rate(n, d));
-        live_rates.push(rate(n, live));
-        backlog_rates.push(rate(n, backlog));
+        for (all, t) in rates.iter_mut().zip(took) {
+            all.push(rate(n, t));
+        }
     }
+    let [direct_rates, live_rates, backlog_rates] = rates;
     let (d, l, b) = (median(direct_rates), median(live_rates), median(backlog_rates));
     println!(
         "median: direct to slurmrestd {d:.0} jobs/s; through Berth: submitted live {l:.0} jobs/s, from a backlog {b:.0} jobs/s"
     );
     println!("ratio Berth / direct (target ≥ 0.8): submitted live {:.2}, from a backlog {:.2}", l / d, b / d);
     Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Direct = 0,
+    Live = 1,
+    Backlog = 2,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Live => "live",
+            Self::Backlog => "backlog",
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
