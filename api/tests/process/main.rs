@@ -128,14 +128,15 @@ async fn killing_berthd_mid_submit_to_kubernetes_leaves_exactly_one_job_per_atte
         let key = berth_adapters::JobKey::parse(job["metadata"]["name"].as_str().unwrap()).expect("only Berth's Jobs");
         *per_key.entry((key.workload, key.attempt)).or_default() += 1;
     }
-    let workloads: Vec<(uuid::Uuid, String, i64)> =
-        sqlx::query_as("SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) FROM workloads")
-            .fetch_all(&db)
-            .await
-            .unwrap();
+    let workloads: Vec<(uuid::Uuid, String, i64, Option<String>)> = sqlx::query_as(
+        "SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0), status ->> 'message' FROM workloads",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
     assert_eq!(workloads.len(), WORKLOADS, "no workload lost");
-    for (uid, phase, attempt) in &workloads {
-        assert_eq!(phase, "Succeeded", "{uid}");
+    for (uid, phase, attempt, message) in &workloads {
+        assert_eq!(phase, "Succeeded", "{uid}: {message:?}");
         assert_eq!(per_key.get(&(*uid, *attempt as u32)), Some(&1), "{uid} attempt {attempt} has one Job");
     }
     assert_eq!(per_key.len(), WORKLOADS, "no Job for an attempt that did not run: {per_key:?}");

@@ -172,6 +172,8 @@ async fn a_training_job_runs_its_gang_on_the_placed_nodes_and_succeeds() {
     let request = job(WorkloadKind::Training, 2, 4, &["gpu-a", "gpu-b"], &[("FAKE_RUN_SECONDS", "1")]);
     let submitted = k8s.submit(&request).await.unwrap();
     assert_eq!(submitted.state, JobState::Queued);
+    // Listed at once, even if the watch has not shown it yet: it never looks vanished.
+    assert!(k8s.jobs().await.unwrap().iter().any(|j| j.key == request.key));
     assert_eq!(submitted.job_id, format!("berth-vision/{}", request.key.name()));
     // Submitting the same key again (a retry, a restarted berthd) finds the same Job.
     let again = k8s.submit(&request).await.unwrap();

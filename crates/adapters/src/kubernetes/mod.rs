@@ -7,7 +7,8 @@
 //! - Observation: reflectors (list once, then watch; resumed after a dropped connection,
 //!   relisted after `410 Gone`) keep Nodes, Pods and Berth's Jobs and Deployments in
 //!   memory, so the inventory and job states cost no API calls. A watch that keeps failing
-//!   makes the cluster unreachable rather than silently stale.
+//!   makes the cluster unreachable rather than silently stale; a job this backend just
+//!   applied is listed even before its watch shows it, so it never looks vanished.
 //! - Submit: training and batch run as an Indexed Job, inference as a Deployment and a
 //!   Service, notebooks as a Deployment (see [`manifest`]); each is created with
 //!   server-side apply under the name of its [`JobKey`], so a repeated submit (a retry, a
@@ -21,7 +22,7 @@
 mod manifest;
 mod observe;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A watch whose last attempt failed less than this long ago, with no event since, makes
 /// the cluster unreachable (the watcher retries with backoff of at most 30 s).
 const WATCH_FAILING: Duration = Duration::from_secs(60);
+/// How long a job this backend applied is listed even if its watch has not shown it.
+const UNSEEN_KEPT: Duration = Duration::from_secs(60);
 /// Berth's field manager for server-side apply.
 const FIELD_MANAGER: &str = "berth";
 
@@ -82,6 +85,9 @@ struct Connected {
     deployments: Watched<Deployment>,
     /// Namespaces this backend has made sure exist.
     namespaces: Mutex<HashSet<String>>,
+    /// Jobs this backend applied in the last [`UNSEEN_KEPT`], with their state then: a watch
+    /// lags the API a moment, and a job must never look vanished right after its submit.
+    unseen: Mutex<HashMap<JobKey, (Instant, JobStatus)>>,
 }
 
 /// One reflector: the in-memory copy of a kind of object, kept current by its watch.
@@ -204,6 +210,7 @@ impl KubernetesCluster {
             jobs: Watched::start(Api::all(client.clone()), ours.clone()),
             deployments: Watched::start(Api::all(client.clone()), ours),
             namespaces: Mutex::new(HashSet::new()),
+            unseen: Mutex::new(HashMap::new()),
             client,
         })
     }
@@ -319,19 +326,21 @@ impl ClusterBackend for KubernetesCluster {
         let block = self.block_of(c, &job.nodes).await?;
         let manifest = manifest::manifest(&self.spec, job, block.as_deref())?;
         self.ensure_namespace(c, &manifest::namespace_of(&self.spec, &job.team)).await?;
-        match manifest {
+        let status = match manifest {
             Manifest::Job(object) => {
                 let applied = self.apply(&c.client, &*object).await?;
-                Ok(job_status(job.key, &applied, &[], self.gang_timeout()))
+                job_status(job.key, &applied, &[], self.gang_timeout())
             }
             Manifest::Deployment { deployment, service } => {
                 if let Some(service) = service {
                     self.apply::<Service>(&c.client, &*service).await?;
                 }
                 let applied = self.apply(&c.client, &*deployment).await?;
-                Ok(deployment_status(job.key, &applied, &[], self.gang_timeout()))
+                deployment_status(job.key, &applied, &[], self.gang_timeout())
             }
-        }
+        };
+        c.unseen.lock().expect("unseen jobs lock").insert(job.key, (Instant::now(), status.clone()));
+        Ok(status)
     }
 
     async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
@@ -349,7 +358,13 @@ impl ClusterBackend for KubernetesCluster {
             let key = key_of(d.metadata.labels.as_ref())?;
             Some(deployment_status(key, d, pods_of(&key), self.gang_timeout()))
         });
-        Ok(jobs.chain(deployments).collect())
+        let mut all: Vec<JobStatus> = jobs.chain(deployments).collect();
+        // Jobs applied a moment ago that the watches have not shown yet.
+        let mut unseen = c.unseen.lock().expect("unseen jobs lock");
+        unseen.retain(|_, (at, _)| at.elapsed() < UNSEEN_KEPT);
+        let listed: HashSet<JobKey> = all.iter().map(|j| j.key).collect();
+        all.extend(unseen.iter().filter(|(key, _)| !listed.contains(key)).map(|(_, (_, job))| job.clone()));
+        Ok(all)
     }
 
     async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError> {
@@ -359,6 +374,7 @@ impl ClusterBackend for KubernetesCluster {
 
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
         let c = self.connected().await?;
+        c.unseen.lock().expect("unseen jobs lock").remove(&key);
         let Some((found, job)) = find(c, key, self.gang_timeout()).await? else { return Ok(()) };
         if job.state.is_final() || job.cancelling {
             return Ok(());
