@@ -399,62 +399,61 @@ impl ClusterApply {
                 "must be the name of a secret (an environment variable name: letters, digits and '_'), never the secret itself".into()
             });
         }
-        match (&s.sim, s.kind) {
-            (None, ClusterKind::Sim) => v.error("/spec/sim", "required for a sim cluster"),
-            (Some(_), kind) if kind != ClusterKind::Sim => {
-                v.error(
-                    "/spec/sim",
-                    format!("only a sim cluster has simulated hardware, not a {} cluster", kind.as_str()),
-                );
+        let only = "only a sim cluster has simulated hardware";
+        if let Some(sim) = kind_section(&mut v, s.kind, ClusterKind::Sim, "/spec/sim", s.sim.as_ref(), only) {
+            validate_node_groups(&mut v, &sim.node_groups);
+            v.check(sim.time_scale > 0.0 && sim.time_scale <= 1e6, "/spec/sim/time_scale", || {
+                "must be above 0 and at most 1000000".into()
+            });
+            v.check(
+                sim.default_duration_seconds > 0.0 && sim.default_duration_seconds <= 1e8,
+                "/spec/sim/default_duration_seconds",
+                || "must be above 0 and at most 100000000".into(),
+            );
+            v.check((0.0..=1.0).contains(&sim.job_failure_probability), "/spec/sim/job_failure_probability", || {
+                "must be between 0 and 1".into()
+            });
+            v.check(sim.failed_nodes.len() <= 100_000, "/spec/sim/failed_nodes", || "at most 100000 nodes".into());
+            for (i, n) in sim.failed_nodes.iter().enumerate() {
+                v.name(&format!("/spec/sim/failed_nodes/{i}"), n);
             }
-            (Some(sim), _) => {
-                validate_node_groups(&mut v, &sim.node_groups);
-                v.check(sim.time_scale > 0.0 && sim.time_scale <= 1e6, "/spec/sim/time_scale", || {
-                    "must be above 0 and at most 1000000".into()
-                });
-                v.check(
-                    sim.default_duration_seconds > 0.0 && sim.default_duration_seconds <= 1e8,
-                    "/spec/sim/default_duration_seconds",
-                    || "must be above 0 and at most 100000000".into(),
-                );
-                v.check(
-                    (0.0..=1.0).contains(&sim.job_failure_probability),
-                    "/spec/sim/job_failure_probability",
-                    || "must be between 0 and 1".into(),
-                );
-                v.check(sim.failed_nodes.len() <= 100_000, "/spec/sim/failed_nodes", || "at most 100000 nodes".into());
-                for (i, n) in sim.failed_nodes.iter().enumerate() {
-                    v.name(&format!("/spec/sim/failed_nodes/{i}"), n);
-                }
-            }
-            (None, _) => {}
         }
-        match (&s.slurm, s.kind) {
-            (None, ClusterKind::Slurm) => v.error("/spec/slurm", "required for a slurm cluster"),
-            (Some(_), kind) if kind != ClusterKind::Slurm => {
-                v.error(
-                    "/spec/slurm",
-                    format!("only a slurm cluster takes Slurm settings, not a {} cluster", kind.as_str()),
-                );
-            }
-            (Some(slurm), _) => validate_slurm(&mut v, slurm),
-            (None, _) => {}
+        let only = "only a slurm cluster takes Slurm settings";
+        if let Some(slurm) = kind_section(&mut v, s.kind, ClusterKind::Slurm, "/spec/slurm", s.slurm.as_ref(), only) {
+            validate_slurm(&mut v, slurm);
         }
-        match (&s.kubernetes, s.kind) {
-            (None, ClusterKind::Kubernetes) => v.error("/spec/kubernetes", "required for a kubernetes cluster"),
-            (Some(_), kind) if kind != ClusterKind::Kubernetes => {
-                v.error(
-                    "/spec/kubernetes",
-                    format!("only a kubernetes cluster takes Kubernetes settings, not a {} cluster", kind.as_str()),
-                );
-            }
-            (Some(k), _) => validate_kubernetes(&mut v, k),
-            (None, _) => {}
+        let only = "only a kubernetes cluster takes Kubernetes settings";
+        let k8s = s.kubernetes.as_ref();
+        if let Some(k8s) = kind_section(&mut v, s.kind, ClusterKind::Kubernetes, "/spec/kubernetes", k8s, only) {
+            validate_kubernetes(&mut v, k8s);
         }
         if s.kind == ClusterKind::Slurm && s.credentials_ref.is_none() {
             v.error("/spec/credentials_ref", "required for a slurm cluster: the name of the secret holding its JWT");
         }
         v.finish()
+    }
+}
+
+/// The settings section `field` that clusters of kind `owner` require and others must not
+/// have (`only` says so); `Some` when it is there to be checked.
+fn kind_section<'a, T>(
+    v: &mut Validator,
+    kind: ClusterKind,
+    owner: ClusterKind,
+    field: &str,
+    section: Option<&'a T>,
+    only: &str,
+) -> Option<&'a T> {
+    match section {
+        None if kind == owner => {
+            v.error(field, format!("required for a {} cluster", owner.as_str()));
+            None
+        }
+        Some(_) if kind != owner => {
+            v.error(field, format!("{only}, not a {} cluster", kind.as_str()));
+            None
+        }
+        section => section,
     }
 }
 

@@ -416,13 +416,23 @@ enum Found {
 /// A job read fresh from the API (not from the watches, which may lag a moment).
 async fn find(c: &Connected, key: JobKey, gang_timeout: Duration) -> Result<Option<(Found, JobStatus)>, BackendError> {
     let selector = ListParams::default().labels(&key_selector(key));
+    let jobs = call(Api::<Job>::all(c.client.clone()).list(&selector)).await?.items;
+    let deployments = if jobs.is_empty() {
+        call(Api::<Deployment>::all(c.client.clone()).list(&selector)).await?.items
+    } else {
+        Vec::new()
+    };
+    if jobs.is_empty() && deployments.is_empty() {
+        return Ok(None);
+    }
+    // Pods only for a job that exists: an unknown key costs two calls, not three.
     let pods = call(Api::<Pod>::all(c.client.clone()).list(&selector)).await?.items;
     let pods: Vec<&Pod> = pods.iter().collect();
-    if let Some(j) = call(Api::<Job>::all(c.client.clone()).list(&selector)).await?.items.first() {
-        return Ok(Some((Found::Job, job_status(key, j, &pods, gang_timeout))));
-    }
-    let deployments = call(Api::<Deployment>::all(c.client.clone()).list(&selector)).await?.items;
-    Ok(deployments.first().map(|d| (Found::Deployment, deployment_status(key, d, &pods, gang_timeout))))
+    Ok(match (jobs.first(), deployments.first()) {
+        (Some(j), _) => Some((Found::Job, job_status(key, j, &pods, gang_timeout))),
+        (None, Some(d)) => Some((Found::Deployment, deployment_status(key, d, &pods, gang_timeout))),
+        (None, None) => None,
+    })
 }
 
 /// Like [`call`], keeping the raw error so a 404 can be told apart.

@@ -313,7 +313,11 @@ async fn kubernetes_pods_that_cannot_start_where_berth_placed_them_are_withdrawn
             .unwrap();
     assert!(message.contains("did not start the job as placed") && message.contains("Insufficient cpu"), "{message}");
     // The first attempt's Job is withdrawn (an orphan now) ...
-    eventually_gone(kube, &format!("berth-{}-0", requeued.metadata.uid)).await;
+    let first = format!("berth-{}-0", requeued.metadata.uid);
+    support::eventually(&format!("Job {first} withdrawn"), || async {
+        kube.objects("jobs").iter().all(|j| j["metadata"]["name"] != first.as_str()).then_some(())
+    })
+    .await;
     // ... and once the node has room the workload runs.
     let deleted = reqwest::Client::new()
         .delete(format!("{}/api/v1/namespaces/default/pods/cpu-hog?gracePeriodSeconds=0", kube.url()))
@@ -325,15 +329,4 @@ async fn kubernetes_pods_that_cannot_start_where_berth_placed_them_are_withdrawn
     assert_eq!(done.status.phase, Phase::Succeeded, "{:?}", done.status);
     assert!(done.status.attempt >= 1);
     p.stop().await;
-}
-
-/// Waits until the test API server has no Job of this name.
-async fn eventually_gone(kube: &berth_k8s_test_server::TestApiServer, name: &str) {
-    for _ in 0..600 {
-        if kube.objects("jobs").iter().all(|j| j["metadata"]["name"] != name) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("Job {name} is still there after a minute");
 }

@@ -185,7 +185,7 @@ impl Plane {
 
 /// Polls `check` every 200 ms until it gives a value; fails after two minutes, saying what
 /// it waited for.
-async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Some(v) = check().await {
