@@ -1,4 +1,4 @@
-//! Benchmark: N jobs into a real Slurm (`scripts/slurm-dev` cluster alpha), once through
+//! Benchmark: N jobs into a real Slurm (`scripts/slurm-dev` cluster `bench`), once through
 //! Berth and, in the same run, straight to slurmrestd, and the ratio of the two
 //! throughputs.
 //!
@@ -14,10 +14,19 @@
 //!   cordoned; the clock runs from the uncordon until every one has its job (scheduler,
 //!   dispatcher, and status sync following the jobs meanwhile).
 //!
-//! Three rounds (or as many as the second argument says) of the three, in an order that
-//! turns every round, with Slurm's queue drained between runs (this machine is noisy); the
-//! ratios are of the medians. Jobs are CPU-only `true` (1 CPU each), so Slurm runs 32
-//! at a time and the rest queue.
+//! Every run starts from a Slurm cluster reset to empty state and warmed up, and each
+//! Berth run has a fresh database. Three rounds (or as many as the second argument says) of
+//! the three, in an order that turns every round (this machine is noisy); the ratios are of
+//! the medians. Each job asks for 1 CPU, so Slurm runs 32 at a time and queues the rest. The
+//! third argument says what the jobs do:
+//!
+//! - `sleep` (default): they run for 10 minutes, like the long jobs a GPU cluster runs, and
+//!   are cancelled after each run. Slurm starts the first 32 and then only queues.
+//! - `true`: they end at once, so while the later submissions arrive slurmctld is also
+//!   launching and reaping jobs (32 at a time); a run that takes longer meets more of that.
+//!
+//! After each run it prints the CPU seconds each process group used during the run
+//! (measured from `/proc`; the bench process is Berth's API layer and controllers).
 //!
 //! `bench/slurm` runs it; DATABASE_URL must let the role create databases.
 
@@ -37,7 +46,7 @@ const SUBMITTERS: usize = 8;
 /// Connections the direct run submits from: slurmrestd took bursts fastest this way
 /// (~950 jobs/s from 2–8 connections against ~700 one request at a time).
 const DIRECT_CLIENTS: usize = 4;
-/// Time the controllers run before a measured burst (a first inventory and job listing).
+/// Time the controllers run, once the cluster is Healthy, before a measured burst.
 const WARM_UP: Duration = Duration::from_secs(3);
 const SECRET: &str = "BENCH_SLURM_TOKEN";
 
@@ -45,54 +54,74 @@ const SECRET: &str = "BENCH_SLURM_TOKEN";
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // RUST_LOG=berth_controllers=debug shows each controller pass with its duration.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-    let n: usize = std::env::args().nth(1).map_or(Ok(1000), |n| n.parse())?;
-    let rounds: usize = std::env::args().nth(2).map_or(Ok(3), |n| n.parse())?;
-    let dev = DevCluster::get("alpha");
-    let scratch = scratch::Scratch::create().await?;
-    let result = run(&scratch.db, &scratch.url, &dev, n, rounds).await;
-    scratch.drop().await?;
-    result
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().map_or(Ok(1000), |n| n.parse())?;
+    let rounds: usize = args.next().map_or(Ok(3), |n| n.parse())?;
+    let job = match args.next().as_deref() {
+        None | Some("sleep") => Job::Sleep,
+        Some("true") => Job::True,
+        Some(other) => return Err(format!("jobs are `sleep` or `true`, not {other}").into()),
+    };
+    run(n, rounds, job).await
 }
 
-async fn run(
-    db: &berth_store::PgPool,
-    url: &str,
-    dev: &DevCluster,
-    n: usize,
-    rounds: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    println!("{n} CPU-only jobs into Slurm cluster {} ({} nodes), {rounds} rounds", dev.name, dev.nodes.len());
-    let ctx = setup(db, dev).await?;
-    // Warm-up, not measured: the first burst into a quiet slurmctld runs slower.
-    direct(dev, 200).await?;
-    drain(dev).await;
+/// The `scripts/slurm-dev` cluster the bench submits to, its own so that resetting it
+/// disturbs no test.
+const CLUSTER: &str = "bench";
+
+/// [`CLUSTER`] started from empty state, warmed up by a first burst (a quiet slurmctld
+/// takes its first burst slower), its queue empty again. slurmctld keeps finished jobs
+/// for MinJobAge (300 s) and every job it holds makes submitting slower, so each run
+/// starts from the same state.
+async fn fresh_cluster(job: Job) -> Result<DevCluster, Box<dyn std::error::Error>> {
+    for command in ["reset", "start"] {
+        let out = std::process::Command::new(berth_adapters::slurm::dev::script()).args([command, CLUSTER]).output()?;
+        if !out.status.success() {
+            return Err(format!("slurm-dev {command} {CLUSTER}: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+    }
+    let dev = DevCluster::get(CLUSTER);
+    direct(&dev, 200, job).await?;
+    empty_queue(&dev, job).await;
+    Ok(dev)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Job {
+    Sleep,
+    True,
+}
+
+impl Job {
+    fn command(self) -> &'static [&'static str] {
+        match self {
+            Self::Sleep => &["sleep", "600"],
+            Self::True => &["true"],
+        }
+    }
+}
+
+async fn run(n: usize, rounds: usize, job: Job) -> Result<(), Box<dyn std::error::Error>> {
+    println!("{n} CPU-only jobs (`{}`) into the Slurm dev cluster {CLUSTER}, {rounds} rounds", job.command().join(" "));
     // Rates per mode: direct, live, backlog.
     let mut rates: [Vec<f64>; 3] = Default::default();
     for round in 0..rounds {
-        // slurmctld remembers finished jobs for MinJobAge (300 s), and each one it remembers
-        // makes its calls slower: a run that always came later would be at a disadvantage,
-        // so the order of the three turns every round.
+        // The order of the three turns every round, so none always runs first.
         let mut order = [Mode::Direct, Mode::Live, Mode::Backlog];
         order.rotate_left(round % 3);
         let mut took = [Duration::ZERO; 3];
+        let mut cpu = [[0.0; 5]; 3];
         for mode in order {
-            took[mode as usize] = match mode {
-                Mode::Direct => direct(dev, n).await?,
-                Mode::Live | Mode::Backlog => {
-                    // Berth runs as it does in production: controllers already up, caches
-                    // warm. On a pool of their own, closed when they stop: stopping aborts a
-                    // pass wherever it is, which can leave a connection inside a transaction.
-                    let ctx = Context { db: berth_store::connect(url, 16).await?, ..ctx.clone() };
-                    let mut controllers = berth_controllers::runner::start(&ctx, "bench");
-                    tokio::time::sleep(WARM_UP).await;
-                    let prefix = format!("{}{round}-", if mode == Mode::Live { "l" } else { "b" });
-                    let took = through_berth(db, dev, n, &prefix, mode == Mode::Backlog).await?;
-                    controllers.shutdown().await;
-                    ctx.db.close().await;
-                    took
+            let dev = fresh_cluster(job).await?;
+            (took[mode as usize], cpu[mode as usize]) = match mode {
+                Mode::Direct => {
+                    let before = cpu_seconds();
+                    let took = direct(&dev, n, job).await?;
+                    (took, minus(cpu_seconds(), before))
                 }
+                Mode::Live | Mode::Backlog => through_berth(&dev, n, job, mode == Mode::Backlog).await?,
             };
-            drain(dev).await;
+            empty_queue(&dev, job).await;
         }
         println!(
             "round {round} ({}): direct {:4.0} jobs/s, through Berth submitted live {:4.0} jobs/s, from a backlog {:4.0} jobs/s",
@@ -101,6 +130,11 @@ async fn run(
             rate(n, took[1]),
             rate(n, took[2])
         );
+        for mode in [Mode::Direct, Mode::Live, Mode::Backlog] {
+            let used: Vec<String> =
+                CPU_GROUPS.iter().zip(cpu[mode as usize]).map(|(group, s)| format!("{group} {s:.2}")).collect();
+            println!("  CPU seconds during {}: {}", mode.name(), used.join(", "));
+        }
         for (all, t) in rates.iter_mut().zip(took) {
             all.push(rate(n, t));
         }
@@ -131,6 +165,39 @@ impl Mode {
     }
 }
 
+/// Process groups whose CPU time is shown per run; the bench itself is Berth.
+const CPU_GROUPS: [&str; 5] = ["slurmctld", "slurmrestd", "slurmd", "postgres", "berth"];
+
+/// CPU seconds (user + system) used so far by the live processes of each of
+/// [`CPU_GROUPS`], from `/proc`.
+fn cpu_seconds() -> [f64; 5] {
+    let me = std::process::id().to_string();
+    let mut sums = [0.0; 5];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // "pid (comm) state ...": comm may hold spaces, so split at the last ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let group = match head.split_once('(').map_or("", |(_, comm)| comm) {
+            "slurmctld" => 0,
+            "slurmrestd" => 1,
+            "slurmd" => 2,
+            "postgres" => 3,
+            _ if pid == me => 4,
+            _ => continue,
+        };
+        // utime and stime are the line's fields 14 and 15; `rest` starts at field 3.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = fields[11..13].iter().map(|f| f.parse::<f64>().unwrap_or(0.0)).sum();
+        sums[group] += ticks / 100.0;
+    }
+    sums
+}
+
+fn minus(a: [f64; 5], b: [f64; 5]) -> [f64; 5] {
+    std::array::from_fn(|i| a[i] - b[i])
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -141,16 +208,18 @@ fn rate(n: usize, d: Duration) -> f64 {
 }
 
 /// N submits straight to slurmrestd from [`DIRECT_CLIENTS`] connections at once.
-async fn direct(dev: &DevCluster, n: usize) -> Result<Duration, Box<dyn std::error::Error>> {
+async fn direct(dev: &DevCluster, n: usize, job: Job) -> Result<Duration, Box<dyn std::error::Error>> {
     let http = reqwest::Client::new();
+    let script =
+        format!("#!/bin/bash\nexec {}\n", job.command().iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" "));
     let started = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..DIRECT_CLIENTS {
-        let (http, url, user, token, partition) =
-            (http.clone(), dev.url.clone(), dev.user.clone(), dev.token.clone(), dev.partition.clone());
+        let (http, url, user, token, partition, script) =
+            (http.clone(), dev.url.clone(), dev.user.clone(), dev.token.clone(), dev.partition.clone(), script.clone());
         clients.spawn(async move {
             for i in (c..n).step_by(DIRECT_CLIENTS) {
-                let body = json!({"script": "#!/bin/bash\nexec 'true'\n", "job": {
+                let body = json!({"script": script, "job": {
                     "name": format!("direct-{i}"), "comment": "bench direct", "partition": partition,
                     "nodes": 1, "tasks": 1, "current_working_directory": "/tmp",
                     "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
@@ -184,50 +253,67 @@ fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).expect("bench objects parse")
 }
 
-/// A flavor, a team and the cluster, and the controllers' context (controllers not running).
-async fn setup(db: &berth_store::PgPool, dev: &DevCluster) -> Result<Context, Box<dyn std::error::Error>> {
+/// N workloads through Berth into a fresh database, with every controller running (as in
+/// production: started [`WARM_UP`] before), until each has its Slurm job: submitted live
+/// (the clock starts at the first submission), or held back by cordoning the cluster and
+/// released at once by uncordoning it (`backlog`: the clock starts then). Returns the
+/// time and the CPU seconds used meanwhile.
+async fn through_berth(
+    dev: &DevCluster,
+    n: usize,
+    job: Job,
+    backlog: bool,
+) -> Result<(Duration, [f64; 5]), Box<dyn std::error::Error>> {
+    let scratch = scratch::Scratch::create().await?;
+    let db = &scratch.db;
     let actor = Actor::new("bench", None);
-    berth_app::flavor::flavor_apply(db, &actor, "h100", &parse(json!({"spec": {}})), None).await?;
-    let team = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 16}]}});
+    berth_app::flavor::flavor_apply(db, &actor, &dev.gpu_type, &parse(json!({"spec": {}})), None).await?;
+    let team = json!({"spec": {"quotas": [{"flavor": &dev.gpu_type, "guaranteed": 16}]}});
     berth_app::team::team_apply(db, &actor, "bench", &parse(team), None).await?;
-    berth_app::cluster::cluster_apply(db, &actor, &dev.name, &parse(dev.apply_body("h100", SECRET)), None).await?;
+    let cluster = |cordoned: bool| {
+        let mut body = dev.apply_body(&dev.gpu_type, SECRET);
+        body["spec"]["cordoned"] = json!(cordoned);
+        let actor = actor.clone();
+        async move { berth_app::cluster::cluster_apply(db, &actor, &dev.name, &parse(body), None).await }
+    };
+    cluster(backlog).await?;
     let token = dev.token.clone();
     let backends =
         Registry::new(None).with_secrets(Arc::new(move |name: &str| (name == SECRET).then(|| token.clone())));
-    let ctx = Context { db: db.clone(), backends: Arc::new(backends), config: Config::default() };
-    berth_controllers::cluster_health::reconcile(&ctx).await?;
-    Ok(ctx)
-}
-
-/// N workloads through Berth (controllers running), until each has its Slurm job:
-/// submitted live (the clock starts at the first submission), or held back by cordoning
-/// the cluster and released at once by uncordoning it (`backlog`: the clock starts then).
-async fn through_berth(
-    db: &berth_store::PgPool,
-    dev: &DevCluster,
-    n: usize,
-    prefix: &str,
-    backlog: bool,
-) -> Result<Duration, Box<dyn std::error::Error>> {
-    let cordon = |cordoned: bool| {
-        let mut body = dev.apply_body("h100", SECRET);
-        body["spec"]["cordoned"] = json!(cordoned);
-        async move { berth_app::cluster::cluster_apply(db, &Actor::new("bench", None), &dev.name, &parse(body), None).await }
+    // The controllers on a pool of their own, closed when they stop: stopping aborts a pass
+    // wherever it is, which can leave a connection inside a transaction.
+    let ctx = Context {
+        db: berth_store::connect(&scratch.url, 16).await?,
+        backends: Arc::new(backends),
+        config: Config::default(),
     };
-    if backlog {
-        cordon(true).await?;
+    let mut controllers = berth_controllers::runner::start(&ctx, "bench");
+    // Until the cluster's first inventory is in (it lists every job slurmctld remembers,
+    // which takes seconds once it holds thousands), and a little longer.
+    let warm = Instant::now();
+    loop {
+        let health: Option<String> = sqlx::query_scalar("SELECT status->>'health' FROM clusters").fetch_one(db).await?;
+        if health.as_deref() == Some("Healthy") {
+            break;
+        }
+        if warm.elapsed() > Duration::from_secs(120) {
+            return Err(format!("cluster {} not Healthy after 2 minutes: {health:?}", dev.name).into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    tokio::time::sleep(WARM_UP).await;
+
     let mut started = Instant::now();
+    let mut before = cpu_seconds();
     let mut submitters = tokio::task::JoinSet::new();
     for s in 0..SUBMITTERS {
-        let db = db.clone();
-        let prefix = prefix.to_owned();
+        let (db, flavor) = (db.clone(), dev.gpu_type.clone());
         submitters.spawn(async move {
             let actor = Actor::new("bench", None);
             for i in (s..n).step_by(SUBMITTERS) {
-                let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"]},
-                    "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0}}}});
-                berth_app::workload::workload_apply(&db, &actor, "bench", &format!("{prefix}{i}"), &parse(spec), None)
+                let spec = json!({"spec": {"kind": "batch", "run": {"command": job.command()},
+                    "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0}}}});
+                berth_app::workload::workload_apply(&db, &actor, "bench", &format!("w{i}"), &parse(spec), None)
                     .await
                     .expect("submit");
             }
@@ -237,33 +323,50 @@ async fn through_berth(
     if backlog {
         tokio::time::sleep(WARM_UP).await;
         started = Instant::now();
-        cordon(false).await?;
+        before = cpu_seconds();
+        cluster(false).await?;
     }
+    // Every workload is stored by now; wait until none is left before its dispatch (an
+    // index-only count, so the waiting costs Berth little).
     loop {
-        let with_job: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM workloads WHERE name LIKE $1 || '%' AND status ? 'backend_ref'")
-                .bind(prefix)
-                .fetch_one(db)
-                .await?;
-        if with_job as usize >= n {
-            return Ok(started.elapsed());
+        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE phase IN ('Pending', 'Admitted')")
+            .fetch_one(db)
+            .await?;
+        if waiting == 0 {
+            break;
         }
         if started.elapsed() > Duration::from_secs(600) {
-            return Err(format!("only {with_job} of {n} workloads reached Slurm in 10 minutes").into());
+            return Err(format!("{waiting} of {n} workloads did not reach Slurm in 10 minutes").into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let took = started.elapsed();
+    // Taken before the controllers' pool closes: a closed connection's backend takes its
+    // CPU time with it.
+    let cpu = minus(cpu_seconds(), before);
+    controllers.shutdown().await;
+    ctx.db.close().await;
+    let with_job: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workloads WHERE status ? 'backend_ref'").fetch_one(db).await?;
+    if with_job as usize != n {
+        return Err(format!("only {with_job} of {n} workloads got a Slurm job").into());
+    }
+    scratch.drop().await?;
+    Ok((took, cpu))
 }
 
-/// Waits until Slurm has no pending or running job left.
-async fn drain(dev: &DevCluster) {
+/// Cancels the `sleep` jobs, and waits until Slurm has no pending or running job left.
+async fn empty_queue(dev: &DevCluster, job: Job) {
+    if job == Job::Sleep {
+        dev.output("scancel", &["--user", &dev.user]);
+    }
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let queued = dev.output("squeue", &["-h", "-t", "pending,running,completing", "-o", "%i"]);
         if queued.trim().is_empty() {
             return;
         }
-        assert!(Instant::now() < deadline, "Slurm's queue did not drain in 10 minutes");
+        assert!(Instant::now() < deadline, "Slurm's queue did not empty in 10 minutes");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

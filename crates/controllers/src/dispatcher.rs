@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use berth_adapters::{BackendError, ClusterBackend, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::Error;
-use berth_core::workload::{Admission, BackendRef, Phase, Workload, WorkloadStatus};
+use berth_core::cluster::Cluster;
+use berth_core::workload::{BackendRef, Phase, Workload, WorkloadStatus};
 use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
@@ -25,8 +26,9 @@ use crate::{Context, Transition, job_key};
 const BATCH: i64 = 200;
 
 /// Submissions in flight at once. slurmrestd takes a burst fastest from a few connections
-/// (measured on the dev cluster: ~700 jobs/s one at a time, ~950 from 2–8 at once).
-const SUBMITS_IN_FLIGHT: usize = 4;
+/// (`bench/slurm` on the dev cluster: from a backlog ~920 jobs/s with 4 in flight, ~1,000
+/// with 8 or 16).
+const SUBMITS_IN_FLIGHT: usize = 8;
 
 /// The log message for a job found already on the backend.
 pub const ADOPTED: &str = "adopted a job an earlier dispatch submitted";
@@ -50,99 +52,164 @@ impl crate::runner::Report for DispatcherStatus {
 
 /// Dispatches every admitted workload it can claim.
 ///
+/// Batches go through three stages, each batch in its own transaction that holds its
+/// claim: claimed (intents recorded), submitted, written. While one batch is being
+/// submitted the next is claimed and the one before is written, so the backend is never
+/// left waiting for Postgres between batches.
+///
 /// # Errors
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
     let mut status = DispatcherStatus::default();
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    // Workloads left `Admitted` in this pass (their cluster did not answer), not claimed again.
     let mut skip = Vec::new();
-    loop {
-        let mut tx = berth_store::begin(&ctx.db).await?;
-        let claimed = berth_store::workload::workload_claim(&mut tx, Phase::Admitted, &skip, BATCH).await?;
-        if claimed.is_empty() {
-            return Ok(status);
-        }
-        let keys: Vec<(Uuid, u32)> = claimed.iter().map(|w| (w.metadata.uid, w.status.attempt)).collect();
-        let intents = berth_store::dispatch::dispatch_intents_of(&mut *tx, &keys).await?;
-        // Each cluster's jobs, listed once per batch and only if a claimed workload there
-        // has an intent; `None` when the listing failed.
-        let mut listed: HashMap<&str, Option<HashMap<JobKey, JobStatus>>> = HashMap::new();
-        let mut to_submit = Vec::new();
-        let mut transitions = Vec::new();
-        for w in &claimed {
-            let Some(a) = &w.status.admission else { continue };
-            let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster);
-            let Some(backend) = cluster.and_then(|c| crate::reachable_backend(ctx, c)) else {
-                status.deferred += 1;
-                skip.push(w.metadata.uid);
-                continue;
-            };
-            if intents.contains(&(w.metadata.uid, w.status.attempt)) {
-                if !listed.contains_key(a.cluster.as_str()) {
-                    let jobs = backend.jobs().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
-                    listed.insert(&a.cluster, jobs);
+    let mut next = claim(ctx, &clusters, &skip).await?;
+    let mut to_write: Option<Batch> = None;
+    while let Some(mut batch) = next.take() {
+        status.adopted += batch.adopted;
+        status.deferred += batch.deferred.len();
+        skip.append(&mut batch.deferred);
+        let (submitted, claimed, written) =
+            tokio::join!(submit_all(batch), claim(ctx, &clusters, &skip), write(to_write.take()));
+        written?;
+        next = claimed?;
+        let mut submitted = submitted;
+        status.dispatched += submitted.dispatched;
+        status.rejected += submitted.rejected;
+        status.deferred += submitted.deferred.len();
+        skip.append(&mut submitted.deferred);
+        to_write = Some(submitted);
+    }
+    write(to_write).await?;
+    Ok(status)
+}
+
+/// A claimed batch: its transaction (holding the claim), the workloads, and what became of
+/// each so far.
+struct Batch {
+    tx: berth_store::Tx<'static>,
+    claimed: Vec<Workload>,
+    /// Claimed workloads to submit (by index), with their cluster's backend.
+    to_submit: Vec<(usize, Arc<dyn ClusterBackend>)>,
+    /// New statuses decided (by index): adopted jobs, then the answers to submits.
+    decided: Vec<(usize, WorkloadStatus)>,
+    /// Left `Admitted`: their cluster is unreachable.
+    deferred: Vec<Uuid>,
+    adopted: usize,
+    dispatched: usize,
+    rejected: usize,
+}
+
+/// Claims the next batch of admitted workloads (none but those in `skip`) and commits a
+/// dispatch intent for each that is to be submitted; `None` when none is left.
+async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Option<Batch>, Error> {
+    let mut tx = berth_store::begin(&ctx.db).await?;
+    let claimed = berth_store::workload::workload_claim(&mut tx, Phase::Admitted, skip, BATCH).await?;
+    if claimed.is_empty() {
+        return Ok(None);
+    }
+    let keys: Vec<(Uuid, u32)> = claimed.iter().map(|w| (w.metadata.uid, w.status.attempt)).collect();
+    let intents = berth_store::dispatch::dispatch_intents_of(&mut *tx, &keys).await?;
+    let mut batch = Batch {
+        tx,
+        claimed: Vec::new(),
+        to_submit: Vec::new(),
+        decided: Vec::new(),
+        deferred: Vec::new(),
+        adopted: 0,
+        dispatched: 0,
+        rejected: 0,
+    };
+    // Each cluster's jobs, listed once per batch and only if a claimed workload there has
+    // an intent; `None` when the listing failed.
+    let mut listed: HashMap<String, Option<HashMap<JobKey, JobStatus>>> = HashMap::new();
+    for (i, w) in claimed.iter().enumerate() {
+        let Some(a) = &w.status.admission else { continue };
+        let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster);
+        let Some(backend) = cluster.and_then(|c| crate::reachable_backend(ctx, c)) else {
+            batch.deferred.push(w.metadata.uid);
+            continue;
+        };
+        if intents.contains(&(w.metadata.uid, w.status.attempt)) {
+            if !listed.contains_key(&a.cluster) {
+                let jobs = backend.jobs().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
+                listed.insert(a.cluster.clone(), jobs);
+            }
+            match &listed[&a.cluster] {
+                None => {
+                    batch.deferred.push(w.metadata.uid);
+                    continue;
                 }
-                match &listed[a.cluster.as_str()] {
-                    None => {
-                        status.deferred += 1;
-                        skip.push(w.metadata.uid);
+                Some(jobs) => {
+                    if let Some(job) = jobs.get(&job_key(w)) {
+                        tracing::info!(workload = %w.metadata.uid, cluster = %a.cluster, job = %job.job_id, "{ADOPTED}");
+                        batch.adopted += 1;
+                        batch.decided.push((i, dispatched(w, &a.cluster, job)));
                         continue;
-                    }
-                    Some(jobs) => {
-                        if let Some(job) = jobs.get(&job_key(w)) {
-                            tracing::info!(workload = %w.metadata.uid, cluster = %a.cluster, job = %job.job_id, "{ADOPTED}");
-                            status.adopted += 1;
-                            transitions.push(Transition { workload: w, status: dispatched(w, &a.cluster, job) });
-                            continue;
-                        }
                     }
                 }
             }
-            to_submit.push((w, a, backend));
         }
-        let announced: Vec<(Uuid, u32)> = to_submit.iter().map(|(w, ..)| (w.metadata.uid, w.status.attempt)).collect();
-        berth_store::dispatch::dispatch_intents_record(&ctx.db, &announced).await?;
-        // Boxed so the stream's type names no closure (which trips the `Send` check of the
-        // controller loop's future).
-        let submits: Vec<Submit<'_>> =
-            to_submit.into_iter().map(|(w, a, backend)| Box::pin(submit(w, a, backend)) as _).collect();
-        let answers: Vec<_> = futures_util::stream::iter(submits).buffered(SUBMITS_IN_FLIGHT).collect().await;
-        for (w, a, answer) in answers {
-            let next = match answer {
-                Ok(job) => {
-                    status.dispatched += 1;
-                    dispatched(w, &a.cluster, &job)
-                }
-                Err(BackendError::Rejected(why) | BackendError::Unsupported(why)) => {
-                    status.rejected += 1;
-                    crate::finished(w, Phase::Failed, "BackendRejected", why, None, chrono::Utc::now())
-                }
-                Err(BackendError::Unreachable(_)) => {
-                    status.deferred += 1;
-                    skip.push(w.metadata.uid);
-                    continue;
-                }
-            };
-            transitions.push(Transition { workload: w, status: next });
-        }
-        crate::write(&mut tx, &transitions).await?;
-        let settled: Vec<(Uuid, u32)> =
-            transitions.iter().map(|t| (t.workload.metadata.uid, t.workload.status.attempt)).collect();
-        berth_store::dispatch::dispatch_intents_clear(&mut *tx, &settled).await?;
-        berth_store::commit(tx).await?;
+        batch.to_submit.push((i, backend));
     }
+    let announced: Vec<(Uuid, u32)> =
+        batch.to_submit.iter().map(|(i, _)| (claimed[*i].metadata.uid, claimed[*i].status.attempt)).collect();
+    berth_store::dispatch::dispatch_intents_record(&ctx.db, &announced).await?;
+    batch.claimed = claimed;
+    Ok(Some(batch))
 }
 
-type Submit<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (&'a Workload, &'a Admission, Result<JobStatus, BackendError>)> + Send + 'a>,
->;
+/// Submits the batch's jobs, [`SUBMITS_IN_FLIGHT`] at a time, and records the answers.
+async fn submit_all(mut batch: Batch) -> Batch {
+    let claimed = &batch.claimed;
+    // Boxed so the stream's type names no closure (which trips the `Send` check of the
+    // controller loop's future).
+    let submits: Vec<Submit<'_>> = std::mem::take(&mut batch.to_submit)
+        .into_iter()
+        .map(|(i, backend)| Box::pin(submit(i, &claimed[i], backend)) as _)
+        .collect();
+    let answers: Vec<_> = futures_util::stream::iter(submits).buffered(SUBMITS_IN_FLIGHT).collect().await;
+    for (i, answer) in answers {
+        let w = &batch.claimed[i];
+        let a = w.status.admission.as_ref().expect("claimed workloads to submit are admitted");
+        let next = match answer {
+            Ok(job) => {
+                batch.dispatched += 1;
+                dispatched(w, &a.cluster, &job)
+            }
+            Err(BackendError::Rejected(why) | BackendError::Unsupported(why)) => {
+                batch.rejected += 1;
+                crate::finished(w, Phase::Failed, "BackendRejected", why, None, chrono::Utc::now())
+            }
+            Err(BackendError::Unreachable(_)) => {
+                batch.deferred.push(w.metadata.uid);
+                continue;
+            }
+        };
+        batch.decided.push((i, next));
+    }
+    batch
+}
 
-async fn submit<'a>(
-    w: &'a Workload,
-    a: &'a Admission,
-    backend: Arc<dyn ClusterBackend>,
-) -> (&'a Workload, &'a Admission, Result<JobStatus, BackendError>) {
-    (w, a, backend.submit(&request(w)).await)
+/// Writes a submitted batch's new statuses, clears their intents and commits (releasing
+/// the claim).
+async fn write(batch: Option<Batch>) -> Result<(), Error> {
+    let Some(Batch { mut tx, claimed, decided, .. }) = batch else { return Ok(()) };
+    let transitions: Vec<Transition<'_>> =
+        decided.into_iter().map(|(i, status)| Transition { workload: &claimed[i], status }).collect();
+    crate::write(&mut tx, &transitions).await?;
+    let settled: Vec<(Uuid, u32)> =
+        transitions.iter().map(|t| (t.workload.metadata.uid, t.workload.status.attempt)).collect();
+    berth_store::dispatch::dispatch_intents_clear(&mut *tx, &settled).await?;
+    berth_store::commit(tx).await
+}
+
+type Submit<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<JobStatus, BackendError>)> + Send + 'a>>;
+
+async fn submit(i: usize, w: &Workload, backend: Arc<dyn ClusterBackend>) -> (usize, Result<JobStatus, BackendError>) {
+    (i, backend.submit(&request(w)).await)
 }
 
 fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {

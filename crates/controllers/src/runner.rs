@@ -24,6 +24,11 @@ pub trait Report: Serialize + Send {
     fn changes(&self) -> usize;
 }
 
+/// Least time between two dispatcher passes. Every stored change wakes the controllers (a
+/// burst of 1,000 submissions is 1,000 wake-ups); wake-ups within the gap become one pass.
+/// (Preemption and deletion use the scheduler's `min_cycle_interval`.)
+const DISPATCHER_GAP: Duration = Duration::from_millis(20);
+
 /// A controller's loop: name, what wakes it, its interval, the least gap between passes,
 /// and its pass.
 type Loop = (&'static str, Option<Arc<Notify>>, Duration, Duration, fn(Context) -> Pass);
@@ -51,9 +56,9 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     let woken: Vec<Arc<Notify>> = (0..4).map(|_| Arc::new(Notify::new())).collect();
     let loops: [Loop; 7] = [
         ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
-        ("dispatcher", Some(woken[1].clone()), c.resync, Duration::ZERO, dispatcher_pass),
-        ("preemption", Some(woken[2].clone()), c.sync_interval, Duration::ZERO, preemption_pass),
-        ("deletion", Some(woken[3].clone()), c.sync_interval, Duration::ZERO, deletion_pass),
+        ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
+        ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
+        ("deletion", Some(woken[3].clone()), c.sync_interval, c.min_cycle_interval, deletion_pass),
         ("status_sync", None, c.sync_interval, Duration::ZERO, status_sync_pass),
         ("orphans", None, c.resync, Duration::ZERO, orphans_pass),
         ("cluster_health", None, c.health_interval, Duration::ZERO, cluster_health_pass),

@@ -15,7 +15,9 @@ pub struct Scratch {
 impl Scratch {
     pub async fn create() -> Result<Self, Box<dyn std::error::Error>> {
         let base = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
-        let name = format!("berth_bench_{}", std::process::id());
+        static CREATED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nth = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("berth_bench_{}_{nth}", std::process::id());
         let mut admin = sqlx::PgConnection::connect(&base).await?;
         admin.execute(format!("CREATE DATABASE {name}").as_str()).await?;
         let url = format!("{}/{name}", base.rsplit_once('/').ok_or("DATABASE_URL names no database")?.0);
