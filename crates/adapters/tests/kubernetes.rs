@@ -1,8 +1,9 @@
 //! The Kubernetes adapter against the test API server, over real HTTP: kube-rs talks to it
 //! exactly as it would to a cluster's API server.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use berth_adapters::kubernetes::KubernetesCluster;
@@ -10,6 +11,7 @@ use berth_adapters::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest
 use berth_core::cluster::{ClusterKind, ClusterSpec};
 use berth_core::workload::{Run, WorkloadKind};
 use berth_k8s_test_server::{Config, FakeNode, TestApiServer};
+use common::eventually;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -81,20 +83,11 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
     }
 }
 
-/// Polls `check` until it returns `Some`, for at most 30 s.
-async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the test API server gets to reach a state.
+const WAIT: Duration = Duration::from_secs(30);
 
 async fn state_of(k8s: &KubernetesCluster, key: JobKey, want: JobState) -> JobStatus {
-    eventually(&format!("{key} {want:?}"), || async {
+    eventually(&format!("{key} {want:?}"), WAIT, || async {
         k8s.jobs().await.unwrap().into_iter().find(|j| j.key == key && j.state == want)
     })
     .await
@@ -132,7 +125,7 @@ async fn inventory_comes_from_nodes_and_pods_and_is_kept_by_watches() {
     let Fixture { server, k8s } = fixture().await;
     k8s.health().await.unwrap();
     outside_pod(&server, "gpu-b", 3).await;
-    let inv = eventually("the outside pod in the inventory", || async {
+    let inv = eventually("the outside pod in the inventory", WAIT, || async {
         let inv = k8s.inventory().await.unwrap();
         (node(&inv, "gpu-b").gpus_used > 0).then_some(inv)
     })
@@ -159,7 +152,7 @@ async fn inventory_comes_from_nodes_and_pods_and_is_kept_by_watches() {
 
     // A node cordoned through the API shows as unschedulable.
     server.add_node(FakeNode { unschedulable: true, ..FakeNode::gpu("gpu-d", 8, "NVIDIA-H100-80GB-HBM3") });
-    eventually("the cordoned node", || async {
+    eventually("the cordoned node", WAIT, || async {
         let inv = k8s.inventory().await.unwrap();
         inv.nodes.iter().find(|n| n.name == "gpu-d").map(|d| assert!(!d.schedulable))
     })
@@ -265,7 +258,7 @@ async fn cancel_gives_the_grace_period_and_removes_the_job() {
     k8s.cancel(r.key, Duration::from_secs(1)).await.unwrap();
     assert!(pods_of(&server, r.key).iter().all(|p| p["metadata"]["deletionGracePeriodSeconds"] == 30));
     // The pods take 1 s to stop after SIGTERM; then the Job is gone.
-    eventually("the job gone", || async { k8s.job(r.key).await.unwrap().is_none().then_some(()) }).await;
+    eventually("the job gone", WAIT, || async { k8s.job(r.key).await.unwrap().is_none().then_some(()) }).await;
     assert!(pods_of(&server, r.key).is_empty());
     // Cancels of unknown keys are no-ops.
     k8s.cancel(JobKey { workload: Uuid::now_v7(), attempt: 0 }, Duration::from_secs(1)).await.unwrap();
@@ -285,7 +278,7 @@ async fn watches_resume_after_a_dropped_connection_and_relist_after_410_gone() {
 
     server.drop_watches();
     server.add_node(FakeNode::gpu("gpu-e", 8, "NVIDIA-H100-80GB-HBM3"));
-    eventually("gpu-e after the watch resumed", || has("gpu-e", true)).await;
+    eventually("gpu-e after the watch resumed", WAIT, || has("gpu-e", true)).await;
     assert_eq!(server.requests("GET", "nodes", false), lists, "a dropped watch resumes without listing again");
 
     // The node watch's last resourceVersion falls behind (a change it does not see), the
@@ -293,10 +286,12 @@ async fn watches_resume_after_a_dropped_connection_and_relist_after_410_gone() {
     outside_pod(&server, "gpu-a", 1).await;
     server.compact();
     server.drop_watches();
-    eventually("a new listing of nodes", || async { (server.requests("GET", "nodes", false) > lists).then_some(()) })
-        .await;
+    eventually("a new listing of nodes", WAIT, || async {
+        (server.requests("GET", "nodes", false) > lists).then_some(())
+    })
+    .await;
     server.remove_node("gpu-e");
-    eventually("gpu-e gone after the relist", || has("gpu-e", false)).await;
+    eventually("gpu-e gone after the relist", WAIT, || has("gpu-e", false)).await;
     k8s.health().await.unwrap();
 }
 
@@ -318,15 +313,15 @@ async fn berth_scales_an_inference_deployment_up_and_down() {
             (running.count() == n && pods.len() == n).then_some(())
         }
     };
-    eventually("2 replicas", || live(2)).await;
+    eventually("2 replicas", WAIT, || live(2)).await;
     k8s.scale(r.key, 3).await.unwrap();
-    eventually("3 replicas", || live(3)).await;
+    eventually("3 replicas", WAIT, || live(3)).await;
     k8s.scale(r.key, 1).await.unwrap();
-    eventually("1 replica", || live(1)).await;
+    eventually("1 replica", WAIT, || live(1)).await;
     assert_eq!(state_of(&k8s, r.key, JobState::Running).await.state, JobState::Running);
     // Cancelling removes the Deployment and its Service.
     k8s.cancel(r.key, Duration::from_secs(0)).await.unwrap();
-    eventually("the deployment gone", || async { k8s.job(r.key).await.unwrap().is_none().then_some(()) }).await;
+    eventually("the deployment gone", WAIT, || async { k8s.job(r.key).await.unwrap().is_none().then_some(()) }).await;
     assert!(server.objects("services").iter().all(|s| s["metadata"]["name"] != r.key.name()));
     // A training job cannot be scaled.
     let t = job(WorkloadKind::Training, 1, 1, &["gpu-a"], &[]);

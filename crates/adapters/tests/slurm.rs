@@ -2,6 +2,8 @@
 //! two slurmd with fake GPUs, slurmrestd with JWT auth). They fail when the cluster is not
 //! running; scripts/test starts it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -10,6 +12,7 @@ use berth_adapters::slurm::dev::DevCluster;
 use berth_adapters::{BackendError, ClusterBackend, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::cluster::ClusterSpec;
 use berth_core::workload::{Run, WorkloadKind};
+use common::eventually;
 use uuid::Uuid;
 
 fn backend(dev: &DevCluster, token: &str) -> SlurmCluster {
@@ -32,23 +35,6 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         run: Run { command: vec![], script: Some(script.into()), image: None, env: BTreeMap::new() },
         max_runtime_seconds: Some(600),
         sim_duration_seconds: None,
-    }
-}
-
-/// Polls `check` every 100 ms until it gives a value; fails after `timeout`, saying what
-/// it waited for.
-async fn eventually<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

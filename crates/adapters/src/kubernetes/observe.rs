@@ -99,24 +99,29 @@ fn pod_limit(pod: &Pod, resource: &str) -> u32 {
     })
 }
 
-/// A Kubernetes quantity as a number (`8`, `500m`, `64Gi`, `1e3`); 0 when unreadable.
+/// A Kubernetes quantity as a number (`8`, `500m`, `64Gi`, `1e3`, `2E`); 0 when unreadable.
 pub fn quantity(q: &Quantity) -> f64 {
     let s = q.0.trim();
-    let split = s.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(s.len());
+    // The suffix is the trailing letters; an exponent (`1e3`) ends in a digit.
+    let split = s.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len();
     let (number, suffix) = s.split_at(split);
     let scale = match suffix {
         "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
         "m" => 1e-3,
         "k" => 1e3,
         "M" => 1e6,
         "G" => 1e9,
         "T" => 1e12,
         "P" => 1e15,
+        "E" => 1e18,
         "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Mi" => 1024.0_f64.powi(2),
+        "Gi" => 1024.0_f64.powi(3),
         "Ti" => 1024.0_f64.powi(4),
         "Pi" => 1024.0_f64.powi(5),
+        "Ei" => 1024.0_f64.powi(6),
         _ => return 0.0,
     };
     number.parse::<f64>().map_or(0.0, |n| n * scale)
@@ -355,7 +360,17 @@ mod tests {
 
     #[test]
     fn quantities_read_as_kubernetes_writes_them() {
-        for (q, n) in [("8", 8.0), ("500m", 0.5), ("2Ki", 2048.0), ("1G", 1e9), ("1e3", 1000.0), ("bogus", 0.0)] {
+        for (q, n) in [
+            ("8", 8.0),
+            ("500m", 0.5),
+            ("250u", 250e-6),
+            ("2Ki", 2048.0),
+            ("1G", 1e9),
+            ("2E", 2e18),
+            ("1Ei", 1024.0_f64.powi(6)),
+            ("1e3", 1000.0),
+            ("bogus", 0.0),
+        ] {
             assert_eq!(quantity(&Quantity(q.into())), n, "{q}");
         }
     }
