@@ -21,7 +21,8 @@
 //! third argument says what the jobs do:
 //!
 //! - `sleep` (default): they run for 10 minutes, like the long jobs a GPU cluster runs, and
-//!   are cancelled after each run. Slurm starts the first 32 and then only queues.
+//!   are cancelled after each run. The cluster is already full with 32 of the warm-up's
+//!   jobs, as a GPU cluster usually is, so the measured jobs only queue.
 //! - `true`: they end at once, so while the later submissions arrive slurmctld is also
 //!   launching and reaping jobs (32 at a time); a run that takes longer meets more of that.
 //!
@@ -82,7 +83,20 @@ async fn fresh_cluster(job: Job) -> Result<DevCluster, Box<dyn std::error::Error
     }
     let dev = DevCluster::get(CLUSTER);
     direct(&dev, 200, job).await?;
-    empty_queue(&dev, job).await;
+    if job == Job::Sleep {
+        // The warm-up's jobs that run stay, once Slurm has started as many as fit: the
+        // cluster is full, as a GPU cluster usually is, so the measured jobs only queue and
+        // none is launched during a run (slurmd starting 32 jobs costs ~0.3 CPU-seconds,
+        // which would land in whichever run is under way then).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Allocated/idle/other/total CPUs.
+        while dev.output("sinfo", &["-h", "-o", "%C"]).trim().split('/').nth(1) != Some("0") {
+            assert!(Instant::now() < deadline, "Slurm did not fill the cluster in a minute");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        dev.output("scancel", &["--user", &dev.user, "--state", "PENDING"]);
+    }
+    wait_queue(&dev, |q| q.lines().all(|state| state == "RUNNING")).await;
     Ok(dev)
 }
 
@@ -110,7 +124,7 @@ async fn run(n: usize, rounds: usize, job: Job) -> Result<(), Box<dyn std::error
         let mut order = [Mode::Direct, Mode::Live, Mode::Backlog];
         order.rotate_left(round % 3);
         let mut took = [Duration::ZERO; 3];
-        let mut cpu = [[0.0; 5]; 3];
+        let mut cpu = [[0.0; 6]; 3];
         for mode in order {
             let dev = fresh_cluster(job).await?;
             (took[mode as usize], cpu[mode as usize]) = match mode {
@@ -165,14 +179,19 @@ impl Mode {
     }
 }
 
-/// Process groups whose CPU time is shown per run; the bench itself is Berth.
-const CPU_GROUPS: [&str; 5] = ["slurmctld", "slurmrestd", "slurmd", "postgres", "berth"];
+/// Process groups whose CPU time is shown per run; the bench itself is Berth. The last is
+/// the whole machine (every process and the kernel), which shows what the groups miss.
+const CPU_GROUPS: [&str; 6] = ["slurmctld", "slurmrestd", "slurmd", "postgres", "berth", "whole machine"];
 
 /// CPU seconds (user + system) used so far by the live processes of each of
-/// [`CPU_GROUPS`], from `/proc`.
-fn cpu_seconds() -> [f64; 5] {
+/// [`CPU_GROUPS`], and by the whole machine, from `/proc`.
+fn cpu_seconds() -> [f64; 6] {
     let me = std::process::id().to_string();
-    let mut sums = [0.0; 5];
+    let mut sums = [0.0; 6];
+    // The first line of /proc/stat: "cpu user nice system idle iowait irq softirq ...".
+    let machine = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = machine.split_whitespace().skip(1).take(7).map(|f| f.parse().unwrap_or(0.0)).collect();
+    sums[5] = [0, 1, 2, 5, 6].iter().map(|&i| ticks[i]).sum::<f64>() / 100.0;
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let pid = entry.file_name().to_string_lossy().into_owned();
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
@@ -194,7 +213,7 @@ fn cpu_seconds() -> [f64; 5] {
     sums
 }
 
-fn minus(a: [f64; 5], b: [f64; 5]) -> [f64; 5] {
+fn minus(a: [f64; 6], b: [f64; 6]) -> [f64; 6] {
     std::array::from_fn(|i| a[i] - b[i])
 }
 
@@ -263,7 +282,7 @@ async fn through_berth(
     n: usize,
     job: Job,
     backlog: bool,
-) -> Result<(Duration, [f64; 5]), Box<dyn std::error::Error>> {
+) -> Result<(Duration, [f64; 6]), Box<dyn std::error::Error>> {
     let scratch = scratch::Scratch::create().await?;
     let db = &scratch.db;
     let actor = Actor::new("bench", None);
@@ -360,13 +379,18 @@ async fn empty_queue(dev: &DevCluster, job: Job) {
     if job == Job::Sleep {
         dev.output("scancel", &["--user", &dev.user]);
     }
+    wait_queue(dev, str::is_empty).await;
+}
+
+/// Waits until the states of Slurm's unfinished jobs, a line each, satisfy `done`.
+async fn wait_queue(dev: &DevCluster, done: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let queued = dev.output("squeue", &["-h", "-t", "pending,running,completing", "-o", "%i"]);
-        if queued.trim().is_empty() {
+        let states = dev.output("squeue", &["-h", "-t", "pending,configuring,running,completing", "-o", "%T"]);
+        if done(states.trim()) {
             return;
         }
-        assert!(Instant::now() < deadline, "Slurm's queue did not empty in 10 minutes");
+        assert!(Instant::now() < deadline, "Slurm's queue did not settle in 10 minutes");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
