@@ -7,7 +7,9 @@ use axum::response::Response;
 use berth_app::workload as app;
 use berth_core::page::PageRequest;
 use berth_core::selector::LabelSelector;
-use berth_core::workload::{Phase, Queue, Workload, WorkloadApply, WorkloadKind, WorkloadSummary};
+use berth_core::workload::{
+    Phase, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadBatchCreated, WorkloadKind, WorkloadSummary,
+};
 use berth_store::workload::WorkloadFilter;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -24,7 +26,7 @@ list_type!(WorkloadList, Workload);
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_all_workloads))
-        .routes(routes!(list_team_workloads))
+        .routes(routes!(list_team_workloads, create_workloads))
         .routes(routes!(get_workload, put_workload, delete_workload))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
@@ -140,6 +142,27 @@ async fn list_team_workloads(
     let filter = q.filter(Some(team.clone()), None)?;
     app::team_must_exist(&s.db, &team).await?;
     Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+}
+
+/// Submit many new workloads of a team at once (up to 1,000, within the 1 MiB body limit),
+/// all or none: one request and one transaction instead of one per workload, for sweeps
+/// and pipelines. Each item is a
+/// workload as `PUT` takes it and must name itself in `metadata.name`. An invalid item
+/// fails the whole batch (422, fields as `/items/{i}/...`), and so does a name the team
+/// already uses (409); use `PUT` to change an existing workload.
+#[utoipa::path(post, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
+    params(("team" = String, Path, description = "Team name")),
+    request_body = WorkloadBatch,
+    responses((status = 201, description = "Created, in the order given", body = WorkloadBatchCreated)))]
+async fn create_workloads(
+    State(s): State<AppState>,
+    ApiPath(team): ApiPath<String>,
+    Caller(caller): Caller,
+    ApiJson(body): ApiJson<WorkloadBatch>,
+) -> Result<(StatusCode, Json<WorkloadBatchCreated>), ApiError> {
+    caller.access().write_workloads(&team)?;
+    let items = app::workload_create_batch(&s.db, &caller.actor, &team, &body).await?;
+    Ok((StatusCode::CREATED, Json(WorkloadBatchCreated { items })))
 }
 
 /// Get a workload.

@@ -258,3 +258,78 @@ async fn the_queue_is_in_the_schedulers_order_and_the_summary_counts_phases(db: 
         as_member.body["phases"].as_array().unwrap().iter().find(|p| p["phase"] == "Pending").unwrap().clone();
     assert_eq!(member_pending["workloads"], 3);
 }
+
+/// A batch item: the workload body, naming itself.
+fn item(name: &str, body: WorkloadBody) -> serde_json::Value {
+    let mut v = body.json();
+    v["metadata"]["name"] = json!(name);
+    v
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_batch_creates_all_its_workloads_in_order_with_their_history(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let items: Vec<_> = ["c", "a", "b"].iter().map(|n| item(n, WorkloadBody::new().label("sweep", "lr"))).collect();
+    let created = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&json!({"items": items})), &[]).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.names(), ["c", "a", "b"]);
+    for w in created.body["items"].as_array().unwrap() {
+        assert_eq!(w["status"]["phase"], "Pending");
+        assert_eq!(w["metadata"]["team"], "nlp");
+        assert_eq!(w["metadata"]["labels"]["sweep"], "lr");
+        assert_eq!(w["metadata"]["generation"], 1);
+    }
+    assert_eq!(collect_pages(&s, "/api/v1/teams/nlp/workloads?label_selector=sweep%3Dlr", 5).await, ["a", "b", "c"]);
+    // Each has its Created event and audit record, as if submitted alone; the flavors
+    // column follows the spec (the GPU filter of the queue and usage reads it).
+    let events = s.get("/api/v1/teams/nlp/workloads/b/events").await;
+    assert_eq!(events.body["items"][0]["reason"], "Created");
+    let (audited, flavors): (i64, Vec<String>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM audit_log WHERE kind = 'workload' AND verb = 'create'),
+                (SELECT flavors FROM workloads WHERE name = 'a')",
+    )
+    .fetch_one(&s.db)
+    .await
+    .unwrap();
+    assert_eq!((audited, flavors), (3, vec!["h100".to_owned()]));
+    // The workloads are ordinary afterwards: PUT changes one.
+    s.put_ok("/api/v1/teams/nlp/workloads/a", &WorkloadBody::new().gpus(2.0).json(), 200).await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_bad_batch_writes_nothing_and_names_the_item_at_fault(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    s.put_ok("/api/v1/teams/nlp/workloads/taken", &WorkloadBody::new().json(), 201).await;
+    let before = s.table_counts().await;
+    let ok = || item("fine", WorkloadBody::new());
+    let mut unnamed = WorkloadBody::new().json();
+    unnamed["metadata"] = json!({});
+    let mut versioned = item("v", WorkloadBody::new());
+    versioned["metadata"]["resource_version"] = json!("7");
+    let cases = [
+        (json!({"items": [ok(), item("x", WorkloadBody::new().count(0))]}), 422, "/items/1/spec/tasks/count"),
+        (json!({"items": [ok(), unnamed]}), 422, "/items/1/metadata/name"),
+        (json!({"items": [ok(), item("Bad_Name", WorkloadBody::new())]}), 422, "/items/1/metadata/name"),
+        (json!({"items": [ok(), ok()]}), 422, "/items/1/metadata/name"),
+        (json!({"items": [versioned]}), 422, "/items/0/metadata/resource_version"),
+        (
+            json!({"items": [ok(), item("y", WorkloadBody::new().flavors(&["h100", "tpu"]))]}),
+            422,
+            "/items/1/spec/tasks/resources/flavors/1",
+        ),
+        (json!({"items": []}), 422, "/items"),
+        (json!({"items": [ok(), item("taken", WorkloadBody::new())]}), 409, "/items/1/metadata/name"),
+    ];
+    for (body, status, field) in cases {
+        let reply = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&body), &[]).await;
+        reply.assert_problem(status, Some(field));
+    }
+    let too_many: Vec<_> = (0..=1000).map(|i| item(&format!("w{i}"), WorkloadBody::new())).collect();
+    let reply = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&json!({"items": too_many})), &[]).await;
+    reply.assert_problem(422, Some("/items"));
+    let reply = s.send(Method::POST, "/api/v1/teams/ghost/workloads", Some(&json!({"items": [ok()]})), &[]).await;
+    reply.assert_problem(404, None);
+    assert_eq!(s.table_counts().await, before, "nothing of a refused batch is written");
+}

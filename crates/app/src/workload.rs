@@ -2,9 +2,12 @@
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::event::{Actor, EventType};
+use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
-use berth_core::workload::{Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadStatus, WorkloadSummary};
-use berth_core::{Error, WorkloadId};
+use berth_core::workload::{
+    Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadStatus, WorkloadSummary,
+};
+use berth_core::{Error, FieldError, WorkloadId};
 use berth_store::event::event_record;
 use berth_store::workload::{NewWorkload, WorkloadFilter};
 use berth_store::{PgPool, team as teams, workload as store};
@@ -58,7 +61,8 @@ pub async fn workload_apply(
     if !lookup.exists
         && if_match.is_none()
         && input.metadata.resource_version.is_none()
-        && let Some(w) = store::workload_create_with_history(db, &new, CREATED_MESSAGE, actor).await?
+        && let Some(w) =
+            store::workload_create_many(db, std::slice::from_ref(&new), CREATED_MESSAGE, actor).await?.pop()
     {
         return Ok((w, Applied::Created));
     }
@@ -97,6 +101,103 @@ pub async fn workload_apply(
         return Ok((workload, applied));
     }
     Err(lost_create_race(KIND, name))
+}
+
+/// Creates a batch of new workloads in one team, all or none: any broken item, or a name
+/// the team already uses, and nothing is written. Each workload gets its `Created` event
+/// and audit record, as if submitted alone; they come back in the order given.
+///
+/// # Errors
+/// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] naming every broken
+/// field as `/items/{i}/...` (an item without a name, a repeated name, a `resource_version`,
+/// an unknown flavor); [`Error::Conflict`] naming the first item whose name is taken; store
+/// errors.
+pub async fn workload_create_batch(
+    db: &PgPool,
+    actor: &Actor,
+    team: &str,
+    batch: &WorkloadBatch,
+) -> Result<Vec<Workload>, Error> {
+    let items = &batch.items;
+    if items.is_empty() || items.len() > WorkloadBatch::MAX_ITEMS {
+        let message = format!("must hold 1 to {} workloads, not {}", WorkloadBatch::MAX_ITEMS, items.len());
+        return Err(Error::invalid("/items", message));
+    }
+    let mut errors = Vec::new();
+    let mut names: Vec<&str> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = |field: &str| format!("/items/{i}{field}");
+        let Some(name) = item.metadata.name.as_deref() else {
+            errors.push(FieldError::new(at("/metadata/name"), "required: each workload of a batch names itself"));
+            continue;
+        };
+        if let Some(first) = names.iter().position(|n| *n == name) {
+            errors.push(FieldError::new(at("/metadata/name"), format!("{name:?} is also the name of item {first}")));
+        }
+        names.push(name);
+        if item.metadata.resource_version.is_some() {
+            errors.push(FieldError::new(
+                at("/metadata/resource_version"),
+                "a batch only creates workloads; omit it (PUT the workload to update it)",
+            ));
+        }
+        if let Err(Error::Invalid(found)) = item.validate(team, name) {
+            errors.extend(found.into_iter().map(|e| FieldError::new(at(&e.field), e.message)));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Error::Invalid(errors));
+    }
+    let mut wanted: Vec<String> = items.iter().flat_map(|w| w.spec.tasks.resources.flavors.iter().cloned()).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    // The empty name is never a workload's: only the team and the flavors are looked up.
+    let lookup = store::workload_lookup(db, team, "", &wanted).await?;
+    let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
+    if !lookup.missing_flavors.is_empty() {
+        let refs = items.iter().enumerate().flat_map(|(i, w)| {
+            let flavors = &w.spec.tasks.resources.flavors;
+            flavors
+                .iter()
+                .enumerate()
+                .map(move |(j, f)| (format!("/items/{i}/spec/tasks/resources/flavors/{j}"), f.clone()))
+        });
+        return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
+    }
+    let empty = Labels::new();
+    let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+    let new: Vec<NewWorkload<'_>> = items
+        .iter()
+        .zip(&names)
+        .map(|(item, name)| NewWorkload {
+            uid: WorkloadId::new(),
+            team_uid,
+            team,
+            name,
+            labels: item.metadata.labels.as_ref().unwrap_or(&empty),
+            spec: &item.spec,
+            status: &status,
+        })
+        .collect();
+    let mut tx = berth_store::begin(db).await?;
+    let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE, actor).await?;
+    if created.len() < new.len() {
+        // Some names are taken: nothing of the batch is kept.
+        drop(tx);
+        let taken = store::workload_names_taken(db, team, &names).await?;
+        let first = names.iter().position(|n| taken.iter().any(|t| t == n));
+        return Err(match first {
+            Some(i) => Error::conflict(
+                format!("/items/{i}/metadata/name"),
+                format!("workload {team}/{} already exists; PUT it to change it", names[i]),
+            ),
+            None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
+        });
+    }
+    berth_store::commit(tx).await?;
+    let mut by_uid: std::collections::HashMap<uuid::Uuid, Workload> =
+        created.into_iter().map(|w| (w.metadata.uid, w)).collect();
+    Ok(new.iter().filter_map(|w| by_uid.remove(&w.uid.0)).collect())
 }
 
 /// Fetches a workload.

@@ -374,6 +374,26 @@ pub struct WorkloadApply {
     pub status: Option<serde_json::Value>,
 }
 
+/// The body of `POST /api/v1/teams/{team}/workloads`: new workloads of one team, created
+/// together or not at all. Each names itself in `metadata.name`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadBatch {
+    /// 1 to [`WorkloadBatch::MAX_ITEMS`] workloads, each as `PUT` takes it.
+    pub items: Vec<WorkloadApply>,
+}
+
+impl WorkloadBatch {
+    /// The most workloads one batch may hold.
+    pub const MAX_ITEMS: usize = 1000;
+}
+
+/// The workloads a batch created, in the order they were given.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkloadBatchCreated {
+    pub items: Vec<Workload>,
+}
+
 const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 
 impl WorkloadApply {

@@ -345,26 +345,42 @@ pub async fn workload_lookup(
     Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors, exists: row.exists })
 }
 
-/// Creates a workload together with its `Created` event and its audit record, in one
-/// statement (so one round trip and one implicit transaction: all three or none).
-/// `None` when the name is already taken; the caller then applies it as an update.
+/// Creates workloads, each with its `Created` event and audit record, in one
+/// statement (so one round trip and one implicit transaction). Names already taken are
+/// skipped: the caller compares what was created with what it asked for. Returned in no
+/// particular order.
 ///
-/// This is the hot path of submission; the general path (`workload_insert` +
-/// `event_record` + `audit_record` in a transaction) writes the same rows.
+/// This is the hot path of submission, alone or in batches; the general path
+/// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
+/// rows.
 ///
 /// # Errors
 /// As [`db_error`]; a conflict when the team was deleted meanwhile.
-pub async fn workload_create_with_history(
+pub async fn workload_create_many(
     db: impl PgExecutor<'_>,
-    w: &NewWorkload<'_>,
+    items: &[NewWorkload<'_>],
     event_message: &str,
     actor: &berth_core::event::Actor,
-) -> Result<Option<Workload>, Error> {
+) -> Result<Vec<Workload>, Error> {
+    let uids: Vec<Uuid> = items.iter().map(|w| w.uid.0).collect();
+    let team_uids: Vec<Uuid> = items.iter().map(|w| w.team_uid.0).collect();
+    let teams: Vec<&str> = items.iter().map(|w| w.team).collect();
+    let names: Vec<&str> = items.iter().map(|w| w.name).collect();
+    let kinds: Vec<&str> = items.iter().map(|w| w.spec.kind.as_str()).collect();
+    let phases: Vec<&str> = items.iter().map(|w| w.status.phase.as_str()).collect();
+    let flavors: Vec<Json<&Vec<String>>> = items.iter().map(|w| Json(&w.spec.tasks.resources.flavors)).collect();
+    let labels: Vec<Json<&Labels>> = items.iter().map(|w| Json(w.labels)).collect();
+    let specs: Vec<Json<&WorkloadSpec>> = items.iter().map(|w| Json(w.spec)).collect();
+    let statuses: Vec<Json<&WorkloadStatus>> = items.iter().map(|w| Json(w.status)).collect();
     sqlx::query_as!(
         WorkloadRow,
         r#"WITH w AS (
                INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+               SELECT i.uid, i.team_uid, i.team_name, i.name, i.kind, i.phase,
+                      ARRAY(SELECT jsonb_array_elements_text(i.flavors)), i.labels, i.spec, i.status
+               FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                           $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[])
+                    AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
                ON CONFLICT (team_name, name) DO NOTHING
                RETURNING uid, team_name, name, labels, spec, status,
                          generation, resource_version, created_at, updated_at, deletion_timestamp
@@ -380,24 +396,35 @@ pub async fn workload_create_with_history(
                   resource_version AS "resource_version!", created_at AS "created_at!",
                   updated_at AS "updated_at!", deletion_timestamp
            FROM w"#,
-        w.uid.0,
-        w.team_uid.0,
-        w.team,
-        w.name,
-        w.spec.kind.as_str(),
-        w.status.phase.as_str(),
-        &w.spec.tasks.resources.flavors,
-        Json(w.labels) as _,
-        Json(w.spec) as _,
-        Json(w.status) as _,
+        &uids,
+        &team_uids,
+        &teams as _,
+        &names as _,
+        &kinds as _,
+        &phases as _,
+        &flavors as _,
+        &labels as _,
+        &specs as _,
+        &statuses as _,
         event_message,
         actor.subject,
         actor.request_id,
     )
-    .fetch_optional(db)
+    .fetch_all(db)
     .await
-    .map(|r| r.map(Workload::from))
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
     .map_err(db_error)
+}
+
+/// Of these names, those the team's workloads already use.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_names_taken(db: impl PgExecutor<'_>, team: &str, names: &[&str]) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar!("SELECT name FROM workloads WHERE team_name = $1 AND name = ANY($2::text[])", team, names as _)
+        .fetch_all(db)
+        .await
+        .map_err(db_error)
 }
 
 /// Every workload not yet finished (final ones are history), ordered by uid.
