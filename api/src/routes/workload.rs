@@ -146,10 +146,10 @@ async fn list_team_workloads(
 
 /// Submit many new workloads of a team at once (up to 1,000, within the 1 MiB body limit),
 /// all or none: one request and one transaction instead of one per workload, for sweeps
-/// and pipelines. Each item is a
-/// workload as `PUT` takes it and must name itself in `metadata.name`. An invalid item
-/// fails the whole batch (422, fields as `/items/{i}/...`), and so does a name the team
-/// already uses (409); use `PUT` to change an existing workload.
+/// and pipelines. Each item is a workload as `PUT` takes it and must name itself in
+/// `metadata.name`. An invalid item fails the whole batch (422, fields as
+/// `/items/{i}/...`), and so does a name the team already uses (409); use `PUT` to change
+/// an existing workload.
 #[utoipa::path(post, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
     params(("team" = String, Path, description = "Team name")),
     request_body = WorkloadBatch,

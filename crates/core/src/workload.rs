@@ -379,7 +379,7 @@ pub struct WorkloadApply {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadBatch {
-    /// 1 to [`WorkloadBatch::MAX_ITEMS`] workloads, each as `PUT` takes it.
+    /// 1 to 1,000 workloads (`MAX_ITEMS`), each as `PUT` takes it.
     pub items: Vec<WorkloadApply>,
 }
 
