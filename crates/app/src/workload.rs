@@ -125,13 +125,15 @@ pub async fn workload_create_batch(
     }
     let mut errors = Vec::new();
     let mut names: Vec<&str> = Vec::with_capacity(items.len());
+    let mut first_with: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, item) in items.iter().enumerate() {
         let at = |field: &str| format!("/items/{i}{field}");
         let Some(name) = item.metadata.name.as_deref() else {
             errors.push(FieldError::new(at("/metadata/name"), "required: each workload of a batch names itself"));
             continue;
         };
-        if let Some(first) = names.iter().position(|n| *n == name) {
+        let first = *first_with.entry(name).or_insert(i);
+        if first != i {
             errors.push(FieldError::new(at("/metadata/name"), format!("{name:?} is also the name of item {first}")));
         }
         names.push(name);

@@ -36,6 +36,7 @@
 #[path = "support/scratch.rs"]
 mod scratch;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,15 +93,12 @@ async fn fresh_cluster(job: Job) -> Result<DevCluster, Box<dyn std::error::Error
         // cluster is full, as a GPU cluster usually is, so the measured jobs only queue and
         // none is launched during a run (slurmd starting 32 jobs costs ~0.3 CPU-seconds,
         // which would land in whichever run is under way then).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // Allocated/idle/other/total CPUs.
-        while dev.output("sinfo", &["-h", "-o", "%C"]).trim().split('/').nth(1) != Some("0") {
-            assert!(Instant::now() < deadline, "Slurm did not fill the cluster in a minute");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // sinfo %C: allocated/idle/other/total CPUs.
+        let full = || async { dev.output("sinfo", &["-h", "-o", "%C"]).trim().split('/').nth(1) == Some("0") };
+        wait_until("Slurm to fill the cluster", Duration::from_secs(60), full).await?;
         dev.output("scancel", &["--user", &dev.user, "--state", "PENDING"]);
     }
-    wait_queue(&dev, |q| q.lines().all(|state| state == "RUNNING")).await;
+    wait_queue(&dev, |q| q.lines().all(|state| state == "RUNNING")).await?;
     Ok(dev)
 }
 
@@ -138,7 +136,7 @@ async fn run(n: usize, rounds: usize, job: Job) -> Result<(), Box<dyn std::error
                 }
                 _ => through_berth(&dev, n, job, mode).await?,
             };
-            empty_queue(&dev, job).await;
+            empty_queue(&dev, job).await?;
         }
         println!("round {round} (in the order {}):", order.map(|m| m.name()).join(", "));
         for mode in MODES {
@@ -326,17 +324,12 @@ async fn through_berth(
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");
     // Until the cluster's first inventory is in (it lists every job slurmctld remembers,
     // which takes seconds once it holds thousands), and a little longer.
-    let warm = Instant::now();
-    loop {
-        let health: Option<String> = sqlx::query_scalar("SELECT status->>'health' FROM clusters").fetch_one(db).await?;
-        if health.as_deref() == Some("Healthy") {
-            break;
-        }
-        if warm.elapsed() > Duration::from_secs(120) {
-            return Err(format!("cluster {} not Healthy after 2 minutes: {health:?}", dev.name).into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let healthy = || async {
+        let health: Result<Option<String>, _> =
+            sqlx::query_scalar("SELECT status->>'health' FROM clusters").fetch_one(db).await;
+        health.ok().flatten().as_deref() == Some("Healthy")
+    };
+    wait_until("the cluster to be Healthy", Duration::from_secs(120), healthy).await?;
     tokio::time::sleep(WARM_UP).await;
 
     let mut started = Instant::now();
@@ -351,8 +344,7 @@ async fn through_berth(
                     "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0}}}})
             };
             if mode == Mode::Batches {
-                let mine: Vec<usize> = (s * BATCH..n).step_by(SUBMITTERS * BATCH).collect();
-                for first in mine {
+                for first in (s * BATCH..n).step_by(SUBMITTERS * BATCH) {
                     let items: Vec<_> = (first..n.min(first + BATCH)).map(workload).collect();
                     berth_app::workload::workload_create_batch(&db, &actor, "bench", &parse(json!({"items": items})))
                         .await
@@ -404,22 +396,33 @@ async fn through_berth(
 }
 
 /// Cancels the `sleep` jobs, and waits until Slurm has no pending or running job left.
-async fn empty_queue(dev: &DevCluster, job: Job) {
+async fn empty_queue(dev: &DevCluster, job: Job) -> Result<(), String> {
     if job == Job::Sleep {
         dev.output("scancel", &["--user", &dev.user]);
     }
-    wait_queue(dev, str::is_empty).await;
+    wait_queue(dev, str::is_empty).await
 }
 
 /// Waits until the states of Slurm's unfinished jobs, a line each, satisfy `done`.
-async fn wait_queue(dev: &DevCluster, done: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let states = dev.output("squeue", &["-h", "-t", "pending,configuring,running,completing", "-o", "%T"]);
-        if done(states.trim()) {
-            return;
+async fn wait_queue(dev: &DevCluster, done: impl Fn(&str) -> bool) -> Result<(), String> {
+    let settled = || async {
+        done(dev.output("squeue", &["-h", "-t", "pending,configuring,running,completing", "-o", "%T"]).trim())
+    };
+    wait_until("Slurm's queue to settle", Duration::from_secs(600), settled).await
+}
+
+/// Checks every 100 ms until `check` holds; an error naming `what` after `limit`.
+async fn wait_until<F: Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    check: impl Fn() -> F,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        if Instant::now() > deadline {
+            return Err(format!("waited {limit:?} for {what}"));
         }
-        assert!(Instant::now() < deadline, "Slurm's queue did not settle in 10 minutes");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
 }
