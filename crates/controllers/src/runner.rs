@@ -78,15 +78,17 @@ fn boxed<S: Report>(r: Result<S, Error>) -> Result<(usize, serde_json::Value), E
     r.map(|s| (s.changes(), serde_json::to_value(&s).unwrap_or_default()))
 }
 
-/// Forwards change notifications to the controllers that react to them.
+/// Forwards change notifications to the controllers that react to them: all of them,
+/// except the scheduler (the first) for a write of workload statuses it has no part in.
 async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
     loop {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(&ctx.db).await?;
             l.listen(CHANNEL).await?;
             loop {
-                l.recv().await?;
-                woken.iter().for_each(|n| n.notify_one());
+                let change = l.recv().await?;
+                let skip = usize::from(!concerns_scheduler(change.payload()));
+                woken.iter().skip(skip).for_each(|n| n.notify_one());
             }
             #[allow(unreachable_code)]
             Ok::<(), sqlx::Error>(())
@@ -96,6 +98,17 @@ async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Whether a change (a notification's payload: a table's name, or for a statement that
+/// wrote only workload statuses `workloads status:` and the phases written) can change
+/// what the scheduler decides. Workloads entering `Admitted` or `Preempting` are its own
+/// writes (a pass that wrote runs again anyway), and `Dispatched` or `Running` free or take
+/// nothing it counts; every other phase (requeued, finished, unknown) and every other
+/// change may.
+fn concerns_scheduler(payload: &str) -> bool {
+    let Some(phases) = payload.strip_prefix("workloads status:") else { return true };
+    !phases.split(',').all(|p| ["Admitted", "Dispatched", "Running", "Preempting"].contains(&p))
 }
 
 async fn run_loop(
@@ -149,6 +162,32 @@ async fn run_loop(
         let since = started.elapsed();
         if since < min_gap {
             tokio::time::sleep(min_gap - since).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::concerns_scheduler;
+
+    #[test]
+    fn the_scheduler_sleeps_only_through_status_writes_that_take_or_free_nothing() {
+        for ignored in
+            ["workloads status:Dispatched", "workloads status:Dispatched,Running", "workloads status:Admitted"]
+        {
+            assert!(!concerns_scheduler(ignored), "{ignored}");
+        }
+        for woken in [
+            "workloads",
+            "teams",
+            "clusters",
+            "flavors",
+            "workloads status:Pending",
+            "workloads status:Running,Succeeded",
+            "workloads status:Failed",
+            "workloads status:Unknown",
+        ] {
+            assert!(concerns_scheduler(woken), "{woken}");
         }
     }
 }

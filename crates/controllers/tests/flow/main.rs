@@ -34,6 +34,32 @@ async fn a_submitted_workload_runs_and_succeeds(db: berth_store::PgPool) {
     assert_eq!(p.jobs("sim-a").await.len(), 1);
 }
 
+/// The change notifications tell a write of statuses alone (with the phases written) from
+/// every other change, so the scheduler can sleep through a burst of dispatches.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let mut changes = sqlx::postgres::PgListener::connect_with(&p.ctx.db).await.unwrap();
+    changes.listen(berth_controllers::runner::CHANNEL).await.unwrap();
+    p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    dispatcher::reconcile(&p.ctx).await.unwrap();
+    berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "nlp", "train", None).await.unwrap();
+    let mut seen = Vec::new();
+    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.recv()).await {
+        let payload = change.unwrap().payload().to_owned();
+        if payload.starts_with("workloads") {
+            seen.push(payload);
+        }
+    }
+    // Created; admitted; dispatched to a sim cluster, whose jobs start at once; the
+    // deletion mark (not a status write).
+    assert_eq!(seen, ["workloads", "workloads status:Admitted", "workloads status:Running", "workloads"]);
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn borrowed_work_is_reclaimed_and_a_resumable_workload_is_requeued(db: berth_store::PgPool) {
     let p = Plane::new(db).await;

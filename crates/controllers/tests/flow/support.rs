@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 pub struct Plane {
     pub ctx: Context,
     clock: Arc<AtomicI64>,
-    actor: Actor,
+    pub actor: Actor,
 }
 
 impl Plane {
