@@ -31,6 +31,13 @@
 //! After each run it prints the CPU seconds each process group used during the run
 //! (measured from `/proc`; the bench process is Berth's API layer and controllers).
 //!
+//! Arguments: jobs, rounds, `sleep` or `true`, and the modes to run (`direct,batches`;
+//! all by default). `BENCH_CPUS=split` (set up by `bench/slurm`) runs Slurm's daemons on
+//! CPU 0 and everything else on CPU 1, as if Slurm had its own machine.
+//! `BENCH_PERF_CONTROL=FIFO` turns a `perf record --control fifo:FIFO` on for the
+//! measured runs only. `RUST_LOG=berth_controllers::runner=debug,slurm_submit=info` logs
+//! every controller pass between the start and the end of each run.
+//!
 //! `bench/slurm` runs it; DATABASE_URL must let the role create databases.
 
 #[path = "support/scratch.rs"]
@@ -68,7 +75,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("true") => Job::True,
         Some(other) => return Err(format!("jobs are `sleep` or `true`, not {other}").into()),
     };
-    run(n, rounds, job).await
+    let modes = match args.next() {
+        None => MODES.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|name| MODES.into_iter().find(|m| m.name() == name).ok_or(format!("no mode {name}")))
+            .collect::<Result<_, _>>()?,
+    };
+    run(n, rounds, job, &modes).await
 }
 
 /// The `scripts/slurm-dev` cluster the bench submits to, its own so that resetting it
@@ -81,7 +95,13 @@ const CLUSTER: &str = "bench";
 /// starts from the same state.
 async fn fresh_cluster(job: Job) -> Result<DevCluster, Box<dyn std::error::Error>> {
     for command in ["reset", "start"] {
-        let out = std::process::Command::new(berth_adapters::slurm::dev::script()).args([command, CLUSTER]).output()?;
+        let script = berth_adapters::slurm::dev::script();
+        // BENCH_CPUS=split (bench/slurm): Slurm's daemons on CPU 0, the rest on CPU 1.
+        let out = if std::env::var("BENCH_CPUS").as_deref() == Ok("split") {
+            std::process::Command::new("taskset").args(["-c", "0"]).arg(script).args([command, CLUSTER]).output()?
+        } else {
+            std::process::Command::new(script).args([command, CLUSTER]).output()?
+        };
         if !out.status.success() {
             return Err(format!("slurm-dev {command} {CLUSTER}: {}", String::from_utf8_lossy(&out.stderr)).into());
         }
@@ -117,29 +137,31 @@ impl Job {
     }
 }
 
-async fn run(n: usize, rounds: usize, job: Job) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(n: usize, rounds: usize, job: Job, modes: &[Mode]) -> Result<(), Box<dyn std::error::Error>> {
     println!("{n} CPU-only jobs (`{}`) into the Slurm dev cluster {CLUSTER}, {rounds} rounds", job.command().join(" "));
     let mut rates: [Vec<f64>; MODES.len()] = Default::default();
     for round in 0..rounds {
         // The order of the modes turns every round, so none always runs first.
-        let mut order = MODES;
-        order.rotate_left(round % MODES.len());
+        let mut order = modes.to_vec();
+        order.rotate_left(round % modes.len());
         let mut took = [Duration::ZERO; MODES.len()];
         let mut cpu = [[0.0; 6]; MODES.len()];
-        for mode in order {
+        for &mode in &order {
             let dev = fresh_cluster(job).await?;
             (took[mode as usize], cpu[mode as usize]) = match mode {
                 Mode::Direct => {
                     let before = cpu_seconds();
+                    profiler("enable");
                     let took = direct(&dev, n, job).await?;
+                    profiler("disable");
                     (took, minus(cpu_seconds(), before))
                 }
                 _ => through_berth(&dev, n, job, mode).await?,
             };
             empty_queue(&dev, job).await?;
         }
-        println!("round {round} (in the order {}):", order.map(|m| m.name()).join(", "));
-        for mode in MODES {
+        println!("round {round} (in the order {}):", order.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "));
+        for &mode in modes {
             let used: Vec<String> =
                 CPU_GROUPS.iter().zip(cpu[mode as usize]).map(|(group, s)| format!("{group} {s:.2}")).collect();
             println!(
@@ -149,14 +171,14 @@ async fn run(n: usize, rounds: usize, job: Job) -> Result<(), Box<dyn std::error
                 used.join(", ")
             );
         }
-        for (all, t) in rates.iter_mut().zip(took) {
-            all.push(rate(n, t));
+        for &mode in modes {
+            rates[mode as usize].push(rate(n, took[mode as usize]));
         }
     }
-    let medians = rates.map(median);
+    let medians = rates.map(|r| if r.is_empty() { f64::NAN } else { median(r) });
     let direct = medians[Mode::Direct as usize];
     println!("medians, and the ratio to direct (target ≥ 0.8):");
-    for mode in MODES {
+    for &mode in modes {
         let m = medians[mode as usize];
         println!("  {m:>4.0} jobs/s {} ({:.2})", mode.title(), m / direct);
     }
@@ -225,6 +247,14 @@ fn cpu_seconds() -> [f64; 6] {
         sums[group] += ticks / 100.0;
     }
     sums
+}
+
+/// Turns a `perf record --control fifo:PATH` on or off, when `BENCH_PERF_CONTROL` names
+/// its fifo, so that a profile covers the measured runs only.
+fn profiler(command: &str) {
+    if let Ok(fifo) = std::env::var("BENCH_PERF_CONTROL") {
+        std::fs::write(fifo, format!("{command}\n")).expect("perf's control fifo takes the command");
+    }
 }
 
 fn minus(a: [f64; 6], b: [f64; 6]) -> [f64; 6] {
@@ -334,6 +364,10 @@ async fn through_berth(
 
     let mut started = Instant::now();
     let mut before = cpu_seconds();
+    if !backlog {
+        profiler("enable");
+        tracing::info!("measured run starts");
+    }
     let mut submitters = tokio::task::JoinSet::new();
     for s in 0..SUBMITTERS {
         let (db, flavor) = (db.clone(), dev.gpu_type.clone());
@@ -360,10 +394,12 @@ async fn through_berth(
         });
     }
     submitters.join_all().await;
+    tracing::info!("every workload stored after {:?}", started.elapsed());
     if backlog {
         tokio::time::sleep(WARM_UP).await;
         started = Instant::now();
         before = cpu_seconds();
+        profiler("enable");
         cluster(false).await?;
     }
     // Every workload is stored by now; wait until none is left before its dispatch (an
@@ -381,6 +417,8 @@ async fn through_berth(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = started.elapsed();
+    profiler("disable");
+    tracing::info!("measured run took {took:?}");
     // Taken before the controllers' pool closes: a closed connection's backend takes its
     // CPU time with it.
     let cpu = minus(cpu_seconds(), before);

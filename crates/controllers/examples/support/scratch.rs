@@ -23,12 +23,24 @@ impl Scratch {
         let url = format!("{}/{name}", base.rsplit_once('/').ok_or("DATABASE_URL names no database")?.0);
         let db = berth_store::connect(&url, 32).await?;
         berth_store::migrate(&db).await?;
+        if let Ok(sql) = std::env::var("BENCH_SQL") {
+            sqlx::raw_sql(&sql).execute(&db).await?;
+        }
         Ok(Self { admin, name, url, db })
     }
 
     pub async fn drop(mut self) -> Result<(), Box<dyn std::error::Error>> {
         self.db.close().await;
-        self.admin.execute(format!("DROP DATABASE {} WITH (FORCE)", self.name).as_str()).await?;
+        // An autovacuum worker (which the role may not terminate) can hold the database
+        // for a moment after a large run.
+        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.name);
+        for _ in 0..30 {
+            if self.admin.execute(drop.as_str()).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        self.admin.execute(drop.as_str()).await?;
         Ok(())
     }
 }
