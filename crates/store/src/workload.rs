@@ -372,8 +372,8 @@ pub async fn workload_create_many(
     let labels: Vec<Json<&Labels>> = items.iter().map(|w| Json(w.labels)).collect();
     let specs: Vec<Json<&WorkloadSpec>> = items.iter().map(|w| Json(w.spec)).collect();
     let statuses: Vec<Json<&WorkloadStatus>> = items.iter().map(|w| Json(w.status)).collect();
-    sqlx::query_as!(
-        WorkloadRow,
+    // Only what Postgres decides comes back; the rest is what was sent.
+    let rows = sqlx::query!(
         r#"WITH w AS (
                INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
                SELECT i.uid, i.team_uid, i.team_name, i.name, i.kind, i.phase,
@@ -382,8 +382,7 @@ pub async fn workload_create_many(
                            $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[])
                     AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
                ON CONFLICT (team_name, name) DO NOTHING
-               RETURNING uid, team_name, name, labels, spec, status,
-                         generation, resource_version, created_at, updated_at, deletion_timestamp
+               RETURNING uid, team_name, name, generation, resource_version, created_at, updated_at
            ), e AS (
                INSERT INTO events (object_kind, object_uid, type, reason, message)
                SELECT 'workload', uid, 'Normal', 'Created', $11 FROM w
@@ -391,10 +390,8 @@ pub async fn workload_create_many(
                INSERT INTO audit_log (actor, verb, kind, team, name, uid, generation_before, generation_after, request_id)
                SELECT $12, 'create', 'workload', team_name, name, uid, NULL, generation, $13 FROM w
            )
-           SELECT uid AS "uid!", team_name AS "team_name!", name AS "name!", labels AS "labels!: _",
-                  spec AS "spec!: _", status AS "status!: _", generation AS "generation!",
-                  resource_version AS "resource_version!", created_at AS "created_at!",
-                  updated_at AS "updated_at!", deletion_timestamp
+           SELECT uid AS "uid!", generation AS "generation!", resource_version AS "resource_version!",
+                  created_at AS "created_at!", updated_at AS "updated_at!"
            FROM w"#,
         &uids,
         &team_uids,
@@ -412,8 +409,29 @@ pub async fn workload_create_many(
     )
     .fetch_all(db)
     .await
-    .map(|rows| rows.into_iter().map(Workload::from).collect())
-    .map_err(db_error)
+    .map_err(db_error)?;
+    let sent: std::collections::HashMap<Uuid, &NewWorkload<'_>> = items.iter().map(|w| (w.uid.0, w)).collect();
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let w = sent[&r.uid];
+            Workload {
+                metadata: ObjectMeta {
+                    name: w.name.to_owned(),
+                    team: Some(w.team.to_owned()),
+                    uid: r.uid,
+                    labels: w.labels.clone(),
+                    generation: r.generation,
+                    resource_version: r.resource_version.to_string(),
+                    creation_timestamp: r.created_at,
+                    update_timestamp: r.updated_at,
+                    deletion_timestamp: None,
+                },
+                spec: w.spec.clone(),
+                status: w.status.clone(),
+            }
+        })
+        .collect())
 }
 
 /// Of these names, those the team's workloads already use.
