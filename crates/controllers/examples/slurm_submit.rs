@@ -362,6 +362,8 @@ async fn through_berth(
     wait_until("the cluster to be Healthy", Duration::from_secs(120), healthy).await?;
     tokio::time::sleep(WARM_UP).await;
 
+    let mut changes = sqlx::postgres::PgListener::connect_with(db).await?;
+    changes.listen(berth_controllers::runner::CHANNEL).await?;
     let mut started = Instant::now();
     let mut before = cpu_seconds();
     if !backlog {
@@ -402,8 +404,14 @@ async fn through_berth(
         profiler("enable");
         cluster(false).await?;
     }
-    // Every workload is stored by now; wait until none is left before its dispatch (an
-    // index-only count, so the waiting costs Berth little).
+    // Every workload is stored by now; wait until none is left before its dispatch,
+    // counting (index-only) each time the dispatcher wrote, so that the waiting costs
+    // Berth little and ends within a few milliseconds of the last write.
+    let dispatched = |payload: &str| {
+        payload
+            .strip_prefix("workloads status:")
+            .is_some_and(|phases| phases.split(',').any(|p| !["Pending", "Admitted"].contains(&p)))
+    };
     loop {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE phase IN ('Pending', 'Admitted')")
             .fetch_one(db)
@@ -414,7 +422,13 @@ async fn through_berth(
         if started.elapsed() > Duration::from_secs(600) {
             return Err(format!("{waiting} of {n} workloads did not reach Slurm in 10 minutes").into());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The dispatcher's next write, or a second (should a notification be lost).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while let Ok(change) = tokio::time::timeout_at(deadline, changes.recv()).await {
+            if dispatched(change?.payload()) {
+                break;
+            }
+        }
     }
     let took = started.elapsed();
     profiler("disable");
