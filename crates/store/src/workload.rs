@@ -516,12 +516,18 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
     let phases: Vec<&str> = writes.iter().map(|w| w.status.phase.as_str()).collect();
     let clusters: Vec<Option<String>> =
         writes.iter().map(|w| w.status.admission.as_ref().map(|a| a.cluster.clone())).collect();
+    // The change notification names the phases written (see the migration
+    // notify_status_phases), so controllers can sleep through writes of no concern to them.
+    let mut written: Vec<&str> = phases.clone();
+    written.sort_unstable();
+    written.dedup();
     sqlx::query_scalar!(
         r#"UPDATE workloads w
            SET status = u.status, phase = u.phase, cluster = u.cluster,
                resource_version = nextval('resource_version_seq'), updated_at = now()
            FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::text[], $5::text[])
-                AS u (uid, version, status, phase, cluster)
+                AS u (uid, version, status, phase, cluster),
+                (SELECT set_config('berth.status_phases', $6, true)) AS notify
            WHERE w.uid = u.uid AND w.resource_version = u.version
            RETURNING w.uid"#,
         &uids,
@@ -529,6 +535,7 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
         &statuses,
         &phases as &[&str],
         &clusters as &[Option<String>],
+        written.join(","),
     )
     .fetch_all(tx)
     .await
