@@ -1,5 +1,8 @@
 //! A scratch database for a benchmark: created on the `DATABASE_URL` server (whose role
 //! must be allowed to create databases), migrated, and dropped by [`Scratch::drop`].
+//!
+//! `BENCH_SQL` is run on it after the migrations, to measure a schema change before writing
+//! its migration (e.g. `BENCH_SQL='DROP INDEX workloads_labels' bench/slurm`).
 
 use sqlx::{Connection, Executor};
 
