@@ -180,7 +180,9 @@ async fn run(n: usize, rounds: usize, job: Job, modes: &[Mode]) -> Result<(), Bo
     println!("medians, and the ratio to direct (target ≥ 0.8):");
     for &mode in modes {
         let m = medians[mode as usize];
-        println!("  {m:>4.0} jobs/s {} ({:.2})", mode.title(), m / direct);
+        // Without a direct run (modes picked) there is no ratio.
+        let ratio = if direct.is_nan() { String::new() } else { format!(" ({:.2})", m / direct) };
+        println!("  {m:>4.0} jobs/s {}{ratio}", mode.title());
     }
     Ok(())
 }
