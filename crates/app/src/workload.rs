@@ -197,9 +197,7 @@ pub async fn workload_create_batch(
         });
     }
     berth_store::commit(tx).await?;
-    let mut by_uid: std::collections::HashMap<uuid::Uuid, Workload> =
-        created.into_iter().map(|w| (w.metadata.uid, w)).collect();
-    Ok(new.iter().filter_map(|w| by_uid.remove(&w.uid.0)).collect())
+    Ok(created)
 }
 
 /// Fetches a workload.

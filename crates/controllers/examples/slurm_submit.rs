@@ -410,9 +410,8 @@ async fn through_berth(
     // counting (index-only) each time the dispatcher wrote, so that the waiting costs
     // Berth little and ends within a few milliseconds of the last write.
     let dispatched = |payload: &str| {
-        payload
-            .strip_prefix("workloads status:")
-            .is_some_and(|phases| phases.split(',').any(|p| !["Pending", "Admitted"].contains(&p)))
+        berth_controllers::runner::status_phases(payload)
+            .is_some_and(|mut phases| phases.any(|p| !["Pending", "Admitted"].contains(&p)))
     };
     loop {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE phase IN ('Pending', 'Admitted')")

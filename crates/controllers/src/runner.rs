@@ -100,15 +100,20 @@ async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
     }
 }
 
-/// Whether a change (a notification's payload: a table's name, or for a statement that
-/// wrote only workload statuses `workloads status:` and the phases written) can change
-/// what the scheduler decides. Workloads entering `Admitted` or `Preempting` are its own
-/// writes (a pass that wrote runs again anyway), and `Dispatched` or `Running` free or take
-/// nothing it counts; every other phase (requeued, finished, unknown) and every other
-/// change may.
+/// The phases a change notification's payload says were written, when the statement
+/// wrote only workload statuses (`workloads status:Dispatched,Running`); `None` for any
+/// other change (a table's name).
+pub fn status_phases(payload: &str) -> Option<impl Iterator<Item = &str>> {
+    payload.strip_prefix("workloads status:").map(|phases| phases.split(','))
+}
+
+/// Whether a change can change what the scheduler decides. Workloads entering `Admitted`
+/// or `Preempting` are its own writes (a pass that wrote runs again anyway), and
+/// `Dispatched` or `Running` free or take nothing it counts; every other phase (requeued,
+/// finished, unknown) and every other change may.
 fn concerns_scheduler(payload: &str) -> bool {
-    let Some(phases) = payload.strip_prefix("workloads status:") else { return true };
-    !phases.split(',').all(|p| ["Admitted", "Dispatched", "Running", "Preempting"].contains(&p))
+    status_phases(payload)
+        .is_none_or(|mut phases| !phases.all(|p| ["Admitted", "Dispatched", "Running", "Preempting"].contains(&p)))
 }
 
 async fn run_loop(

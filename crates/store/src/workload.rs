@@ -347,8 +347,8 @@ pub async fn workload_lookup(
 
 /// Creates workloads, each with its `Created` event and audit record, in one
 /// statement (so one round trip and one implicit transaction). Names already taken are
-/// skipped: the caller compares what was created with what it asked for. Returned in no
-/// particular order.
+/// skipped: the caller compares what was created with what it asked for. Returned in the
+/// order given.
 ///
 /// This is the hot path of submission, alone or in batches; the general path
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
@@ -410,12 +410,12 @@ pub async fn workload_create_many(
     .fetch_all(db)
     .await
     .map_err(db_error)?;
-    let sent: std::collections::HashMap<Uuid, &NewWorkload<'_>> = items.iter().map(|w| (w.uid.0, w)).collect();
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let w = sent[&r.uid];
-            Workload {
+    let mut created: std::collections::HashMap<Uuid, _> = rows.into_iter().map(|r| (r.uid, r)).collect();
+    Ok(items
+        .iter()
+        .filter_map(|w| {
+            let r = created.remove(&w.uid.0)?;
+            Some(Workload {
                 metadata: ObjectMeta {
                     name: w.name.to_owned(),
                     team: Some(w.team.to_owned()),
@@ -429,7 +429,7 @@ pub async fn workload_create_many(
                 },
                 spec: w.spec.clone(),
                 status: w.status.clone(),
-            }
+            })
         })
         .collect())
 }
