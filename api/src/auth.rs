@@ -84,7 +84,12 @@ async fn principal(state: &AppState, token: Result<String, AuthError>) -> Result
 }
 
 fn bearer(headers: &HeaderMap) -> Result<&str, AuthError> {
-    let value = headers.get(header::AUTHORIZATION).ok_or(AuthError::Missing)?;
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next().ok_or(AuthError::Missing)?;
+    // Two credentials are ambiguous: a proxy and the server could each pick another one.
+    if values.next().is_some() {
+        return Err(AuthError::SeveralAuthorizations);
+    }
     let value = value.to_str().map_err(|_| AuthError::Malformed)?;
     let (scheme, token) = value.split_once(' ').ok_or(AuthError::Malformed)?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
@@ -99,6 +104,14 @@ fn unauthorized(e: &AuthError) -> Response {
             .into_response();
     let challenge = if *e == AuthError::Missing { "Bearer" } else { "Bearer error=\"invalid_token\"" };
     response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    unread_body(response)
+}
+
+/// A refusal sent before the request's body was read: the server will not read the rest
+/// of the body, so it closes the connection, and says so, so the client does not send its
+/// next request into a closing socket.
+fn unread_body(mut response: Response) -> Response {
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -111,5 +124,5 @@ fn too_many_requests(seconds: u64) -> Response {
     )
     .into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-    response
+    unread_body(response)
 }

@@ -216,7 +216,7 @@ struct ServeArgs {
     demo_interval_seconds: u64,
     /// With `demo`: also register the Kubernetes cluster `kube-demo` at this API server
     /// (scripts/run starts the test API server for it), with the kubeconfig in the secret
-    /// `BERTH_DEMO_KUBECONFIG`.
+    /// `BERTH_CREDENTIAL_DEMO_KUBE`.
     #[arg(long, env = "BERTH_DEMO_KUBERNETES")]
     demo_kubernetes: Option<String>,
     /// Time a cancelled job gets to checkpoint.

@@ -63,10 +63,12 @@ async fn list_role_bindings(
     Ok(Json(RoleBindingList { items: app::role_binding_list(&s.db, &caller, q.subject.as_deref()).await? }))
 }
 
-/// Grant a role to a subject (a user's `sub`, or `serviceaccount:{name}`).
+/// Grant a role to a subject: a user (the `sub` of an issuer's tokens) or an existing
+/// service account (`serviceaccount:{name}`).
 ///
 /// Platform admins grant anything; a team admin grants team-admin, member or viewer within
-/// its subtree.
+/// its subtree. A service account's bindings go with the account: one created later under
+/// the same name holds none of them.
 #[utoipa::path(post, path = "/api/v1/role-bindings", tag = "identity", request_body = NewRoleBinding,
     responses((status = 201, description = "Created", body = RoleBinding)))]
 async fn create_role_binding(
@@ -74,7 +76,8 @@ async fn create_role_binding(
     Caller(caller): Caller,
     ApiJson(body): ApiJson<NewRoleBinding>,
 ) -> Result<Response, ApiError> {
-    let binding = app::role_binding_create(&s.db, &caller, &body).await?;
+    let issuer = s.auth.verifier.user_issuer().unwrap_or("berth");
+    let binding = app::role_binding_create(&s.db, &caller, issuer, &body).await?;
     Ok((StatusCode::CREATED, Json(binding)).into_response())
 }
 

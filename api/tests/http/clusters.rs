@@ -16,13 +16,13 @@ async fn cluster_keeps_the_declarative_contract(db: berth_store::PgPool) {
 fn kubernetes(flavor: serde_json::Value, more: serde_json::Value) -> serde_json::Value {
     let mut settings = json!({"flavors": [flavor]});
     settings.as_object_mut().unwrap().extend(more.as_object().unwrap().clone());
-    json!({"spec": {"kind": "kubernetes", "endpoint": "https://k8s.internal:6443", "credentials_ref": "K8S_KUBECONFIG",
+    json!({"spec": {"kind": "kubernetes", "endpoint": "https://k8s.internal:6443", "credentials_ref": "BERTH_CREDENTIAL_K8S",
                     "kubernetes": settings}})
 }
 
 fn slurm(endpoint: &str) -> serde_json::Value {
     json!({"metadata": {"labels": {"tier": "reservation"}},
-           "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_SLURM_TOKEN",
+           "spec": {"kind": "slurm", "endpoint": endpoint, "credentials_ref": "BERTH_CREDENTIAL_SLURM_A",
                     "slurm": {"user": "berth", "partitions": [{"name": "gpu", "flavor": "h100"}]}}})
 }
 
@@ -100,7 +100,7 @@ async fn cluster_credentials_are_a_reference_never_a_secret(db: berth_store::PgP
     let s = Server::start(db).await;
     s.seed().await;
     let created = s.put_ok("/api/v1/clusters/slurm-a", &slurm("https://slurm.internal:6820"), 201).await;
-    assert_eq!(created.body["spec"]["credentials_ref"], "BERTH_SLURM_TOKEN");
+    assert_eq!(created.body["spec"]["credentials_ref"], "BERTH_CREDENTIAL_SLURM_A");
     // There is no field that takes a secret, and the refusal does not echo it.
     let secret = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.sig";
     let mut with_secret = slurm("https://slurm.internal:6820");

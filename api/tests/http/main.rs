@@ -8,5 +8,6 @@ mod common;
 mod flavors;
 mod malformed;
 mod observability;
+mod security;
 mod teams;
 mod workloads;

@@ -59,10 +59,10 @@ async fn killing_berthd_mid_submit_to_slurm_leaves_exactly_one_slurm_job_per_att
     berth_app::flavor::flavor_apply(&db, &a, "h100", &flavor, None).await.unwrap();
     let team = serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 16}]}})).unwrap();
     berth_app::team::team_apply(&db, &a, "nlp", &team, None).await.unwrap();
-    let cluster_body = dev.apply_body("h100", "BERTH_TEST_SLURM_TOKEN");
+    let cluster_body = dev.apply_body("h100", "BERTH_CREDENTIAL_TEST_SLURM");
     let cluster = serde_json::from_value(cluster_body.clone()).unwrap();
     berth_app::cluster::cluster_apply(&db, &a, "alpha", &cluster, None).await.unwrap();
-    let env = [("BERTH_TEST_SLURM_TOKEN", dev.token.as_str())];
+    let env = [("BERTH_CREDENTIAL_TEST_SLURM", dev.token.as_str())];
     let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"]},
         "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0}}}});
     const WORKLOADS: usize = 300;
@@ -110,13 +110,13 @@ async fn killing_berthd_mid_submit_to_kubernetes_leaves_exactly_one_job_per_atte
     let team = serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 32}]}})).unwrap();
     berth_app::team::team_apply(&db, &a, "nlp", &team, None).await.unwrap();
     let cluster = serde_json::from_value(json!({"spec": {
-        "kind": "kubernetes", "endpoint": server.url(), "credentials_ref": "BERTH_TEST_KUBECONFIG",
+        "kind": "kubernetes", "endpoint": server.url(), "credentials_ref": "BERTH_CREDENTIAL_TEST_KUBE",
         "kubernetes": {"flavors": [{"flavor": "h100", "product": "H100"}]},
     }}))
     .unwrap();
     berth_app::cluster::cluster_apply(&db, &a, "kube", &cluster, None).await.unwrap();
     let kubeconfig = kubeconfig.display().to_string();
-    let env = [("BERTH_TEST_KUBECONFIG_FILE", kubeconfig.as_str())];
+    let env = [("BERTH_CREDENTIAL_TEST_KUBE_FILE", kubeconfig.as_str())];
     let spec = json!({"spec": {"kind": "batch", "run": {"command": ["true"], "image": "busybox"},
         "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}});
     const WORKLOADS: usize = 200;

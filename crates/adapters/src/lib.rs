@@ -18,18 +18,26 @@ pub use backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey
 use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec};
 use uuid::Uuid;
 
-/// Where backends' credentials come from: the value of the secret a cluster's
-/// `credentials_ref` names.
+/// Where backends' credentials come from: the value of the credential a cluster's
+/// `credentials_ref` names (`BERTH_CREDENTIAL_<NAME>`), or `None`.
 pub type Secrets = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
-/// Secrets from berthd's environment: the variable `NAME`, or else the file named by
-/// `NAME_FILE` (read again whenever the backend is rebuilt, so a rotated file is picked up).
+/// Credentials given to berthd for clusters, and nothing else of its configuration: for a
+/// name `BERTH_CREDENTIAL_<NAME>`, the environment variable of that name, else the file
+/// named by `<name>_FILE`, else the file of that name in `BERTH_CREDENTIALS_DIR`. Any other
+/// name (the signing secret, the database URL) finds nothing, whatever the environment
+/// holds. Files are read again whenever the backend is rebuilt, so a rotated one is picked
+/// up.
 pub fn secrets_from_env() -> Secrets {
     Arc::new(|name: &str| {
-        std::env::var(name).ok().or_else(|| {
-            let path = std::env::var(format!("{name}_FILE")).ok()?;
-            std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
-        })
+        if !berth_core::cluster::is_credential_name(name) {
+            return None;
+        }
+        let from_file = |path: PathBuf| std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned());
+        std::env::var(name)
+            .ok()
+            .or_else(|| from_file(std::env::var_os(format!("{name}_FILE"))?.into()))
+            .or_else(|| from_file(PathBuf::from(std::env::var_os("BERTH_CREDENTIALS_DIR")?).join(name)))
     })
 }
 
@@ -163,7 +171,8 @@ impl Registry {
 
 fn missing_secret(cluster: &Cluster) -> BackendError {
     BackendError::Unreachable(format!(
-        "berthd has no secret {} (neither the environment variable nor {0}_FILE)",
+        "berthd has no credential {} (neither the environment variable, nor {0}_FILE, nor a file of that name in \
+         BERTH_CREDENTIALS_DIR)",
         cluster.spec.credentials_ref.as_deref().unwrap_or("(credentials_ref is not set)")
     ))
 }

@@ -30,7 +30,7 @@ fn spec(endpoint: &str) -> ClusterSpec {
     serde_json::from_value(json!({
         "kind": "kubernetes",
         "endpoint": endpoint,
-        "credentials_ref": "K8S_KUBECONFIG",
+        "credentials_ref": "BERTH_CREDENTIAL_K8S",
         "kubernetes": {
             "flavors": [
                 {"flavor": "h100", "product": "NVIDIA-H100-80GB-HBM3"},

@@ -20,7 +20,7 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Error> {
 }
 
 /// The secret holding the demo Kubernetes cluster's kubeconfig.
-pub const DEMO_KUBECONFIG: &str = "BERTH_DEMO_KUBECONFIG";
+pub const DEMO_KUBECONFIG: &str = "BERTH_CREDENTIAL_DEMO_KUBE";
 
 /// The GPU products of the demo flavors' nodes (`nvidia.com/gpu.product`).
 pub const DEMO_PRODUCTS: [(&str, &str); 2] =

@@ -36,14 +36,18 @@ impl Caller {
 /// # Errors
 /// `Ok(Err(_))` when the token is refused; `Err(_)` when the store fails.
 pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<Result<Principal, AuthError>, Error> {
-    if let Some((account, id)) = &verified.service_account
-        && (verified.subject != service_account_subject(account)
-            || !store::sa_token_use(db, account, *id, &berth_auth::token_sha256(token)).await?)
-    {
-        return Ok(Err(AuthError::Revoked));
-    }
     let mut grants = verified.grants;
-    grants.extend(store::grants_of(db, &verified.subject).await?);
+    if let Some((account, id)) = &verified.service_account {
+        let uid = if verified.subject == service_account_subject(account) {
+            store::sa_token_use(db, account, *id, &berth_auth::token_sha256(token)).await?
+        } else {
+            None
+        };
+        let Some(uid) = uid else { return Ok(Err(AuthError::Revoked)) };
+        grants.extend(store::grants_of_account(db, uid).await?);
+    } else {
+        grants.extend(store::grants_of_user(db, &verified.issuer, &verified.subject).await?);
+    }
     grants.sort();
     grants.dedup();
     Ok(Ok(Principal {
@@ -89,28 +93,50 @@ async fn team_must_exist(db: &PgPool, team: Option<&str>) -> Result<(), Error> {
     }
 }
 
-/// Creates a role binding.
+/// Creates a role binding. A `serviceaccount:{name}` subject binds that account (by its uid,
+/// so the binding goes with it); any other subject is a user of `new.issuer`, or of
+/// `default_issuer` when the body names none.
 ///
 /// # Errors
-/// 422 for a bad body or unknown team, 404/403 per the access rules, 409 for a duplicate.
-pub async fn role_binding_create(db: &PgPool, caller: &Caller, new: &NewRoleBinding) -> Result<RoleBinding, Error> {
+/// 422 for a bad body, an unknown team or a service account the caller cannot see, 404/403
+/// per the access rules, 409 for a duplicate.
+pub async fn role_binding_create(
+    db: &PgPool,
+    caller: &Caller,
+    default_issuer: &str,
+    new: &NewRoleBinding,
+) -> Result<RoleBinding, Error> {
     new.validate()?;
-    caller.access().manage_grant(&new.grant)?;
-    team_must_exist(db, new.grant.team.as_deref()).await?;
+    caller.access().manage_grant(&new.grant())?;
+    team_must_exist(db, new.team.as_deref()).await?;
+    let issuer = new.issuer.as_deref().unwrap_or(default_issuer);
+    let identity = match new.service_account() {
+        Some(name) => {
+            let account = service_account_get(db, caller, name).await.map_err(|e| match e {
+                Error::NotFound { .. } => Error::invalid("/subject", format!("there is no service account {name:?}")),
+                e => e,
+            })?;
+            store::BindingIdentity::ServiceAccount(account.uid)
+        }
+        None => store::BindingIdentity::User { issuer },
+    };
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
     let binding = store::role_binding_insert(
         &mut *tx,
         &RoleBinding {
             id: Uuid::new_v4(),
             subject: new.subject.clone(),
-            grant: new.grant.clone(),
+            issuer: None,
+            role: new.role,
+            team: new.team.clone(),
             created_at: Utc::now(),
             created_by: caller.actor.subject.clone(),
         },
+        identity,
     )
     .await?;
     let name = binding.id.to_string();
-    audit(&mut tx, &caller.actor, AuditVerb::Create, "role-binding", binding.grant.team.as_deref(), &name, binding.id)
+    audit(&mut tx, &caller.actor, AuditVerb::Create, "role-binding", binding.team.as_deref(), &name, binding.id)
         .await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(binding)
@@ -126,7 +152,7 @@ pub async fn role_binding_list(db: &PgPool, caller: &Caller, subject: Option<&st
     let access = caller.access();
     Ok(all
         .into_iter()
-        .filter(|b| b.subject == caller.principal.subject || access.can_read_owned_by(b.grant.team.as_deref()))
+        .filter(|b| b.subject == caller.principal.subject || access.can_read_owned_by(b.team.as_deref()))
         .collect())
 }
 
@@ -138,16 +164,16 @@ pub async fn role_binding_delete(db: &PgPool, caller: &Caller, id: Uuid) -> Resu
     let not_found = || Error::NotFound { kind: "role binding", name: id.to_string() };
     let binding = store::role_binding_get(db, id).await?;
     let access = caller.access();
-    if !(binding.subject == caller.principal.subject || access.can_read_owned_by(binding.grant.team.as_deref())) {
+    if !(binding.subject == caller.principal.subject || access.can_read_owned_by(binding.team.as_deref())) {
         return Err(not_found());
     }
-    access.manage_grant(&binding.grant)?;
+    access.manage_grant(&binding.grant())?;
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
     if !store::role_binding_delete(&mut *tx, id).await? {
         return Err(not_found());
     }
     let name = id.to_string();
-    audit(&mut tx, &caller.actor, AuditVerb::Delete, "role-binding", binding.grant.team.as_deref(), &name, id).await?;
+    audit(&mut tx, &caller.actor, AuditVerb::Delete, "role-binding", binding.team.as_deref(), &name, id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(binding)
 }
@@ -232,7 +258,7 @@ async fn managed_account(db: &PgPool, caller: &Caller, name: &str) -> Result<Ser
 pub async fn service_account_delete(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
     let account = managed_account(db, caller, name).await?;
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
-    store::service_account_delete(&mut tx, name).await?;
+    store::service_account_delete(&mut *tx, name).await?;
     audit(&mut tx, &caller.actor, AuditVerb::Delete, "service-account", account.team.as_deref(), name, Uuid::nil())
         .await?;
     tx.commit().await.map_err(berth_store::db_error)?;

@@ -73,6 +73,12 @@ pub enum AuthError {
     Revoked,
     #[error("the identity provider's keys cannot be fetched")]
     KeysUnavailable,
+    #[error("the token names critical header parameters (`crit`) this server does not understand")]
+    Critical,
+    #[error("the token was issued in the future")]
+    IssuedInFuture,
+    #[error("send one Authorization header, not several")]
+    SeveralAuthorizations,
 }
 
 impl AuthError {
@@ -91,6 +97,9 @@ impl AuthError {
             Self::MissingClaim => "missing_claim",
             Self::Revoked => "revoked",
             Self::KeysUnavailable => "keys_unavailable",
+            Self::Critical => "critical_header",
+            Self::IssuedInFuture => "issued_in_future",
+            Self::SeveralAuthorizations => "several_authorizations",
         }
     }
 }
@@ -204,13 +213,34 @@ pub struct Verifier {
 }
 
 impl Verifier {
+    /// The issuer of users' tokens where a role binding names none: the OIDC provider's
+    /// when one is configured, else Berth's own.
+    pub fn user_issuer(&self) -> Option<&str> {
+        self.oidc.as_ref().map(|o| o.config.issuer.as_str()).or(self.berth.as_ref().map(|b| b.issuer.as_str()))
+    }
+
     /// Checks a token's header, issuer, signature and claims.
     ///
     /// # Errors
     /// Why it was refused.
     pub async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
+        let verified = self.verify_signed(token).await?;
+        // RFC 8725 3.10: a subject must name someone; an empty one would match nothing and
+        // audit as no one.
+        if verified.subject.trim().is_empty() {
+            return Err(AuthError::MissingClaim);
+        }
+        Ok(verified)
+    }
+
+    async fn verify_signed(&self, token: &str) -> Result<Verified, AuthError> {
         // The header's `alg` must parse (`none` does not) before anything else is read.
         let header = jsonwebtoken::decode_header(token).map_err(|e| refused(&e))?;
+        // RFC 7515 4.1.11: a recipient that does not understand every critical extension
+        // must refuse the token. Berth understands none.
+        if header_names_crit(token) {
+            return Err(AuthError::Critical);
+        }
         // Only to choose the issuer: nothing is trusted until the signature is checked.
         let unverified: serde_json::Value =
             jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(|_| AuthError::Malformed)?;
@@ -222,6 +252,7 @@ impl Verifier {
                 &berth.validation(self.leeway),
             )
             .map_err(|e| refused(&e))?;
+            self.check_issued_at(Some(data.claims.iat))?;
             return berth_claims(data.claims);
         }
         if let Some(oidc) = self.oidc.as_ref().filter(|o| o.config.issuer == iss) {
@@ -232,6 +263,7 @@ impl Verifier {
             let key = oidc.key(kid).await?;
             let v = validation(header.alg, iss, &oidc.config.audience, self.leeway);
             let data = jsonwebtoken::decode::<ExternalClaims>(token, &key, &v).map_err(|e| refused(&e))?;
+            self.check_issued_at(data.claims.iat)?;
             return Ok(Verified {
                 issuer: data.claims.iss,
                 subject: data.claims.sub,
@@ -242,6 +274,27 @@ impl Verifier {
         }
         Err(AuthError::UnknownIssuer)
     }
+
+    /// A token issued later than now (beyond the leeway) was minted by a clock that
+    /// cannot be trusted, or to outlive its stated lifetime.
+    fn check_issued_at(&self, iat: Option<i64>) -> Result<(), AuthError> {
+        let leeway = i64::try_from(self.leeway.min(MAX_LEEWAY).as_secs()).unwrap_or(0);
+        match iat {
+            Some(iat) if iat > Utc::now().timestamp() + leeway => Err(AuthError::IssuedInFuture),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether the token's protected header carries `crit` (read from the raw header, which
+/// the JWT library does not keep).
+fn header_names_crit(token: &str) -> bool {
+    use base64::Engine as _;
+    let Some(segment) = token.split('.').next() else { return false };
+    let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(segment.trim_end_matches('=')) else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes).is_ok_and(|h| h.contains_key("crit"))
 }
 
 fn berth_claims(c: Claims) -> Result<Verified, AuthError> {
@@ -266,6 +319,8 @@ struct ExternalClaims {
     iss: String,
     sub: String,
     exp: i64,
+    #[serde(default)]
+    iat: Option<i64>,
 }
 
 fn timestamp(secs: i64) -> Result<DateTime<Utc>, AuthError> {

@@ -61,7 +61,7 @@ const BATCH: usize = 100;
 const DIRECT_CLIENTS: usize = 4;
 /// Time the controllers run, once the cluster is Healthy, before a measured burst.
 const WARM_UP: Duration = Duration::from_secs(3);
-const SECRET: &str = "BENCH_SLURM_TOKEN";
+const SECRET: &str = "BERTH_CREDENTIAL_BENCH_SLURM";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

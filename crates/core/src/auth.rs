@@ -85,9 +85,12 @@ impl Grant {
     }
 }
 
+/// How a subject names a service account.
+pub const SERVICE_ACCOUNT_PREFIX: &str = "serviceaccount:";
+
 /// The subject a service account acts as, in audit records and role bindings.
 pub fn service_account_subject(name: &str) -> String {
-    format!("serviceaccount:{name}")
+    format!("{SERVICE_ACCOUNT_PREFIX}{name}")
 }
 
 /// Who is calling, once authenticated.
@@ -326,35 +329,75 @@ fn forbidden(message: String) -> Error {
     Error::Forbidden(message)
 }
 
-/// A role binding: a subject holds a grant.
+/// A role binding: an identity holds a role, global or over a team's subtree.
+///
+/// A binding refers to the identity, never to a reusable name: a service account's binding
+/// goes with the account (a new account of the same name starts with none), and a user's
+/// binding holds only for tokens of its issuer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RoleBinding {
     pub id: Uuid,
-    /// A user's `sub` as the identity provider sends it, or `serviceaccount:{name}`.
+    /// A user's `sub` as its identity provider sends it, or `serviceaccount:{name}`.
     pub subject: String,
-    #[serde(flatten)]
-    pub grant: Grant,
+    /// The issuer whose tokens carry `subject` (users only; absent for service accounts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    pub role: Role,
+    /// The team whose subtree the role covers (a `member` covers that team only); absent:
+    /// global.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
     pub created_at: DateTime<Utc>,
     pub created_by: String,
+}
+
+impl RoleBinding {
+    pub fn grant(&self) -> Grant {
+        Grant { role: self.role, team: self.team.clone() }
+    }
 }
 
 /// The body that creates a role binding.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRoleBinding {
+    /// A user's `sub`, or `serviceaccount:{name}` for an existing service account.
+    #[schema(min_length = 1, max_length = 256)]
     pub subject: String,
-    #[serde(flatten)]
-    pub grant: Grant,
+    /// The issuer of the user's tokens (its `iss`); default: the OIDC issuer when one is
+    /// configured, else Berth's own. Not for service accounts.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    pub role: Role,
+    /// The team whose subtree the role covers; absent: global.
+    #[serde(default)]
+    pub team: Option<String>,
 }
 
 impl NewRoleBinding {
+    pub fn grant(&self) -> Grant {
+        Grant { role: self.role, team: self.team.clone() }
+    }
+
+    /// The service account the subject names, if it names one.
+    pub fn service_account(&self) -> Option<&str> {
+        self.subject.strip_prefix(SERVICE_ACCOUNT_PREFIX)
+    }
+
     /// # Errors
     /// [`Error::Invalid`] naming each bad field.
     pub fn validate(&self) -> Result<(), Error> {
         let mut v = Validator::default();
         v.check(!self.subject.trim().is_empty(), "/subject", || "must not be empty".into());
         v.text("/subject", &self.subject, 256);
-        self.grant.validate(&mut v, "");
+        if let Some(issuer) = &self.issuer {
+            v.check(self.service_account().is_none(), "/issuer", || {
+                "a service account's tokens are Berth's own: omit issuer".into()
+            });
+            v.check(!issuer.trim().is_empty(), "/issuer", || "must not be empty".into());
+            v.text("/issuer", issuer, 512);
+        }
+        self.grant().validate(&mut v, "");
         v.finish()
     }
 }
@@ -362,6 +405,9 @@ impl NewRoleBinding {
 /// A service account: an identity for an internal tool, owned by a team or global.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ServiceAccount {
+    /// Stable identity: role bindings refer to it, so an account created later under the
+    /// same name inherits nothing.
+    pub uid: Uuid,
     pub name: String,
     /// The subject its tokens act as: `serviceaccount:{name}`.
     pub subject: String,
@@ -481,11 +527,20 @@ mod tests {
 
     #[test]
     fn grants_are_checked_for_shape() {
-        let bad =
-            NewRoleBinding { subject: "a".into(), grant: Grant { role: Role::PlatformAdmin, team: Some("x".into()) } };
-        assert!(bad.validate().is_err());
-        let bad = NewRoleBinding { subject: " ".into(), grant: Grant { role: Role::Member, team: None } };
-        let Err(Error::Invalid(errors)) = bad.validate() else { panic!() };
+        let binding = |subject: &str, issuer: Option<&str>, role, team: Option<&str>| NewRoleBinding {
+            subject: subject.into(),
+            issuer: issuer.map(Into::into),
+            role,
+            team: team.map(Into::into),
+        };
+        assert!(binding("a", None, Role::PlatformAdmin, Some("x")).validate().is_err());
+        let Err(Error::Invalid(errors)) = binding(" ", None, Role::Member, None).validate() else { panic!() };
         assert_eq!(errors.len(), 2);
+        let Err(Error::Invalid(errors)) =
+            binding("serviceaccount:ci", Some("https://idp"), Role::Viewer, None).validate()
+        else {
+            panic!()
+        };
+        assert_eq!(errors[0].field, "/issuer");
     }
 }

@@ -62,11 +62,12 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "https://slurm.example.internal:6820")]
     pub endpoint: Option<String>,
-    /// The *name* of the secret holding this cluster's credentials in berthd's
-    /// configuration (an environment variable). The secret itself is never sent, stored
-    /// or returned.
+    /// The *name* of the credential berthd holds for this cluster: `BERTH_CREDENTIAL_<NAME>`,
+    /// read from that environment variable, the file its `_FILE` variable names, or the
+    /// file of that name in `BERTH_CREDENTIALS_DIR`. No other setting of berthd can be
+    /// named. The secret itself is never sent, stored or returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(example = "BERTH_SLURM_A_TOKEN")]
+    #[schema(example = "BERTH_CREDENTIAL_SLURM_A", pattern = "^BERTH_CREDENTIAL_[A-Za-z0-9_]+$", max_length = 128)]
     pub credentials_ref: Option<String>,
     /// A cordoned cluster keeps its running work but receives nothing new.
     #[serde(default)]
@@ -81,6 +82,19 @@ pub struct ClusterSpec {
     /// team's work goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesSpec>,
+}
+
+/// Every credential a cluster can name starts so: the namespace of berthd's settings that
+/// were given for clusters, closed to every other setting (the signing secret, the
+/// database URL).
+pub const CREDENTIAL_PREFIX: &str = "BERTH_CREDENTIAL_";
+
+/// Whether `name` is a credential name a cluster may refer to.
+pub fn is_credential_name(name: &str) -> bool {
+    name.len() <= 128
+        && name
+            .strip_prefix(CREDENTIAL_PREFIX)
+            .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
 }
 
 /// How Berth uses a Kubernetes cluster (reached at `endpoint`; `credentials_ref` names a
@@ -391,12 +405,11 @@ impl ClusterApply {
             }
         }
         if let Some(r) = &s.credentials_ref {
-            let ok = !r.is_empty()
-                && r.len() <= 128
-                && !r.as_bytes()[0].is_ascii_digit()
-                && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            v.check(ok, "/spec/credentials_ref", || {
-                "must be the name of a secret (an environment variable name: letters, digits and '_'), never the secret itself".into()
+            v.check(is_credential_name(r), "/spec/credentials_ref", || {
+                format!(
+                    "must name a credential berthd was given for clusters: {CREDENTIAL_PREFIX}<NAME> (letters, \
+                     digits and '_', at most 128 characters), never the secret itself nor any other setting"
+                )
             });
         }
         let only = "only a sim cluster has simulated hardware";
@@ -618,12 +631,25 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_is_named_only_from_the_closed_namespace() {
+        for ok in ["BERTH_CREDENTIAL_SLURM_A", "BERTH_CREDENTIAL_x1"] {
+            assert!(is_credential_name(ok), "{ok}");
+        }
+        for bad in
+            ["BERTH_JWT_SECRET", "DATABASE_URL", "BERTH_CREDENTIAL_", "BERTH_CREDENTIAL_A-B", "berth_credential_a"]
+        {
+            assert!(!is_credential_name(bad), "{bad}");
+        }
+        assert!(!is_credential_name(&format!("BERTH_CREDENTIAL_{}", "A".repeat(120))));
+    }
+
+    #[test]
     fn a_slurm_cluster_maps_each_flavor_to_one_partition() {
         let mut c = sim(vec![]);
         c.spec.kind = ClusterKind::Slurm;
         c.spec.sim = None;
         c.spec.endpoint = Some("http://127.0.0.1:6820".into());
-        c.spec.credentials_ref = Some("BERTH_SLURM_TOKEN".into());
+        c.spec.credentials_ref = Some("BERTH_CREDENTIAL_SLURM_A".into());
         let partition =
             |name: &str, flavor: &str| SlurmPartition { name: name.into(), flavor: flavor.into(), gpu_type: None };
         c.spec.slurm = Some(SlurmSpec {

@@ -11,6 +11,7 @@ use crate::db_error;
 struct BindingRow {
     id: Uuid,
     subject: String,
+    issuer: Option<String>,
     role: String,
     team: Option<String>,
     created_at: DateTime<Utc>,
@@ -25,7 +26,9 @@ impl TryFrom<BindingRow> for RoleBinding {
         Ok(Self {
             id: r.id,
             subject: r.subject,
-            grant: Grant { role, team: r.team },
+            issuer: r.issuer,
+            role,
+            team: r.team,
             created_at: r.created_at,
             created_by: r.created_by,
         })
@@ -45,31 +48,67 @@ pub async fn team_parents(db: impl PgExecutor<'_>) -> Result<Vec<(String, Option
     Ok(rows.into_iter().map(|r| (r.name, r.parent)).collect())
 }
 
-/// The grants bound to a subject.
+/// The grants bound to a user: the subject of tokens from `issuer`.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn grants_of(db: impl PgExecutor<'_>, subject: &str) -> Result<Vec<Grant>, Error> {
-    let rows = sqlx::query!("SELECT role, team FROM role_bindings WHERE subject = $1 ORDER BY role, team", subject)
-        .fetch_all(db)
-        .await
-        .map_err(db_error)?;
+pub async fn grants_of_user(db: impl PgExecutor<'_>, issuer: &str, subject: &str) -> Result<Vec<Grant>, Error> {
+    let rows = sqlx::query!(
+        "SELECT role, team FROM role_bindings WHERE issuer = $1 AND subject = $2 ORDER BY role, team",
+        issuer,
+        subject
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
     rows.into_iter().map(|r| Ok(Grant { role: Role::parse(&r.role).map_err(Error::Internal)?, team: r.team })).collect()
 }
 
-/// Inserts a role binding; a duplicate (subject, role, team) or an unknown team is a 409.
+/// The grants bound to a service account, by its uid.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn role_binding_insert(db: impl PgExecutor<'_>, b: &RoleBinding) -> Result<RoleBinding, Error> {
+pub async fn grants_of_account(db: impl PgExecutor<'_>, account: Uuid) -> Result<Vec<Grant>, Error> {
+    let rows = sqlx::query!(
+        "SELECT role, team FROM role_bindings WHERE service_account_uid = $1 ORDER BY role, team",
+        account
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    rows.into_iter().map(|r| Ok(Grant { role: Role::parse(&r.role).map_err(Error::Internal)?, team: r.team })).collect()
+}
+
+/// Who a new binding is for: a user of an issuer, or a service account by uid.
+pub enum BindingIdentity<'a> {
+    User { issuer: &'a str },
+    ServiceAccount(Uuid),
+}
+
+/// Inserts a role binding; a duplicate (identity, role, team) or an unknown team is a 409.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn role_binding_insert(
+    db: impl PgExecutor<'_>,
+    b: &RoleBinding,
+    identity: BindingIdentity<'_>,
+) -> Result<RoleBinding, Error> {
+    let (issuer, account) = match identity {
+        BindingIdentity::User { issuer } => (Some(issuer), None),
+        BindingIdentity::ServiceAccount(uid) => (None, Some(uid)),
+    };
     let row = sqlx::query_as!(
         BindingRow,
-        r#"INSERT INTO role_bindings (id, subject, role, team, created_by) VALUES ($1, $2, $3, $4, $5)
-           RETURNING id, subject, role, team, created_at, created_by"#,
+        r#"INSERT INTO role_bindings (id, subject, issuer, service_account_uid, role, team, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           RETURNING id, subject, issuer, role, team, created_at, created_by"#,
         b.id,
         b.subject,
-        b.grant.role.as_str(),
-        b.grant.team,
+        issuer,
+        account,
+        b.role.as_str(),
+        b.team,
         b.created_by,
     )
     .fetch_one(db)
@@ -85,7 +124,7 @@ pub async fn role_binding_insert(db: impl PgExecutor<'_>, b: &RoleBinding) -> Re
 pub async fn role_binding_list(db: impl PgExecutor<'_>, subject: Option<&str>) -> Result<Vec<RoleBinding>, Error> {
     let rows = sqlx::query_as!(
         BindingRow,
-        r#"SELECT id, subject, role, team, created_at, created_by FROM role_bindings
+        r#"SELECT id, subject, issuer, role, team, created_at, created_by FROM role_bindings
            WHERE ($1::text IS NULL OR subject = $1) ORDER BY subject, role, team, id"#,
         subject,
     )
@@ -100,7 +139,7 @@ pub async fn role_binding_list(db: impl PgExecutor<'_>, subject: Option<&str>) -
 pub async fn role_binding_get(db: impl PgExecutor<'_>, id: Uuid) -> Result<RoleBinding, Error> {
     let row = sqlx::query_as!(
         BindingRow,
-        "SELECT id, subject, role, team, created_at, created_by FROM role_bindings WHERE id = $1",
+        "SELECT id, subject, issuer, role, team, created_at, created_by FROM role_bindings WHERE id = $1",
         id
     )
     .fetch_optional(db)
@@ -117,6 +156,7 @@ pub async fn role_binding_delete(db: impl PgExecutor<'_>, id: Uuid) -> Result<bo
 }
 
 struct AccountRow {
+    uid: Uuid,
     name: String,
     team: Option<String>,
     description: String,
@@ -127,6 +167,7 @@ struct AccountRow {
 impl From<AccountRow> for ServiceAccount {
     fn from(r: AccountRow) -> Self {
         Self {
+            uid: r.uid,
             subject: service_account_subject(&r.name),
             name: r.name,
             team: r.team,
@@ -151,7 +192,7 @@ pub async fn service_account_insert(
     let row = sqlx::query_as!(
         AccountRow,
         r#"INSERT INTO service_accounts (name, team, description, created_by) VALUES ($1, $2, $3, $4)
-           RETURNING name, team, description, created_at, created_by"#,
+           RETURNING uid, name, team, description, created_at, created_by"#,
         name,
         team,
         description,
@@ -168,7 +209,7 @@ pub async fn service_account_insert(
 pub async fn service_account_get(db: impl PgExecutor<'_>, name: &str) -> Result<ServiceAccount, Error> {
     let row = sqlx::query_as!(
         AccountRow,
-        "SELECT name, team, description, created_at, created_by FROM service_accounts WHERE name = $1",
+        "SELECT uid, name, team, description, created_at, created_by FROM service_accounts WHERE name = $1",
         name
     )
     .fetch_optional(db)
@@ -182,7 +223,7 @@ pub async fn service_account_get(db: impl PgExecutor<'_>, name: &str) -> Result<
 pub async fn service_account_list(db: impl PgExecutor<'_>) -> Result<Vec<ServiceAccount>, Error> {
     let rows = sqlx::query_as!(
         AccountRow,
-        "SELECT name, team, description, created_at, created_by FROM service_accounts ORDER BY name"
+        "SELECT uid, name, team, description, created_at, created_by FROM service_accounts ORDER BY name"
     )
     .fetch_all(db)
     .await
@@ -190,17 +231,13 @@ pub async fn service_account_list(db: impl PgExecutor<'_>) -> Result<Vec<Service
     Ok(rows.into_iter().map(Into::into).collect())
 }
 
-/// Deletes an account, its tokens and its role bindings.
+/// Deletes an account; its tokens and role bindings go with it (foreign keys).
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn service_account_delete(db: &mut sqlx::PgConnection, name: &str) -> Result<bool, Error> {
-    sqlx::query!("DELETE FROM role_bindings WHERE subject = $1", service_account_subject(name))
-        .execute(&mut *db)
-        .await
-        .map_err(db_error)?;
+pub async fn service_account_delete(db: impl PgExecutor<'_>, name: &str) -> Result<bool, Error> {
     let done =
-        sqlx::query!("DELETE FROM service_accounts WHERE name = $1", name).execute(&mut *db).await.map_err(db_error)?;
+        sqlx::query!("DELETE FROM service_accounts WHERE name = $1", name).execute(db).await.map_err(db_error)?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -266,16 +303,16 @@ pub async fn sa_token_revoke(db: impl PgExecutor<'_>, account: &str, id: Uuid) -
 
 /// Checks a presented service-account token: it must exist with this hash, be neither
 /// revoked nor expired, and belong to `account`. Marks it used (at most once a minute, so
-/// a busy tool does not write on every request). Returns whether it is valid.
+/// a busy tool does not write on every request). Returns the account's uid when valid.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn sa_token_use(db: &sqlx::PgPool, account: &str, id: Uuid, sha256: &[u8]) -> Result<bool, Error> {
+pub async fn sa_token_use(db: &sqlx::PgPool, account: &str, id: Uuid, sha256: &[u8]) -> Result<Option<Uuid>, Error> {
     let row = sqlx::query!(
-        r#"SELECT last_used_at IS NULL OR last_used_at < now() - interval '1 minute' AS "stale!"
-           FROM service_account_tokens
-           WHERE id = $1 AND service_account = $2 AND token_sha256 = $3
-             AND revoked_at IS NULL AND expires_at > now()"#,
+        r#"SELECT a.uid, t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute' AS "stale!"
+           FROM service_account_tokens t JOIN service_accounts a ON a.name = t.service_account
+           WHERE t.id = $1 AND t.service_account = $2 AND t.token_sha256 = $3
+             AND t.revoked_at IS NULL AND t.expires_at > now()"#,
         id,
         account,
         sha256
@@ -283,12 +320,12 @@ pub async fn sa_token_use(db: &sqlx::PgPool, account: &str, id: Uuid, sha256: &[
     .fetch_optional(db)
     .await
     .map_err(db_error)?;
-    let Some(row) = row else { return Ok(false) };
+    let Some(row) = row else { return Ok(None) };
     if row.stale {
         sqlx::query!("UPDATE service_account_tokens SET last_used_at = now() WHERE id = $1", id)
             .execute(db)
             .await
             .map_err(db_error)?;
     }
-    Ok(true)
+    Ok(Some(row.uid))
 }

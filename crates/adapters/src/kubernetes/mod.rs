@@ -191,18 +191,28 @@ impl KubernetesCluster {
 
     async fn connect(&self) -> Result<Connected, BackendError> {
         let bad = |what: &str, e: &dyn std::fmt::Display| BackendError::Unreachable(format!("{what}: {e}"));
+        // Errors about the kubeconfig say which step failed and never the parser's text,
+        // which quotes the lines around the fault: the credential itself.
+        let unreadable = |step: &str| {
+            BackendError::Unreachable(format!(
+                "the kubeconfig in the cluster's credential {step} (the parser's message is not shown: it would quote \
+                 the credential)"
+            ))
+        };
         let mut config = match &self.kubeconfig {
             Some(Kubeconfig(text)) => {
-                let kubeconfig = kube::config::Kubeconfig::from_yaml(text).map_err(|e| bad("the kubeconfig", &e))?;
+                let kubeconfig =
+                    kube::config::Kubeconfig::from_yaml(text).map_err(|_| unreadable("is not a valid kubeconfig"))?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                     .await
-                    .map_err(|e| bad("the kubeconfig", &e))?
+                    .map_err(|_| unreadable("cannot be used (its context, cluster or user entries are incomplete)"))?
             }
             None => kube::Config::incluster().map_err(|e| bad("the in-cluster configuration", &e))?,
         };
         config.cluster_url = self.endpoint.parse().map_err(|e| bad("the endpoint", &e))?;
         config.connect_timeout = Some(CONNECT_TIMEOUT);
-        let client = Client::try_from(config).map_err(|e| bad("the Kubernetes client", &e))?;
+        let client =
+            Client::try_from(config).map_err(|_| unreadable("holds a certificate or key that does not load"))?;
         let ours = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
         Ok(Connected {
             nodes: Watched::start(Api::all(client.clone()), watcher::Config::default()),

@@ -91,9 +91,18 @@ impl SlurmCluster {
     /// A backend for a `slurm` cluster's spec, with its token.
     ///
     /// # Errors
-    /// [`BackendError::Rejected`] when the spec has no endpoint or Slurm settings.
+    /// [`BackendError::Rejected`] when the spec has no endpoint or Slurm settings;
+    /// [`BackendError::Unreachable`] when the token could not be sent as a header (the
+    /// message never quotes it).
     pub fn new(spec: &ClusterSpec, token: String) -> Result<Self, BackendError> {
         let endpoint = spec.endpoint.as_deref().ok_or_else(|| BackendError::Rejected("no endpoint".into()))?;
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(BackendError::Unreachable(
+                "the cluster's credential is not a usable slurmrestd token: it must be printable ASCII without \
+                 spaces (its content is not shown)"
+                    .into(),
+            ));
+        }
         let slurm = spec.slurm.as_ref().ok_or_else(|| BackendError::Rejected("no spec.slurm".into()))?;
         let http = reqwest::Client::builder()
             .timeout(TIMEOUT)
@@ -482,7 +491,7 @@ mod tests {
 
     fn cluster(gpu_type: Option<&str>) -> SlurmCluster {
         let spec: ClusterSpec = serde_json::from_value(json!({
-            "kind": "slurm", "endpoint": "http://127.0.0.1:1/", "credentials_ref": "T",
+            "kind": "slurm", "endpoint": "http://127.0.0.1:1/", "credentials_ref": "BERTH_CREDENTIAL_T",
             "slurm": {"user": "berth", "working_directory": "/scratch",
                       "partitions": [{"name": "gpu", "flavor": "h100", "gpu_type": gpu_type}]},
         }))

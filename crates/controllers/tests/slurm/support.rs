@@ -64,7 +64,7 @@ impl Plane {
                 let server = TestApiServer::start(TestServerConfig { nodes, ..TestServerConfig::default() })
                     .await
                     .expect("the test API server starts");
-                secrets.insert("KUBE_KUBECONFIG".into(), server.kubeconfig());
+                secrets.insert("BERTH_CREDENTIAL_KUBE".into(), server.kubeconfig());
                 Some(server)
             }
             None => None,
@@ -98,7 +98,7 @@ impl Plane {
             let body = serde_json::from_value(json!({"spec": {
                 "kind": "kubernetes",
                 "endpoint": server.url(),
-                "credentials_ref": "KUBE_KUBECONFIG",
+                "credentials_ref": "BERTH_CREDENTIAL_KUBE",
                 "kubernetes": {"flavors": flavors, "gang_timeout_seconds": KUBE_GANG_TIMEOUT.as_secs()},
             }}))
             .unwrap();
@@ -197,5 +197,5 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check:
 }
 
 fn secret_name(cluster: &str) -> String {
-    format!("SLURM_{}_TOKEN", cluster.to_ascii_uppercase())
+    format!("BERTH_CREDENTIAL_SLURM_{}", cluster.to_ascii_uppercase())
 }
