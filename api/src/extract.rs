@@ -4,6 +4,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
+use berth_app::context::OpContext;
 use berth_core::apply::IfMatch;
 use berth_core::auth::Principal;
 use serde::de::DeserializeOwned;
@@ -150,11 +151,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
     }
 }
 
-/// The authenticated caller, with the team tree its access decisions need. The
-/// [`crate::auth::authenticate`] middleware put the principal in the request.
-pub struct Caller(pub berth_app::identity::Caller);
+/// The operation context of the authenticated caller, which every use case takes and
+/// asks before it does anything (the [`crate::auth::authenticate`] middleware put the
+/// principal in the request).
+pub struct OpCtx(pub OpContext);
 
-impl FromRequestParts<AppState> for Caller {
+impl FromRequestParts<AppState> for OpCtx {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
@@ -163,6 +165,7 @@ impl FromRequestParts<AppState> for Caller {
         })?;
         let request_id =
             parts.headers.get(crate::telemetry::REQUEST_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Ok(Self(berth_app::identity::caller(&state.db, principal, request_id).await?))
+        let user_issuer = state.auth.verifier.user_issuer().unwrap_or("berth");
+        Ok(Self(OpContext::for_request(&state.db, principal, request_id, user_issuer).await?))
     }
 }

@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -43,18 +43,23 @@ pub struct ClusterListParams {
     responses((status = 200, description = "A page of clusters", body = ClusterList)))]
 async fn list_clusters(
     State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<ClusterListParams>,
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    Ok(list::<_, ClusterList>(app::cluster_list(&s.db, q.kind, &page).await?))
+    Ok(list::<_, ClusterList>(app::cluster_list(&s.db, &opctx, q.kind, &page).await?))
 }
 
 /// Get a cluster.
 #[utoipa::path(get, path = "/api/v1/clusters/{name}", tag = "clusters",
     params(("name" = String, Path, description = "Cluster name")),
     responses((status = 200, description = "The cluster", body = Cluster, headers(("ETag" = String)))))]
-async fn get_cluster(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    let cluster = app::cluster_get(&s.db, &name).await?;
+async fn get_cluster(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let cluster = app::cluster_get(&s.db, &opctx, &name).await?;
     Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
 }
 
@@ -65,9 +70,10 @@ async fn get_cluster(State(s): State<AppState>, ApiPath(name): ApiPath<String>) 
     responses((status = 200, description = "The nodes", body = NodeList)))]
 async fn list_cluster_nodes(
     State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<NodeList>, ApiError> {
-    Ok(Json(NodeList { items: app::cluster_nodes(&s.db, &name).await? }))
+    Ok(Json(NodeList { items: app::cluster_nodes(&s.db, &opctx, &name).await? }))
 }
 
 /// A cluster's nodes.
@@ -90,11 +96,10 @@ async fn put_cluster(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<ClusterApply>,
 ) -> Result<Response, ApiError> {
-    caller.access().platform_admin("change clusters")?;
-    let (cluster, outcome) = app::cluster_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
+    let (cluster, outcome) = app::cluster_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/clusters/{name}"), &cluster.metadata, &cluster))
 }
 
@@ -106,9 +111,8 @@ async fn delete_cluster(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Response, ApiError> {
-    caller.access().platform_admin("delete clusters")?;
-    let cluster = app::cluster_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
+    let cluster = app::cluster_delete(&s.db, &opctx, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &cluster.metadata, &cluster))
 }

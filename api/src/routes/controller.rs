@@ -7,6 +7,7 @@ use berth_core::controller::ControllersOverview;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::extract::OpCtx;
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -17,6 +18,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Which replica leads the controllers, and what each controller did in its last pass.
 #[utoipa::path(get, path = "/api/v1/controllers", tag = "controllers",
     responses((status = 200, description = "The leader and the controllers' statuses", body = ControllersOverview)))]
-async fn get_controllers(State(s): State<AppState>) -> Result<Json<ControllersOverview>, ApiError> {
-    Ok(Json(app::controllers_overview(&s.db).await?))
+async fn get_controllers(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+) -> Result<Json<ControllersOverview>, ApiError> {
+    Ok(Json(app::controllers_overview(&s.db, &opctx).await?))
 }

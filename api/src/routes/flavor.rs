@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{PageParams, applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -23,17 +23,25 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// List flavors, by name.
 #[utoipa::path(get, path = "/api/v1/flavors", tag = "flavors", params(PageParams),
     responses((status = 200, description = "A page of flavors", body = FlavorList)))]
-async fn list_flavors(State(s): State<AppState>, ApiQuery(q): ApiQuery<PageParams>) -> Result<Response, ApiError> {
+async fn list_flavors(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+    ApiQuery(q): ApiQuery<PageParams>,
+) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    Ok(list::<_, FlavorList>(app::flavor_list(&s.db, &page).await?))
+    Ok(list::<_, FlavorList>(app::flavor_list(&s.db, &opctx, &page).await?))
 }
 
 /// Get a flavor.
 #[utoipa::path(get, path = "/api/v1/flavors/{name}", tag = "flavors",
     params(("name" = String, Path, description = "Flavor name")),
     responses((status = 200, description = "The flavor", body = Flavor, headers(("ETag" = String, description = "The resource version")))))]
-async fn get_flavor(State(s): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
-    let flavor = app::flavor_get(&s.db, &name).await?;
+async fn get_flavor(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let flavor = app::flavor_get(&s.db, &opctx, &name).await?;
     Ok(object(StatusCode::OK, &flavor.metadata, &flavor))
 }
 
@@ -51,11 +59,10 @@ async fn put_flavor(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<FlavorApply>,
 ) -> Result<Response, ApiError> {
-    caller.access().platform_admin("change flavors")?;
-    let (flavor, outcome) = app::flavor_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
+    let (flavor, outcome) = app::flavor_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/flavors/{name}"), &flavor.metadata, &flavor))
 }
 
@@ -67,9 +74,8 @@ async fn delete_flavor(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Response, ApiError> {
-    caller.access().platform_admin("delete flavors")?;
-    let flavor = app::flavor_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
+    let flavor = app::flavor_delete(&s.db, &opctx, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &flavor.metadata, &flavor))
 }

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{PageParams, list, list_type};
-use crate::extract::{ApiPath, ApiQuery, Caller};
+use crate::extract::{ApiPath, ApiQuery, OpCtx};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -35,13 +35,12 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "A page of events", body = EventList)))]
 async fn list_workload_events(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath((team, name)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<PageParams>,
 ) -> Result<Response, ApiError> {
-    caller.access().read_team(&team)?;
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    Ok(list::<_, EventList>(app::workload_events(&s.db, &team, &name, &page).await?))
+    Ok(list::<_, EventList>(app::workload_events(&s.db, &opctx, &team, &name, &page).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -66,18 +65,12 @@ pub struct AuditParams {
     responses((status = 200, description = "A page of audit records", body = AuditList)))]
 async fn list_audit(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<AuditParams>,
 ) -> Result<Response, ApiError> {
-    if !caller.access().reads_all() {
-        return Err(berth_core::Error::Forbidden(
-            "only platform admins and global viewers may read the audit log".into(),
-        )
-        .into());
-    }
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
     let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor };
-    Ok(list::<_, AuditList>(app::audit_list(&s.db, &filter, &page).await?))
+    Ok(list::<_, AuditList>(app::audit_list(&s.db, &opctx, &filter, &page).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -96,10 +89,9 @@ pub struct UsageHistoryParams {
     responses((status = 200, description = "The history", body = UsageHistory)))]
 async fn get_usage_history(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<UsageHistoryParams>,
 ) -> Result<Json<UsageHistory>, ApiError> {
     let since = q.since.unwrap_or_else(|| chrono::Utc::now() - chrono::TimeDelta::hours(24));
-    let visible: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
-    Ok(Json(app::usage_history(&s.db, since, q.flavor.as_deref(), visible.as_deref()).await?))
+    Ok(Json(app::usage_history(&s.db, &opctx, since, q.flavor.as_deref()).await?))
 }

@@ -14,7 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -33,8 +33,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// and from role bindings).
 #[utoipa::path(get, path = "/api/v1/me", tag = "identity",
     responses((status = 200, description = "The caller's identity and grants", body = Principal)))]
-async fn get_me(Caller(caller): Caller) -> Json<Principal> {
-    Json(caller.principal)
+async fn get_me(OpCtx(opctx): OpCtx) -> Json<Principal> {
+    Json(app::me(&opctx))
 }
 
 /// Role bindings.
@@ -57,10 +57,10 @@ pub struct RoleBindingParams {
     responses((status = 200, description = "Role bindings", body = RoleBindingList)))]
 async fn list_role_bindings(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<RoleBindingParams>,
 ) -> Result<Json<RoleBindingList>, ApiError> {
-    Ok(Json(RoleBindingList { items: app::role_binding_list(&s.db, &caller, q.subject.as_deref()).await? }))
+    Ok(Json(RoleBindingList { items: app::role_binding_list(&s.db, &opctx, q.subject.as_deref()).await? }))
 }
 
 /// Grant a role to a subject: a user (the `sub` of an issuer's tokens) or an existing
@@ -73,11 +73,10 @@ async fn list_role_bindings(
     responses((status = 201, description = "Created", body = RoleBinding)))]
 async fn create_role_binding(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<NewRoleBinding>,
 ) -> Result<Response, ApiError> {
-    let issuer = s.auth.verifier.user_issuer().unwrap_or("berth");
-    let binding = app::role_binding_create(&s.db, &caller, issuer, &body).await?;
+    let binding = app::role_binding_create(&s.db, &opctx, &body).await?;
     Ok((StatusCode::CREATED, Json(binding)).into_response())
 }
 
@@ -87,10 +86,10 @@ async fn create_role_binding(
     responses((status = 200, description = "Deleted; the binding as it was", body = RoleBinding)))]
 async fn delete_role_binding(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Json<RoleBinding>, ApiError> {
-    Ok(Json(app::role_binding_delete(&s.db, &caller, id).await?))
+    Ok(Json(app::role_binding_delete(&s.db, &opctx, id).await?))
 }
 
 /// Service accounts.
@@ -104,9 +103,9 @@ pub struct ServiceAccountList {
     responses((status = 200, description = "Service accounts", body = ServiceAccountList)))]
 async fn list_service_accounts(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Json<ServiceAccountList>, ApiError> {
-    Ok(Json(ServiceAccountList { items: app::service_account_list(&s.db, &caller).await? }))
+    Ok(Json(ServiceAccountList { items: app::service_account_list(&s.db, &opctx).await? }))
 }
 
 /// Create a service account. Its rights come from role bindings on
@@ -115,10 +114,10 @@ async fn list_service_accounts(
     responses((status = 201, description = "Created", body = ServiceAccount)))]
 async fn create_service_account(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<NewServiceAccount>,
 ) -> Result<Response, ApiError> {
-    let account = app::service_account_create(&s.db, &caller, &body).await?;
+    let account = app::service_account_create(&s.db, &opctx, &body).await?;
     Ok((StatusCode::CREATED, Json(account)).into_response())
 }
 
@@ -128,10 +127,10 @@ async fn create_service_account(
     responses((status = 200, description = "The service account", body = ServiceAccount)))]
 async fn get_service_account(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<ServiceAccount>, ApiError> {
-    Ok(Json(app::service_account_get(&s.db, &caller, &name).await?))
+    Ok(Json(app::service_account_get(&s.db, &opctx, &name).await?))
 }
 
 /// Delete a service account, its tokens and its role bindings.
@@ -140,10 +139,10 @@ async fn get_service_account(
     responses((status = 200, description = "Deleted; the account as it was", body = ServiceAccount)))]
 async fn delete_service_account(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<ServiceAccount>, ApiError> {
-    Ok(Json(app::service_account_delete(&s.db, &caller, &name).await?))
+    Ok(Json(app::service_account_delete(&s.db, &opctx, &name).await?))
 }
 
 /// A service account's tokens, without their text.
@@ -158,10 +157,10 @@ pub struct TokenList {
     responses((status = 200, description = "Tokens", body = TokenList)))]
 async fn list_tokens(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TokenList>, ApiError> {
-    Ok(Json(TokenList { items: app::sa_token_list(&s.db, &caller, &name).await? }))
+    Ok(Json(TokenList { items: app::sa_token_list(&s.db, &opctx, &name).await? }))
 }
 
 /// How long a new token lives.
@@ -186,7 +185,7 @@ pub struct CreatedToken {
     responses((status = 201, description = "Created; the only time the token is shown", body = CreatedToken)))]
 async fn create_token(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<NewToken>,
 ) -> Result<Response, ApiError> {
@@ -195,7 +194,7 @@ async fn create_token(
         message: "this server has no token signing secret (BERTH_JWT_SECRET), so it cannot mint tokens".into(),
     })?;
     let ttl = std::time::Duration::from_secs(body.ttl_seconds);
-    let created = app::sa_token_create(&s.db, &caller, issuer, &name, ttl).await?;
+    let created = app::sa_token_create(&s.db, &opctx, issuer, &name, ttl).await?;
     Ok((StatusCode::CREATED, Json(CreatedToken { token: created.token, record: created.record })).into_response())
 }
 
@@ -205,8 +204,8 @@ async fn create_token(
     responses((status = 200, description = "Revoked", body = ServiceAccountToken)))]
 async fn revoke_token(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath((name, id)): ApiPath<(String, Uuid)>,
 ) -> Result<Json<ServiceAccountToken>, ApiError> {
-    Ok(Json(app::sa_token_revoke(&s.db, &caller, &name, id).await?))
+    Ok(Json(app::sa_token_revoke(&s.db, &opctx, &name, id).await?))
 }

@@ -7,14 +7,14 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use berth_app::team as app;
 use berth_core::page::PageRequest;
-use berth_core::team::{QuotaPreview, Team, TeamApply};
+use berth_core::team::{Quota, QuotaPreview, Team, TeamApply};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -44,12 +44,11 @@ pub struct TeamListParams {
     responses((status = 200, description = "A page of teams", body = TeamList)))]
 async fn list_teams(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<TeamListParams>,
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let visible: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
-    Ok(list::<_, TeamList>(app::team_list(&s.db, q.parent.as_deref(), visible.as_deref(), &page).await?))
+    Ok(list::<_, TeamList>(app::team_list(&s.db, &opctx, q.parent.as_deref(), &page).await?))
 }
 
 /// Get a team.
@@ -58,11 +57,10 @@ async fn list_teams(
     responses((status = 200, description = "The team", body = Team, headers(("ETag" = String)))))]
 async fn get_team(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    caller.access().read_team(&name)?;
-    let team = app::team_get(&s.db, &name).await?;
+    let team = app::team_get(&s.db, &opctx, &name).await?;
     Ok(object(StatusCode::OK, &team.metadata, &team))
 }
 
@@ -82,11 +80,10 @@ async fn put_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
-    caller.access().apply_team(&name, body.spec.parent.as_deref())?;
-    let (team, outcome) = app::team_apply(&s.db, &caller.actor, &name, &body, if_match.as_ref()).await?;
+    let (team, outcome) = app::team_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
 }
 
@@ -103,16 +100,13 @@ async fn put_team(
 async fn preview_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
-    let access = caller.access();
-    access.apply_team(&name, body.spec.parent.as_deref())?;
-    app::team_check(&s.db, &name, &body).await?;
     let config = berth_controllers::Config::default();
-    let preview = berth_controllers::preview::quota_preview(&s.db, &config, &name, &body.spec.quotas).await?;
-    let preview = berth_controllers::preview::redact(preview, |team| access.can_read_team(team));
-    Ok(Json(preview).into_response())
+    let what_if =
+        async |quotas: &[Quota]| berth_controllers::preview::quota_preview(&s.db, &config, &name, quotas).await;
+    Ok(Json(app::team_preview(&s.db, &opctx, &name, &body, what_if).await?).into_response())
 }
 
 /// Delete a team with no child teams and no live workloads.
@@ -123,9 +117,8 @@ async fn delete_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Response, ApiError> {
-    caller.access().delete_team(&name)?;
-    let team = app::team_delete(&s.db, &caller.actor, &name, if_match.as_ref()).await?;
+    let team = app::team_delete(&s.db, &opctx, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::OK, &team.metadata, &team))
 }

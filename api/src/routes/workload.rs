@@ -17,7 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{applied, list, list_type, object};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Caller, Preconditions};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -53,14 +53,14 @@ pub struct WorkloadListParams {
 }
 
 impl WorkloadListParams {
-    fn filter(&self, team: Option<String>, teams: Option<Vec<String>>) -> Result<WorkloadFilter, berth_core::Error> {
+    fn filter(&self) -> Result<WorkloadFilter, berth_core::Error> {
         let labels = match &self.label_selector {
             Some(s) => LabelSelector::parse("label_selector", s)?,
             None => LabelSelector::default(),
         };
         Ok(WorkloadFilter {
-            team: team.or_else(|| self.team.clone()),
-            teams,
+            team: self.team.clone(),
+            teams: None,
             phase: self.phase,
             cluster: self.cluster.clone(),
             kind: self.kind,
@@ -75,13 +75,11 @@ impl WorkloadListParams {
     responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
 async fn list_all_workloads(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<WorkloadListParams>,
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let visible = caller.access().visible_teams().map(|t| t.into_iter().collect());
-    let filter = q.filter(None, visible)?;
-    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &opctx, None, q.filter()?, &page).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -101,19 +99,11 @@ pub struct QueueParams {
     responses((status = 200, description = "The head of the queue", body = Queue)))]
 async fn get_queue(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiQuery(q): ApiQuery<QueueParams>,
 ) -> Result<Json<Queue>, ApiError> {
     let limit = PageRequest::<String>::new(q.limit, None)?.limit;
-    let access = caller.access();
-    let only: Option<Vec<String>> = match q.team {
-        Some(team) => {
-            access.read_team(&team)?;
-            Some(vec![team])
-        }
-        None => access.visible_teams().map(|t| t.into_iter().collect()),
-    };
-    Ok(Json(app::workload_queue(&s.db, only.as_deref(), limit).await?))
+    Ok(Json(app::workload_queue(&s.db, &opctx, q.team.as_deref(), limit).await?))
 }
 
 /// How many workloads of the teams the caller can see are in each phase, and their GPUs.
@@ -121,10 +111,9 @@ async fn get_queue(
     responses((status = 200, description = "Workloads per phase", body = WorkloadSummary)))]
 async fn get_workload_summary(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Json<WorkloadSummary>, ApiError> {
-    let only: Option<Vec<String>> = caller.access().visible_teams().map(|t| t.into_iter().collect());
-    Ok(Json(app::workload_summary(&s.db, only.as_deref()).await?))
+    Ok(Json(app::workload_summary(&s.db, &opctx).await?))
 }
 
 /// List a team's workloads, by name, with filters (`team` is taken from the path).
@@ -133,15 +122,12 @@ async fn get_workload_summary(
     responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
 async fn list_team_workloads(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath(team): ApiPath<String>,
     ApiQuery(q): ApiQuery<WorkloadListParams>,
 ) -> Result<Response, ApiError> {
-    caller.access().read_team(&team)?;
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let filter = q.filter(Some(team.clone()), None)?;
-    app::team_must_exist(&s.db, &team).await?;
-    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &filter, &page).await?))
+    Ok(list::<_, WorkloadList>(app::workload_list(&s.db, &opctx, Some(&team), q.filter()?, &page).await?))
 }
 
 /// Submit many new workloads of a team at once (up to 1,000, within the 1 MiB body limit),
@@ -157,11 +143,10 @@ async fn list_team_workloads(
 async fn create_workloads(
     State(s): State<AppState>,
     ApiPath(team): ApiPath<String>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadBatch>,
 ) -> Result<(StatusCode, Json<WorkloadBatchCreated>), ApiError> {
-    caller.access().write_workloads(&team)?;
-    let items = app::workload_create_batch(&s.db, &caller.actor, &team, &body).await?;
+    let items = app::workload_create_batch(&s.db, &opctx, &team, &body).await?;
     Ok((StatusCode::CREATED, Json(WorkloadBatchCreated { items })))
 }
 
@@ -171,11 +156,10 @@ async fn create_workloads(
     responses((status = 200, description = "The workload", body = Workload, headers(("ETag" = String)))))]
 async fn get_workload(
     State(s): State<AppState>,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiPath((team, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    caller.access().read_team(&team)?;
-    let workload = app::workload_get(&s.db, &team, &name).await?;
+    let workload = app::workload_get(&s.db, &opctx, &team, &name).await?;
     Ok(object(StatusCode::OK, &workload.metadata, &workload))
 }
 
@@ -193,11 +177,10 @@ async fn put_workload(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadApply>,
 ) -> Result<Response, ApiError> {
-    caller.access().write_workloads(&team)?;
-    let (workload, outcome) = app::workload_apply(&s.db, &caller.actor, &team, &name, &body, if_match.as_ref()).await?;
+    let (workload, outcome) = app::workload_apply(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
 }
 
@@ -216,9 +199,8 @@ async fn delete_workload(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,
     Preconditions(if_match): Preconditions,
-    Caller(caller): Caller,
+    OpCtx(opctx): OpCtx,
 ) -> Result<Response, ApiError> {
-    caller.access().write_workloads(&team)?;
-    let workload = app::workload_delete(&s.db, &caller.actor, &team, &name, if_match.as_ref()).await?;
+    let workload = app::workload_delete(&s.db, &opctx, &team, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::ACCEPTED, &workload.metadata, &workload))
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use berth_adapters::JobStatus;
 use berth_adapters::sim::{Clock, SimCluster};
+use berth_app::context::OpContext;
 use berth_core::cluster::Cluster;
-use berth_core::event::Actor;
 use berth_store::PgPool;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -99,8 +99,8 @@ impl Drop for Berthd {
     }
 }
 
-pub fn actor() -> Actor {
-    Actor::new("test", None)
+pub fn actor() -> OpContext {
+    OpContext::system("test")
 }
 
 /// Capacity per cluster in GPUs, and team limits with parents, for the invariant check.

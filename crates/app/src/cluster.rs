@@ -2,11 +2,11 @@
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::cluster::{Cluster, ClusterApply, ClusterKind, NodeView};
-use berth_core::event::Actor;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{ClusterId, Error};
 use berth_store::{PgPool, cluster as store, flavor as flavors};
 
+use crate::context::OpContext;
 use crate::{
     ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
     resource_version,
@@ -21,11 +21,12 @@ const KIND: &str = "cluster";
 /// [`Error::PreconditionFailed`] / [`Error::Conflict`] for stale versions, store errors.
 pub async fn cluster_apply(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     name: &str,
     input: &ClusterApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Cluster> {
+    opctx.access().platform_admin("change clusters")?;
     input.validate(name)?;
     check_flavors(db, input).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
@@ -55,7 +56,7 @@ pub async fn cluster_apply(
             }
         };
         let before = existing.as_ref().map(|c| c.metadata.generation);
-        audit_apply(&mut tx, actor, KIND, &cluster.metadata, applied, before).await?;
+        audit_apply(&mut tx, &opctx.actor, KIND, &cluster.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
         return Ok((cluster, applied));
     }
@@ -91,11 +92,13 @@ async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 
-/// Fetches a cluster.
+/// Fetches a cluster (anyone authenticated reads clusters: see
+/// [`berth_core::auth::Access::read_catalogue`]).
 ///
 /// # Errors
 /// [`Error::NotFound`] when there is none by that name.
-pub async fn cluster_get(db: &PgPool, name: &str) -> Result<Cluster, Error> {
+pub async fn cluster_get(db: &PgPool, opctx: &OpContext, name: &str) -> Result<Cluster, Error> {
+    opctx.access().read_catalogue()?;
     store::cluster_fetch(db, name).await?.ok_or_else(|| not_found(name))
 }
 
@@ -103,8 +106,8 @@ pub async fn cluster_get(db: &PgPool, name: &str) -> Result<Cluster, Error> {
 ///
 /// # Errors
 /// [`Error::NotFound`] when there is no such cluster; store errors.
-pub async fn cluster_nodes(db: &PgPool, name: &str) -> Result<Vec<NodeView>, Error> {
-    cluster_get(db, name).await?;
+pub async fn cluster_nodes(db: &PgPool, opctx: &OpContext, name: &str) -> Result<Vec<NodeView>, Error> {
+    cluster_get(db, opctx, name).await?;
     store::cluster_nodes_of(db, name).await
 }
 
@@ -114,9 +117,11 @@ pub async fn cluster_nodes(db: &PgPool, name: &str) -> Result<Vec<NodeView>, Err
 /// Store errors.
 pub async fn cluster_list(
     db: &PgPool,
+    opctx: &OpContext,
     kind: Option<ClusterKind>,
     page: &PageRequest<String>,
 ) -> Result<Page<Cluster>, Error> {
+    opctx.access().read_catalogue()?;
     store::cluster_list(db, kind, page).await
 }
 
@@ -127,10 +132,11 @@ pub async fn cluster_list(
 /// workloads still placed on it.
 pub async fn cluster_delete(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     name: &str,
     if_match: Option<&IfMatch>,
 ) -> Result<Cluster, Error> {
+    opctx.access().platform_admin("delete clusters")?;
     let mut tx = berth_store::begin(db).await?;
     let cluster = store::cluster_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
     apply::check_delete(resource_version(&cluster.metadata)?, if_match)?;
@@ -145,7 +151,7 @@ pub async fn cluster_delete(
         });
     }
     store::cluster_delete(&mut tx, ClusterId(cluster.metadata.uid)).await?;
-    audit_delete(&mut tx, actor, KIND, &cluster.metadata).await?;
+    audit_delete(&mut tx, &opctx.actor, KIND, &cluster.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(cluster)
 }

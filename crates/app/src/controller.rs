@@ -4,11 +4,14 @@ use berth_core::Error;
 use berth_core::controller::{ControllerReport, ControllersOverview, Leader};
 use berth_store::{PgPool, controller as store};
 
+use crate::context::OpContext;
+
 /// The leader and every controller's last pass.
 ///
 /// # Errors
 /// Store errors.
-pub async fn controllers_overview(db: &PgPool) -> Result<ControllersOverview, Error> {
+pub async fn controllers_overview(db: &PgPool, opctx: &OpContext) -> Result<ControllersOverview, Error> {
+    opctx.access().read_catalogue()?;
     let leader = store::leader_fetch(db).await?.map(|(holder, since, renewed_at)| Leader { holder, since, renewed_at });
     let controllers = store::controller_status_list(db)
         .await?

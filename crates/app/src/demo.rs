@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use berth_core::Error;
-use berth_core::event::Actor;
 use serde_json::{Value, json};
 
 use crate::PgPool;
+use crate::context::OpContext;
 
-fn actor() -> Actor {
-    Actor { subject: "berth-demo".into(), request_id: None }
+fn actor() -> OpContext {
+    OpContext::system("berth-demo")
 }
 
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Error> {

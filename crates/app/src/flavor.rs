@@ -1,12 +1,12 @@
 //! Flavor use cases.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
-use berth_core::event::Actor;
 use berth_core::flavor::{Flavor, FlavorApply};
 use berth_core::page::{Page, PageRequest};
 use berth_core::{Error, FlavorId};
 use berth_store::{PgPool, flavor as store};
 
+use crate::context::OpContext;
 use crate::{
     ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, resource_version,
 };
@@ -20,11 +20,12 @@ const KIND: &str = "flavor";
 /// for stale versions, and store errors.
 pub async fn flavor_apply(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     name: &str,
     input: &FlavorApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Flavor> {
+    opctx.access().platform_admin("change flavors")?;
     input.validate(name)?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     for _ in 0..CREATE_RACE_ATTEMPTS {
@@ -45,18 +46,20 @@ pub async fn flavor_apply(
             }
         };
         let before = existing.as_ref().map(|f| f.metadata.generation);
-        audit_apply(&mut tx, actor, KIND, &flavor.metadata, applied, before).await?;
+        audit_apply(&mut tx, &opctx.actor, KIND, &flavor.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
         return Ok((flavor, applied));
     }
     Err(lost_create_race(KIND, name))
 }
 
-/// Fetches a flavor.
+/// Fetches a flavor. Flavors are the catalogue every caller submits against: anyone
+/// authenticated reads them.
 ///
 /// # Errors
 /// [`Error::NotFound`] when there is none by that name.
-pub async fn flavor_get(db: &PgPool, name: &str) -> Result<Flavor, Error> {
+pub async fn flavor_get(db: &PgPool, opctx: &OpContext, name: &str) -> Result<Flavor, Error> {
+    opctx.access().read_catalogue()?;
     store::flavor_fetch(db, name).await?.ok_or_else(|| not_found(name))
 }
 
@@ -64,7 +67,8 @@ pub async fn flavor_get(db: &PgPool, name: &str) -> Result<Flavor, Error> {
 ///
 /// # Errors
 /// Store errors.
-pub async fn flavor_list(db: &PgPool, page: &PageRequest<String>) -> Result<Page<Flavor>, Error> {
+pub async fn flavor_list(db: &PgPool, opctx: &OpContext, page: &PageRequest<String>) -> Result<Page<Flavor>, Error> {
+    opctx.access().read_catalogue()?;
     store::flavor_list(db, page).await
 }
 
@@ -75,10 +79,11 @@ pub async fn flavor_list(db: &PgPool, page: &PageRequest<String>) -> Result<Page
 /// still uses it.
 pub async fn flavor_delete(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     name: &str,
     if_match: Option<&IfMatch>,
 ) -> Result<Flavor, Error> {
+    opctx.access().platform_admin("delete flavors")?;
     let mut tx = berth_store::begin(db).await?;
     let flavor = store::flavor_fetch_for_update(&mut tx, name).await?.ok_or_else(|| not_found(name))?;
     apply::check_delete(resource_version(&flavor.metadata)?, if_match)?;
@@ -90,7 +95,7 @@ pub async fn flavor_delete(
         });
     }
     store::flavor_delete(&mut tx, FlavorId(flavor.metadata.uid)).await?;
-    audit_delete(&mut tx, actor, KIND, &flavor.metadata).await?;
+    audit_delete(&mut tx, &opctx.actor, KIND, &flavor.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(flavor)
 }

@@ -6,31 +6,45 @@ use berth_core::page::{Page, PageRequest};
 use berth_core::team::{UsageHistory, UsagePoint, UsageSeries};
 use berth_store::audit::AuditFilter;
 use berth_store::{PgPool, audit, event, usage, workload};
+
+use crate::context::OpContext;
 use chrono::{DateTime, TimeDelta, Utc};
 
-/// A workload's events, oldest first.
+/// A workload's events, oldest first, in words the caller may read.
 ///
 /// # Errors
-/// [`Error::NotFound`] when the workload does not exist; store errors.
+/// [`Error::NotFound`] when the workload does not exist or the caller cannot see its
+/// team; store errors.
 pub async fn workload_events(
     db: &PgPool,
+    opctx: &OpContext,
     team: &str,
     name: &str,
     page: &PageRequest<i64>,
 ) -> Result<Page<Event>, Error> {
+    opctx.access().read_team(team)?;
     let w = workload::workload_fetch(db, team, name).await?.ok_or_else(|| crate::workload::not_found(team, name))?;
-    event::event_list(db, w.metadata.uid, page).await
+    let mut events = event::event_list(db, w.metadata.uid, page).await?;
+    let redactor = opctx.redactor();
+    for e in &mut events.items {
+        e.message = redactor.text(&e.message);
+    }
+    Ok(events)
 }
 
-/// Audit records, newest first.
+/// Audit records, newest first: platform admins and global viewers only.
 ///
 /// # Errors
-/// Store errors.
+/// [`Error::Forbidden`] for anyone else; store errors.
 pub async fn audit_list(
     db: &PgPool,
+    opctx: &OpContext,
     filter: &AuditFilter,
     page: &PageRequest<i64>,
 ) -> Result<Page<AuditRecord>, Error> {
+    if !opctx.access().reads_all() {
+        return Err(Error::Forbidden("only platform admins and global viewers may read the audit log".into()));
+    }
     audit::audit_list(db, filter, page).await
 }
 
@@ -38,22 +52,23 @@ pub async fn audit_list(
 pub const USAGE_HISTORY_MAX_DAYS: i64 = 30;
 
 /// GPUs allocated per team and flavor since `since` (at most [`USAGE_HISTORY_MAX_DAYS`]
-/// ago), only of the teams in `only` when given, and of one flavor when given.
+/// ago), of the teams the caller can see, and of one flavor when given.
 ///
 /// # Errors
 /// [`Error::Invalid`] naming `since` when it is too far back or in the future; store errors.
 pub async fn usage_history(
     db: &PgPool,
+    opctx: &OpContext,
     since: DateTime<Utc>,
     flavor: Option<&str>,
-    only: Option<&[String]>,
 ) -> Result<UsageHistory, Error> {
+    let only = opctx.visible_teams();
     let now = Utc::now();
     if since < now - TimeDelta::days(USAGE_HISTORY_MAX_DAYS) || since > now {
         return Err(Error::invalid("since", format!("must lie within the last {USAGE_HISTORY_MAX_DAYS} days")));
     }
     let mut history = UsageHistory { since, series: Vec::new() };
-    for c in usage::usage_history(db, since, only).await? {
+    for c in usage::usage_history(db, since, only.as_deref()).await? {
         if flavor.is_some_and(|f| f != c.flavor) {
             continue;
         }

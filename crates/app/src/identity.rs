@@ -1,12 +1,13 @@
-//! Who is calling, and the identity objects: role bindings, service accounts and their
-//! tokens. The rules of who may do what are in `berth_core::auth`.
+//! Who is calling (a verified token turned into a principal), and the identity objects:
+//! role bindings, service accounts and their tokens. The rules of who may do what are in
+//! `berth_core::auth`; the caller of each use case is its [`OpContext`].
 
 use std::time::Duration;
 
 use berth_auth::{AuthError, BerthIssuer, Verified};
 use berth_core::Error;
 use berth_core::auth::{
-    Access, NewRoleBinding, NewServiceAccount, Principal, RoleBinding, ServiceAccount, ServiceAccountToken, TeamTree,
+    NewRoleBinding, NewServiceAccount, Principal, RoleBinding, ServiceAccount, ServiceAccountToken,
     service_account_subject,
 };
 use berth_core::event::{Actor, AuditVerb};
@@ -16,19 +17,7 @@ use berth_store::identity as store;
 use chrono::Utc;
 use uuid::Uuid;
 
-/// An authenticated caller with what access decisions need.
-pub struct Caller {
-    pub principal: Principal,
-    /// The team tree; left empty for platform admins (every decision allows them).
-    pub tree: TeamTree,
-    pub actor: Actor,
-}
-
-impl Caller {
-    pub fn access(&self) -> Access<'_> {
-        Access { principal: &self.principal, tree: &self.tree }
-    }
-}
+use crate::context::OpContext;
 
 /// Turns a verified token into a principal: checks a service-account token against the
 /// store (revoked, expired, unknown → refused) and adds the subject's role bindings.
@@ -58,17 +47,6 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
     }))
 }
 
-/// The caller of one request.
-///
-/// # Errors
-/// As the store.
-pub async fn caller(db: &PgPool, principal: Principal, request_id: Option<String>) -> Result<Caller, Error> {
-    let admin = Access { principal: &principal, tree: &TeamTree::default() }.is_platform_admin();
-    let tree = if admin { TeamTree::default() } else { TeamTree::new(store::team_parents(db).await?) };
-    let actor = Actor::new(principal.subject.clone(), request_id);
-    Ok(Caller { principal, tree, actor })
-}
-
 async fn audit(
     tx: &mut berth_store::Tx<'_>,
     actor: &Actor,
@@ -80,6 +58,11 @@ async fn audit(
 ) -> Result<(), Error> {
     let entry = AuditEntry { actor, verb, kind, team, name, uid, generation_before: None, generation_after: None };
     audit_record(&mut **tx, &entry).await
+}
+
+/// The caller as it is authenticated: anyone may read who they are.
+pub fn me(opctx: &OpContext) -> Principal {
+    opctx.principal.clone()
 }
 
 /// A 422 naming `/team` when the named team does not exist. (For callers who do not read
@@ -95,24 +78,19 @@ async fn team_must_exist(db: &PgPool, team: Option<&str>) -> Result<(), Error> {
 
 /// Creates a role binding. A `serviceaccount:{name}` subject binds that account (by its uid,
 /// so the binding goes with it); any other subject is a user of `new.issuer`, or of
-/// `default_issuer` when the body names none.
+/// the context's user issuer when the body names none.
 ///
 /// # Errors
 /// 422 for a bad body, an unknown team or a service account the caller cannot see, 404/403
 /// per the access rules, 409 for a duplicate.
-pub async fn role_binding_create(
-    db: &PgPool,
-    caller: &Caller,
-    default_issuer: &str,
-    new: &NewRoleBinding,
-) -> Result<RoleBinding, Error> {
+pub async fn role_binding_create(db: &PgPool, opctx: &OpContext, new: &NewRoleBinding) -> Result<RoleBinding, Error> {
     new.validate()?;
-    caller.access().manage_grant(&new.grant())?;
+    opctx.access().manage_grant(&new.grant())?;
     team_must_exist(db, new.team.as_deref()).await?;
-    let issuer = new.issuer.as_deref().unwrap_or(default_issuer);
+    let issuer = new.issuer.as_deref().unwrap_or(&opctx.user_issuer);
     let identity = match new.service_account() {
         Some(name) => {
-            let account = service_account_get(db, caller, name).await.map_err(|e| match e {
+            let account = service_account_get(db, opctx, name).await.map_err(|e| match e {
                 Error::NotFound { .. } => Error::invalid("/subject", format!("there is no service account {name:?}")),
                 e => e,
             })?;
@@ -130,14 +108,13 @@ pub async fn role_binding_create(
             role: new.role,
             team: new.team.clone(),
             created_at: Utc::now(),
-            created_by: caller.actor.subject.clone(),
+            created_by: opctx.actor.subject.clone(),
         },
         identity,
     )
     .await?;
     let name = binding.id.to_string();
-    audit(&mut tx, &caller.actor, AuditVerb::Create, "role-binding", binding.team.as_deref(), &name, binding.id)
-        .await?;
+    audit(&mut tx, &opctx.actor, AuditVerb::Create, "role-binding", binding.team.as_deref(), &name, binding.id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(binding)
 }
@@ -147,12 +124,16 @@ pub async fn role_binding_create(
 ///
 /// # Errors
 /// As the store.
-pub async fn role_binding_list(db: &PgPool, caller: &Caller, subject: Option<&str>) -> Result<Vec<RoleBinding>, Error> {
+pub async fn role_binding_list(
+    db: &PgPool,
+    opctx: &OpContext,
+    subject: Option<&str>,
+) -> Result<Vec<RoleBinding>, Error> {
     let all = store::role_binding_list(db, subject).await?;
-    let access = caller.access();
+    let access = opctx.access();
     Ok(all
         .into_iter()
-        .filter(|b| b.subject == caller.principal.subject || access.can_read_owned_by(b.team.as_deref()))
+        .filter(|b| b.subject == opctx.principal.subject || access.can_read_owned_by(b.team.as_deref()))
         .collect())
 }
 
@@ -160,11 +141,11 @@ pub async fn role_binding_list(db: &PgPool, caller: &Caller, subject: Option<&st
 ///
 /// # Errors
 /// 404 when missing or invisible, 403 per the access rules.
-pub async fn role_binding_delete(db: &PgPool, caller: &Caller, id: Uuid) -> Result<RoleBinding, Error> {
+pub async fn role_binding_delete(db: &PgPool, opctx: &OpContext, id: Uuid) -> Result<RoleBinding, Error> {
     let not_found = || Error::NotFound { kind: "role binding", name: id.to_string() };
     let binding = store::role_binding_get(db, id).await?;
-    let access = caller.access();
-    if !(binding.subject == caller.principal.subject || access.can_read_owned_by(binding.team.as_deref())) {
+    let access = opctx.access();
+    if !(binding.subject == opctx.principal.subject || access.can_read_owned_by(binding.team.as_deref())) {
         return Err(not_found());
     }
     access.manage_grant(&binding.grant())?;
@@ -173,7 +154,7 @@ pub async fn role_binding_delete(db: &PgPool, caller: &Caller, id: Uuid) -> Resu
         return Err(not_found());
     }
     let name = id.to_string();
-    audit(&mut tx, &caller.actor, AuditVerb::Delete, "role-binding", binding.team.as_deref(), &name, id).await?;
+    audit(&mut tx, &opctx.actor, AuditVerb::Delete, "role-binding", binding.team.as_deref(), &name, id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(binding)
 }
@@ -185,28 +166,23 @@ pub async fn role_binding_delete(db: &PgPool, caller: &Caller, id: Uuid) -> Resu
 /// taken.
 pub async fn service_account_create(
     db: &PgPool,
-    caller: &Caller,
+    opctx: &OpContext,
     new: &NewServiceAccount,
 ) -> Result<ServiceAccount, Error> {
     new.validate()?;
-    caller.access().manage_owned_by(new.team.as_deref())?;
+    opctx.access().manage_owned_by(new.team.as_deref())?;
     team_must_exist(db, new.team.as_deref()).await?;
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
-    let account = store::service_account_insert(
-        &mut *tx,
-        &new.name,
-        new.team.as_deref(),
-        &new.description,
-        &caller.actor.subject,
-    )
-    .await
-    .map_err(|e| match e {
-        Error::Conflict { .. } => Error::conflict("/name", format!("service account {:?} exists", new.name)),
-        e => e,
-    })?;
+    let account =
+        store::service_account_insert(&mut *tx, &new.name, new.team.as_deref(), &new.description, &opctx.actor.subject)
+            .await
+            .map_err(|e| match e {
+                Error::Conflict { .. } => Error::conflict("/name", format!("service account {:?} exists", new.name)),
+                e => e,
+            })?;
     audit(
         &mut tx,
-        &caller.actor,
+        &opctx.actor,
         AuditVerb::Create,
         "service-account",
         account.team.as_deref(),
@@ -222,8 +198,8 @@ pub async fn service_account_create(
 ///
 /// # Errors
 /// As the store.
-pub async fn service_account_list(db: &PgPool, caller: &Caller) -> Result<Vec<ServiceAccount>, Error> {
-    let access = caller.access();
+pub async fn service_account_list(db: &PgPool, opctx: &OpContext) -> Result<Vec<ServiceAccount>, Error> {
+    let access = opctx.access();
     Ok(store::service_account_list(db)
         .await?
         .into_iter()
@@ -235,9 +211,9 @@ pub async fn service_account_list(db: &PgPool, caller: &Caller) -> Result<Vec<Se
 ///
 /// # Errors
 /// 404 when missing or invisible.
-pub async fn service_account_get(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
+pub async fn service_account_get(db: &PgPool, opctx: &OpContext, name: &str) -> Result<ServiceAccount, Error> {
     let account = store::service_account_get(db, name).await?;
-    if caller.access().can_read_owned_by(account.team.as_deref()) {
+    if opctx.access().can_read_owned_by(account.team.as_deref()) {
         Ok(account)
     } else {
         Err(Error::NotFound { kind: "service account", name: name.to_owned() })
@@ -245,9 +221,9 @@ pub async fn service_account_get(db: &PgPool, caller: &Caller, name: &str) -> Re
 }
 
 /// A service account the caller may manage.
-async fn managed_account(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
-    let account = service_account_get(db, caller, name).await?;
-    caller.access().manage_owned_by(account.team.as_deref())?;
+async fn managed_account(db: &PgPool, opctx: &OpContext, name: &str) -> Result<ServiceAccount, Error> {
+    let account = service_account_get(db, opctx, name).await?;
+    opctx.access().manage_owned_by(account.team.as_deref())?;
     Ok(account)
 }
 
@@ -255,11 +231,11 @@ async fn managed_account(db: &PgPool, caller: &Caller, name: &str) -> Result<Ser
 ///
 /// # Errors
 /// 404 when missing or invisible, 403 per the access rules.
-pub async fn service_account_delete(db: &PgPool, caller: &Caller, name: &str) -> Result<ServiceAccount, Error> {
-    let account = managed_account(db, caller, name).await?;
+pub async fn service_account_delete(db: &PgPool, opctx: &OpContext, name: &str) -> Result<ServiceAccount, Error> {
+    let account = managed_account(db, opctx, name).await?;
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
     store::service_account_delete(&mut *tx, name).await?;
-    audit(&mut tx, &caller.actor, AuditVerb::Delete, "service-account", account.team.as_deref(), name, Uuid::nil())
+    audit(&mut tx, &opctx.actor, AuditVerb::Delete, "service-account", account.team.as_deref(), name, Uuid::nil())
         .await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(account)
@@ -280,7 +256,7 @@ pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 /// 422 for a TTL of zero or above [`MAX_TOKEN_TTL`]; 404/403 per the access rules.
 pub async fn sa_token_create(
     db: &PgPool,
-    caller: &Caller,
+    opctx: &OpContext,
     issuer: &BerthIssuer,
     name: &str,
     ttl: Duration,
@@ -288,14 +264,13 @@ pub async fn sa_token_create(
     if ttl.is_zero() || ttl > MAX_TOKEN_TTL {
         return Err(Error::invalid("/ttl_seconds", format!("must be 1 to {} seconds", MAX_TOKEN_TTL.as_secs())));
     }
-    let account = managed_account(db, caller, name).await?;
+    let account = managed_account(db, opctx, name).await?;
     let id = Uuid::new_v4();
     let minted = issuer.mint(&account.subject, Vec::new(), ttl, Some((&account.name, id)));
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
     let record =
         store::sa_token_insert(&mut *tx, id, name, &berth_auth::token_sha256(&minted.token), minted.expires_at).await?;
-    audit(&mut tx, &caller.actor, AuditVerb::Create, "service-account-token", account.team.as_deref(), name, id)
-        .await?;
+    audit(&mut tx, &opctx.actor, AuditVerb::Create, "service-account-token", account.team.as_deref(), name, id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(NewToken { token: minted.token, record })
 }
@@ -304,8 +279,8 @@ pub async fn sa_token_create(
 ///
 /// # Errors
 /// 404 when the account is missing or invisible.
-pub async fn sa_token_list(db: &PgPool, caller: &Caller, name: &str) -> Result<Vec<ServiceAccountToken>, Error> {
-    service_account_get(db, caller, name).await?;
+pub async fn sa_token_list(db: &PgPool, opctx: &OpContext, name: &str) -> Result<Vec<ServiceAccountToken>, Error> {
+    service_account_get(db, opctx, name).await?;
     store::sa_token_list(db, name).await
 }
 
@@ -313,12 +288,16 @@ pub async fn sa_token_list(db: &PgPool, caller: &Caller, name: &str) -> Result<V
 ///
 /// # Errors
 /// 404 when the account or token is missing or invisible, 403 per the access rules.
-pub async fn sa_token_revoke(db: &PgPool, caller: &Caller, name: &str, id: Uuid) -> Result<ServiceAccountToken, Error> {
-    let account = managed_account(db, caller, name).await?;
+pub async fn sa_token_revoke(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    id: Uuid,
+) -> Result<ServiceAccountToken, Error> {
+    let account = managed_account(db, opctx, name).await?;
     let mut tx = db.begin().await.map_err(berth_store::db_error)?;
     let record = store::sa_token_revoke(&mut *tx, name, id).await?;
-    audit(&mut tx, &caller.actor, AuditVerb::Update, "service-account-token", account.team.as_deref(), name, id)
-        .await?;
+    audit(&mut tx, &opctx.actor, AuditVerb::Update, "service-account-token", account.team.as_deref(), name, id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
     Ok(record)
 }

@@ -2,9 +2,12 @@
 //! input, checks references to other objects, and writes the change together with its
 //! audit record (and events) in one transaction — so nothing is ever half written.
 //!
-//! The HTTP layer calls exactly one of these per request; controllers will call them too.
+//! Each takes the caller's [`context::OpContext`] and checks access first, so
+//! authorization lives here and nowhere else. The HTTP layer calls exactly one of these per
+//! request.
 
 pub mod cluster;
+pub mod context;
 pub mod controller;
 pub mod demo;
 pub mod flavor;

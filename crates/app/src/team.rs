@@ -2,12 +2,12 @@
 //! fit in their parent's) are checked here under the team-tree lock.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
-use berth_core::event::Actor;
 use berth_core::page::{Page, PageRequest};
-use berth_core::team::{Team, TeamApply, check_guarantees_nest};
+use berth_core::team::{Quota, QuotaPreview, Team, TeamApply, check_guarantees_nest};
 use berth_core::{Error, TeamId};
 use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
+use crate::context::OpContext;
 use crate::{
     ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
     resource_version,
@@ -23,11 +23,12 @@ const KIND: &str = "team";
 /// versions; store errors.
 pub async fn team_apply(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     name: &str,
     input: &TeamApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Team> {
+    opctx.access().apply_team(name, input.spec.parent.as_deref())?;
     check_body(db, name, input).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     for _ in 0..CREATE_RACE_ATTEMPTS {
@@ -52,24 +53,34 @@ pub async fn team_apply(
             ApplyAction::Unchanged => unreachable!("handled above"),
         };
         let before = existing.as_ref().map(|t| t.metadata.generation);
-        audit_apply(&mut tx, actor, KIND, &team.metadata, applied, before).await?;
+        audit_apply(&mut tx, &opctx.actor, KIND, &team.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
         return Ok((team, applied));
     }
     Err(lost_create_race(KIND, name))
 }
 
-/// Checks a replacement of an existing team as [`team_apply`] would, writing nothing;
-/// returns the team as it is.
+/// What replacing an existing team's quotas with `input`'s would do: the change is checked
+/// as [`team_apply`] would check it, `preview` works out its effect (the scheduler's
+/// what-if, which lives with the controllers), and the answer is redacted for the caller.
+/// Nothing is written.
 ///
 /// # Errors
-/// As [`team_apply`]; [`Error::NotFound`] when there is no such team.
-pub async fn team_check(db: &PgPool, name: &str, input: &TeamApply) -> Result<Team, Error> {
+/// As [`team_apply`]; [`Error::NotFound`] when there is no such team; `preview`'s errors.
+pub async fn team_preview(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &TeamApply,
+    preview: impl AsyncFnOnce(&[Quota]) -> Result<QuotaPreview, Error>,
+) -> Result<QuotaPreview, Error> {
+    opctx.access().apply_team(name, input.spec.parent.as_deref())?;
     check_body(db, name, input).await?;
     let mut tx = berth_store::begin(db).await?;
     let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
     check_tree(&mut tx, name, TeamId(team.metadata.uid), true, input).await?;
-    Ok(team)
+    tx.rollback().await.map_err(berth_store::db_error)?;
+    Ok(opctx.redactor().preview(preview(&input.spec.quotas).await?))
 }
 
 /// The body's own rules and its flavors.
@@ -127,21 +138,22 @@ async fn check_tree(
 ///
 /// # Errors
 /// [`Error::NotFound`] when there is none by that name.
-pub async fn team_get(db: &PgPool, name: &str) -> Result<Team, Error> {
+pub async fn team_get(db: &PgPool, opctx: &OpContext, name: &str) -> Result<Team, Error> {
+    opctx.access().read_team(name)?;
     store::team_fetch(db, name).await?.ok_or_else(|| not_found(name))
 }
 
-/// Lists teams, optionally only the children of `parent`.
+/// Lists the teams the caller can see, optionally only the children of `parent`.
 ///
 /// # Errors
 /// Store errors.
 pub async fn team_list(
     db: &PgPool,
+    opctx: &OpContext,
     parent: Option<&str>,
-    only: Option<&[String]>,
     page: &PageRequest<String>,
 ) -> Result<Page<Team>, Error> {
-    store::team_list(db, parent, only, page).await
+    store::team_list(db, parent, opctx.visible_teams().as_deref(), page).await
 }
 
 /// Deletes a team with no children and no live workloads (finished ones go with it).
@@ -149,7 +161,13 @@ pub async fn team_list(
 /// # Errors
 /// [`Error::NotFound`], [`Error::PreconditionFailed`], or [`Error::Conflict`] naming the
 /// children or workloads in the way.
-pub async fn team_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Option<&IfMatch>) -> Result<Team, Error> {
+pub async fn team_delete(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Team, Error> {
+    opctx.access().delete_team(name)?;
     let mut tx = berth_store::begin(db).await?;
     berth_store::lock_team_tree(&mut tx).await?;
     let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
@@ -171,7 +189,7 @@ pub async fn team_delete(db: &PgPool, actor: &Actor, name: &str, if_match: Optio
         });
     }
     store::team_delete(&mut tx, uid).await?;
-    audit_delete(&mut tx, actor, KIND, &team.metadata).await?;
+    audit_delete(&mut tx, &opctx.actor, KIND, &team.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(team)
 }

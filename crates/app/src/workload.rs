@@ -13,6 +13,7 @@ use berth_store::workload::{NewWorkload, WorkloadFilter};
 use berth_store::{PgPool, team as teams, workload as store};
 use chrono::Utc;
 
+use crate::context::OpContext;
 use crate::{
     ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
     resource_version,
@@ -28,6 +29,19 @@ const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
 /// an unknown flavor; [`Error::Conflict`] when the workload is being deleted or the body's
 /// version is stale; [`Error::PreconditionFailed`]; store errors.
 pub async fn workload_apply(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    input: &WorkloadApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Workload> {
+    opctx.access().write_workloads(team)?;
+    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match).await?;
+    Ok((opctx.redactor().workload(workload), applied))
+}
+
+async fn apply(
     db: &PgPool,
     actor: &Actor,
     team: &str,
@@ -114,10 +128,12 @@ pub async fn workload_apply(
 /// errors.
 pub async fn workload_create_batch(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     team: &str,
     batch: &WorkloadBatch,
 ) -> Result<Vec<Workload>, Error> {
+    opctx.access().write_workloads(team)?;
+    let actor = &opctx.actor;
     let items = &batch.items;
     if items.is_empty() || items.len() > WorkloadBatch::MAX_ITEMS {
         let message = format!("must hold 1 to {} workloads, not {}", WorkloadBatch::MAX_ITEMS, items.len());
@@ -197,44 +213,72 @@ pub async fn workload_create_batch(
         });
     }
     berth_store::commit(tx).await?;
-    Ok(created)
+    let redactor = opctx.redactor();
+    Ok(created.into_iter().map(|w| redactor.workload(w)).collect())
 }
 
 /// Fetches a workload.
 ///
 /// # Errors
-/// [`Error::NotFound`] when the team has no workload by that name.
-pub async fn workload_get(db: &PgPool, team: &str, name: &str) -> Result<Workload, Error> {
-    store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))
+/// [`Error::NotFound`] when the team has no workload by that name, or the caller cannot
+/// see the team.
+pub async fn workload_get(db: &PgPool, opctx: &OpContext, team: &str, name: &str) -> Result<Workload, Error> {
+    opctx.access().read_team(team)?;
+    let workload = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    Ok(opctx.redactor().workload(workload))
 }
 
-/// Lists workloads, filtered.
+/// Lists workloads, filtered: of `team` when given (taken from the path), else of every
+/// team the caller can see (`filter.team` narrows them to one).
 ///
 /// # Errors
-/// [`Error::NotFound`] when `filter.team` names no team; store errors.
+/// [`Error::NotFound`] when `team` names no team the caller can see; store errors.
 pub async fn workload_list(
     db: &PgPool,
-    filter: &WorkloadFilter,
+    opctx: &OpContext,
+    team: Option<&str>,
+    mut filter: WorkloadFilter,
     page: &PageRequest<(String, String)>,
 ) -> Result<Page<Workload>, Error> {
-    store::workload_list(db, filter, page).await
+    match team {
+        Some(team) => {
+            opctx.access().read_team(team)?;
+            team_must_exist(db, team).await?;
+            filter.team = Some(team.to_owned());
+            filter.teams = None;
+        }
+        None => filter.teams = opctx.visible_teams(),
+    }
+    let page = store::workload_list(db, &filter, page).await?;
+    let redactor = opctx.redactor();
+    Ok(Page { items: page.items.into_iter().map(|w| redactor.workload(w)).collect(), next: page.next })
 }
 
-/// The first `limit` pending workloads in queue order, and the totals.
+/// The first `limit` pending workloads in queue order, and the totals: of `team` when
+/// given, else of every team the caller can see.
+///
+/// # Errors
+/// [`Error::NotFound`] when `team` names no team the caller can see; store errors.
+pub async fn workload_queue(db: &PgPool, opctx: &OpContext, team: Option<&str>, limit: u32) -> Result<Queue, Error> {
+    let only = match team {
+        Some(team) => {
+            opctx.access().read_team(team)?;
+            team_must_exist(db, team).await?;
+            Some(vec![team.to_owned()])
+        }
+        None => opctx.visible_teams(),
+    };
+    let (items, total, gpus) = store::workload_queue(db, only.as_deref(), limit).await?;
+    let redactor = opctx.redactor();
+    Ok(Queue { total, gpus, items: items.into_iter().map(|w| redactor.workload(w)).collect() })
+}
+
+/// Workloads per phase of the teams the caller can see, every phase listed.
 ///
 /// # Errors
 /// Store errors.
-pub async fn workload_queue(db: &PgPool, only: Option<&[String]>, limit: u32) -> Result<Queue, Error> {
-    let (items, total, gpus) = store::workload_queue(db, only, limit).await?;
-    Ok(Queue { total, gpus, items })
-}
-
-/// Workloads per phase, every phase listed.
-///
-/// # Errors
-/// Store errors.
-pub async fn workload_summary(db: &PgPool, only: Option<&[String]>) -> Result<WorkloadSummary, Error> {
-    let counts = store::workload_phase_counts(db, only).await?;
+pub async fn workload_summary(db: &PgPool, opctx: &OpContext) -> Result<WorkloadSummary, Error> {
+    let counts = store::workload_phase_counts(db, opctx.visible_teams().as_deref()).await?;
     let phases = Phase::ALL
         .iter()
         .map(|&phase| {
@@ -250,7 +294,7 @@ pub async fn workload_summary(db: &PgPool, only: Option<&[String]>) -> Result<Wo
 ///
 /// # Errors
 /// [`Error::NotFound`] when it does not.
-pub async fn team_must_exist(db: &PgPool, team: &str) -> Result<(), Error> {
+async fn team_must_exist(db: &PgPool, team: &str) -> Result<(), Error> {
     teams::team_fetch_uid(db, team).await?.map(|_| ()).ok_or_else(|| crate::team::not_found(team))
 }
 
@@ -262,11 +306,13 @@ pub async fn team_must_exist(db: &PgPool, team: &str) -> Result<(), Error> {
 /// [`Error::NotFound`], [`Error::PreconditionFailed`], store errors.
 pub async fn workload_delete(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     team: &str,
     name: &str,
     if_match: Option<&IfMatch>,
 ) -> Result<Workload, Error> {
+    opctx.access().write_workloads(team)?;
+    let actor = &opctx.actor;
     let mut tx = berth_store::begin(db).await?;
     let workload = store::workload_fetch_for_update(&mut tx, team, name).await?.ok_or_else(|| not_found(team, name))?;
     apply::check_delete(resource_version(&workload.metadata)?, if_match)?;
@@ -289,7 +335,7 @@ pub async fn workload_delete(
     };
     audit_delete(&mut tx, actor, KIND, &deleted.metadata).await?;
     berth_store::commit(tx).await?;
-    Ok(deleted)
+    Ok(opctx.redactor().workload(deleted))
 }
 
 pub(crate) fn not_found(team: &str, name: &str) -> Error {

@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 
 use berth_adapters::Registry;
 use berth_adapters::slurm::dev::DevCluster;
+use berth_app::context::OpContext;
 use berth_controllers::{Config, Context};
-use berth_core::event::Actor;
 use serde_json::json;
 
 const SUBMITTERS: usize = 8;
@@ -332,7 +332,7 @@ async fn through_berth(
     let backlog = mode == Mode::Backlog;
     let scratch = scratch::Scratch::create().await?;
     let db = &scratch.db;
-    let actor = Actor::new("bench", None);
+    let actor = OpContext::system("bench");
     berth_app::flavor::flavor_apply(db, &actor, &dev.gpu_type, &parse(json!({"spec": {}})), None).await?;
     let team = json!({"spec": {"quotas": [{"flavor": &dev.gpu_type, "guaranteed": 16}]}});
     berth_app::team::team_apply(db, &actor, "bench", &parse(team), None).await?;
@@ -376,7 +376,7 @@ async fn through_berth(
     for s in 0..SUBMITTERS {
         let (db, flavor) = (db.clone(), dev.gpu_type.clone());
         submitters.spawn(async move {
-            let actor = Actor::new("bench", None);
+            let actor = OpContext::system("bench");
             let workload = |i: usize| {
                 json!({"metadata": {"name": format!("w{i}")}, "spec": {"kind": "batch", "run": {"command": job.command()},
                     "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0}}}})

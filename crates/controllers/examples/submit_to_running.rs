@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_adapters::Registry;
+use berth_app::context::OpContext;
 use berth_controllers::{Config, Context};
-use berth_core::event::Actor;
 use serde_json::json;
 
 const TEAMS: usize = 100;
@@ -48,7 +48,7 @@ fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
 }
 
 async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let actor = Actor { subject: "bench".into(), request_id: None };
+    let actor = OpContext::system("bench");
     berth_app::flavor::flavor_apply(db, &actor, "h100", &parse(json!({"spec": {}})), None).await?;
     // Room for all: every workload takes 1, 2 or 4 GPUs (one per task), 2.33 on average.
     let nodes_per_cluster = (workloads * 7 / 3 / 8 / CLUSTERS) * 11 / 10 + 1;

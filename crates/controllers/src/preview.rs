@@ -1,13 +1,13 @@
 //! Quota preview: what the scheduler would do if one team's quotas were replaced, worked
 //! out by `berth_sched::what_if` on the snapshot the scheduler loop reads. Nothing is
-//! written; the answer names every workload until [`redact`]ed for its reader.
+//! written; the answer names every workload until its reader's redactor
+//! (`berth_core::redact`) leaves out what the reader may not see.
 
 use std::collections::HashMap;
 
 use berth_core::Error;
 use berth_core::team::{FairShareChange, PreviewWorkload, Quota, QuotaPreview};
 use berth_core::workload::Workload;
-use berth_sched::snapshot::ONE_GPU;
 use berth_sched::what_if::{Change, what_if};
 
 use crate::Config;
@@ -66,92 +66,6 @@ pub async fn quota_preview(
             })
             .collect(),
     };
-    preview.summary = summary(&preview);
+    preview.summary = preview.summarize();
     Ok(preview)
-}
-
-/// Leaves out what a reader may not see: the team and name of workloads of teams
-/// `can_read` refuses, and those teams' fair shares.
-pub fn redact(mut p: QuotaPreview, can_read: impl Fn(&str) -> bool) -> QuotaPreview {
-    for listed in [&mut p.admitted, &mut p.no_longer_admitted, &mut p.preempted, &mut p.no_longer_preempted] {
-        for w in listed.iter_mut().filter(|w| !w.team.as_deref().is_some_and(&can_read)) {
-            w.team = None;
-            w.name = None;
-        }
-    }
-    p.fair_shares.retain(|c| can_read(&c.team));
-    p.summary = summary(&p);
-    p
-}
-
-/// The preview in plain words.
-fn summary(p: &QuotaPreview) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut say = |what: &[PreviewWorkload], words: &str| {
-        if what.is_empty() {
-            return;
-        }
-        let gpus: f64 = what.iter().map(|w| w.gpus).sum();
-        let (n, s) = (what.len(), if what.len() == 1 { "" } else { "s" });
-        let mut teams: Vec<&str> = what.iter().map(|w| w.team.as_deref().unwrap_or("another team")).collect();
-        teams.sort_unstable();
-        teams.dedup();
-        lines.push(format!("{n} workload{s} {words} ({} GPUs: {})", round(gpus), teams.join(", ")));
-    };
-    say(&p.preempted, "would be preempted");
-    say(&p.admitted, "would be admitted");
-    say(&p.no_longer_admitted, "would no longer be admitted");
-    say(&p.no_longer_preempted, "would no longer be preempted");
-    for c in &p.fair_shares {
-        lines.push(format!("fair share of {} on {}: {} → {} GPUs", c.team, c.flavor, round(c.before), round(c.after)));
-    }
-    lines
-}
-
-/// GPUs to at most two decimals, as the scheduler counts them.
-fn round(gpus: f64) -> f64 {
-    let hundredths = f64::from(ONE_GPU);
-    (gpus * hundredths).round() / hundredths
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn workload(team: &str, name: &str, gpus: f64) -> PreviewWorkload {
-        PreviewWorkload { team: Some(team.into()), name: Some(name.into()), gpus }
-    }
-
-    #[test]
-    fn a_reader_sees_the_effect_on_other_teams_but_not_their_names() {
-        let share = |team: &str| FairShareChange { team: team.into(), flavor: "h100".into(), before: 4.0, after: 8.0 };
-        let full = QuotaPreview {
-            summary: Vec::new(),
-            admitted: vec![workload("a", "a1", 8.0)],
-            no_longer_admitted: Vec::new(),
-            preempted: vec![workload("b", "b1", 4.0), workload("b", "b2", 4.5)],
-            no_longer_preempted: Vec::new(),
-            fair_shares: vec![share("a"), share("b")],
-        };
-        let seen = redact(full.clone(), |team| team == "a");
-        assert_eq!(seen.admitted, full.admitted);
-        assert_eq!(
-            seen.preempted,
-            vec![
-                PreviewWorkload { team: None, name: None, gpus: 4.0 },
-                PreviewWorkload { team: None, name: None, gpus: 4.5 }
-            ]
-        );
-        assert_eq!(seen.fair_shares, vec![share("a")]);
-        assert_eq!(
-            seen.summary,
-            [
-                "2 workloads would be preempted (8.5 GPUs: another team)",
-                "1 workload would be admitted (8 GPUs: a)",
-                "fair share of a on h100: 4 → 8 GPUs",
-            ]
-        );
-        let admin = redact(full, |_| true);
-        assert_eq!(admin.summary[0], "2 workloads would be preempted (8.5 GPUs: b)");
-    }
 }

@@ -268,6 +268,17 @@ impl Access<'_> {
         self.manage_team(team, self.tree.parent(team))
     }
 
+    /// The rule for the platform's shared facts: flavors, clusters (spec, status and
+    /// nodes) and the controllers' report. Every authenticated principal reads them:
+    /// they are what anyone submits against, a cluster names its credential only by
+    /// reference (never its value), and nodes carry GPU counts, never workload names.
+    ///
+    /// # Errors
+    /// Never; a `Result` so that every use case asks in the same way.
+    pub fn read_catalogue(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// 403 unless a platform admin.
     ///
     /// # Errors

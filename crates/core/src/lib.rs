@@ -14,6 +14,7 @@ pub mod flavor;
 pub mod ids;
 pub mod meta;
 pub mod page;
+pub mod redact;
 pub mod selector;
 pub mod team;
 pub mod validation;

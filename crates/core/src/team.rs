@@ -94,6 +94,38 @@ pub struct QuotaPreview {
     pub fair_shares: Vec<FairShareChange>,
 }
 
+impl QuotaPreview {
+    /// The preview in plain words.
+    pub fn summarize(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut say = |what: &[PreviewWorkload], words: &str| {
+            if what.is_empty() {
+                return;
+            }
+            let gpus: f64 = what.iter().map(|w| w.gpus).sum();
+            let (n, s) = (what.len(), if what.len() == 1 { "" } else { "s" });
+            let mut teams: Vec<&str> = what.iter().map(|w| w.team.as_deref().unwrap_or("another team")).collect();
+            teams.sort_unstable();
+            teams.dedup();
+            lines.push(format!("{n} workload{s} {words} ({} GPUs: {})", round_gpus(gpus), teams.join(", ")));
+        };
+        say(&self.preempted, "would be preempted");
+        say(&self.admitted, "would be admitted");
+        say(&self.no_longer_admitted, "would no longer be admitted");
+        say(&self.no_longer_preempted, "would no longer be preempted");
+        for c in &self.fair_shares {
+            let (before, after) = (round_gpus(c.before), round_gpus(c.after));
+            lines.push(format!("fair share of {} on {}: {before} → {after} GPUs", c.team, c.flavor));
+        }
+        lines
+    }
+}
+
+/// GPUs to at most two decimals, as the scheduler counts them (hundredths of a GPU).
+fn round_gpus(gpus: f64) -> f64 {
+    (gpus * 100.0).round() / 100.0
+}
+
 /// A workload named in a [`QuotaPreview`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PreviewWorkload {

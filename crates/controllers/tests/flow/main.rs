@@ -23,7 +23,7 @@ async fn a_submitted_workload_runs_and_succeeds(db: berth_store::PgPool) {
     let a = running.status.admission.as_ref().unwrap();
     assert_eq!((a.cluster.as_str(), a.borrowed, a.placement.len()), ("sim-a", false, 1));
     assert!(running.status.backend_ref.is_some() && running.status.started_at.is_some());
-    let team = berth_app::team::team_get(&p.ctx.db, "nlp").await.unwrap();
+    let team = berth_app::team::team_get(&p.ctx.db, &p.actor, "nlp").await.unwrap();
     assert_eq!(team.status.usage[0].allocated, 8.0);
 
     p.advance(600);
@@ -149,14 +149,14 @@ async fn deleting_a_running_workload_cancels_its_job_then_removes_it(db: berth_s
     p.cluster("sim-a", 1, json!({})).await;
     let w = p.submit("nlp", "train", 1, 8.0, json!({})).await;
     p.settle().await;
-    let actor = berth_core::event::Actor::new("test", None);
+    let actor = berth_app::context::OpContext::system("test");
     berth_app::workload::workload_delete(&p.ctx.db, &actor, "nlp", "train", None).await.unwrap();
     p.settle().await;
     let jobs = p.jobs("sim-a").await;
     assert!(jobs[0].cancelling && jobs[0].state == JobState::Running, "the job has its grace period");
     p.advance(30);
     p.settle().await;
-    assert!(berth_app::workload::workload_get(&p.ctx.db, "nlp", "train").await.is_err(), "removed");
+    assert!(berth_app::workload::workload_get(&p.ctx.db, &p.actor, "nlp", "train").await.is_err(), "removed");
     assert_eq!(p.jobs("sim-a").await[0].state, JobState::Cancelled);
     let reasons = p.events(&w).await;
     assert_eq!(reasons.last().map(String::as_str), Some("Deleted"));
@@ -201,7 +201,7 @@ async fn every_reconciler_changes_nothing_when_run_twice(db: berth_store::PgPool
     p.settle().await;
     p.submit("a", "a1", 1, 8.0, json!({})).await;
     p.submit("a", "a2", 1, 4.0, json!({})).await;
-    let actor = berth_core::event::Actor::new("test", None);
+    let actor = berth_app::context::OpContext::system("test");
     berth_app::workload::workload_delete(&p.ctx.db, &actor, "b", "b0", None).await.unwrap();
     // Each reconciler, on a state with work in every phase: the first run may act; the
     // second finds nothing to do and writes nothing.
@@ -222,4 +222,76 @@ async fn every_reconciler_changes_nothing_when_run_twice(db: berth_store::PgPool
     twice!(preemption);
     twice!(deletion);
     twice!(orphans);
+}
+
+/// The review found reasons, the queue, and preempted workloads' status and events naming
+/// teams and workloads their reader may not read. Each path, read by a member of one team
+/// while the other reclaims from it, now says *that* it happens, never *whose* work it is;
+/// a platform admin still reads every name.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_reclaim_is_told_to_each_team_without_the_other_teams_names(db: berth_store::PgPool) {
+    use berth_app::context::OpContext;
+    use berth_core::auth::{Grant, Principal, Role};
+    let p = Plane::new(db).await;
+    p.team("alpha", None, 8, None).await;
+    p.team("borrower", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("borrower", "keep", 1, 8.0, json!({})).await;
+    p.settle().await;
+    p.submit("borrower", "lent", 1, 8.0, json!({})).await;
+    p.settle().await;
+    p.submit("alpha", "reclaimer", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("borrower", "lent").await, Phase::Preempting);
+
+    let db = &p.ctx.db;
+    let member = async |team: &str| {
+        let principal = Principal {
+            subject: format!("member-of-{team}"),
+            issuer: "berth".into(),
+            service_account: None,
+            grants: vec![Grant { role: Role::Member, team: Some(team.into()) }],
+        };
+        OpContext::for_request(db, principal, None, "berth").await.unwrap()
+    };
+    let (alpha, borrower) = (member("alpha").await, member("borrower").await);
+    let page = berth_core::page::PageRequest::new(None, None).unwrap();
+    let events_page = berth_core::page::PageRequest::new(None, None).unwrap();
+    let text = |v: &dyn erased::Show| v.show();
+
+    // What alpha reads of its waiting workload, in every place it shows.
+    let waiting = berth_app::workload::workload_get(db, &alpha, "alpha", "reclaimer").await.unwrap();
+    let queue = berth_app::workload::workload_queue(db, &alpha, None, 100).await.unwrap();
+    let listed = berth_app::workload::workload_list(db, &alpha, None, Default::default(), &page).await.unwrap();
+    let events = berth_app::history::workload_events(db, &alpha, "alpha", "reclaimer", &events_page).await.unwrap();
+    for seen in [text(&waiting), text(&queue), text(&listed.items), text(&events.items)] {
+        assert!(!seen.contains("borrower") && !seen.contains("lent"), "alpha read the other team's names: {seen}");
+    }
+    let reason = waiting.status.pending_reason.unwrap();
+    assert_eq!(reason.code, "WaitingForReclaim");
+    assert!(reason.message.contains("another team's workload"), "{}", reason.message);
+
+    // What the borrower reads of its preempted workload.
+    let lent = berth_app::workload::workload_get(db, &borrower, "borrower", "lent").await.unwrap();
+    let events = berth_app::history::workload_events(db, &borrower, "borrower", "lent", &events_page).await.unwrap();
+    for seen in [text(&lent), text(&events.items)] {
+        assert!(!seen.contains("alpha") && !seen.contains("reclaimer"), "the borrower read alpha's names: {seen}");
+    }
+    assert!(lent.status.message.as_deref().unwrap().contains("another team reclaims its guarantee"), "{lent:?}");
+
+    // The platform admin reads every name.
+    let admin = p.workload("borrower", "lent").await;
+    assert!(admin.status.message.as_deref().unwrap().contains("alpha/reclaimer"), "{admin:?}");
+}
+
+/// Serializes what a reader receives, to search it for names.
+mod erased {
+    pub trait Show {
+        fn show(&self) -> String;
+    }
+    impl<T: serde::Serialize> Show for T {
+        fn show(&self) -> String {
+            serde_json::to_string(self).unwrap()
+        }
+    }
 }

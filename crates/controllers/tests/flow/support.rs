@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use berth_adapters::sim::Clock;
 use berth_adapters::{JobStatus, Registry};
+use berth_app::context::OpContext;
 use berth_controllers::{
     Config, Context, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync,
 };
-use berth_core::event::Actor;
 use berth_core::workload::{Phase, Workload};
 use berth_store::PgPool;
 use serde_json::{Value, json};
@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 pub struct Plane {
     pub ctx: Context,
     clock: Arc<AtomicI64>,
-    pub actor: Actor,
+    pub actor: OpContext,
 }
 
 impl Plane {
@@ -26,7 +26,7 @@ impl Plane {
         let clock = Arc::new(AtomicI64::new(chrono::Utc::now().timestamp_millis()));
         let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
         let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
-        let plane = Self { ctx: Context { db, backends, config }, clock, actor: Actor::new("test", None) };
+        let plane = Self { ctx: Context { db, backends, config }, clock, actor: OpContext::system("test") };
         plane.flavor("h100").await;
         plane
     }
@@ -76,7 +76,7 @@ impl Plane {
     }
 
     pub async fn workload(&self, team: &str, name: &str) -> Workload {
-        berth_app::workload::workload_get(&self.ctx.db, team, name).await.unwrap()
+        berth_app::workload::workload_get(&self.ctx.db, &self.actor, team, name).await.unwrap()
     }
 
     pub async fn phase(&self, team: &str, name: &str) -> Phase {

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use berth_adapters::Registry;
 use berth_adapters::kubernetes::PRODUCT_LABEL;
 use berth_adapters::slurm::dev::DevCluster;
+use berth_app::context::OpContext;
 use berth_controllers::{Config, Context};
 use berth_core::cluster::Cluster;
-use berth_core::event::Actor;
 use berth_core::workload::Workload;
 use berth_k8s_test_server::{Config as TestServerConfig, FakeNode, TestApiServer};
 use berth_store::PgPool;
@@ -35,7 +35,7 @@ pub struct Plane {
     /// The API server of the Kubernetes cluster `kube`, when there is one.
     pub kube: Option<TestApiServer>,
     controllers: JoinSet<()>,
-    actor: Actor,
+    actor: OpContext,
 }
 
 impl Plane {
@@ -81,7 +81,7 @@ impl Plane {
             ..Config::default()
         };
         let ctx = Context { db, backends: Arc::new(backends), config };
-        let actor = Actor::new("test", None);
+        let actor = OpContext::system("test");
         for dev in devs.values() {
             let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();
             berth_app::flavor::flavor_apply(&ctx.db, &actor, &dev.gpu_type, &flavor, None).await.unwrap();
@@ -134,7 +134,7 @@ impl Plane {
     }
 
     pub async fn workload(&self, team: &str, name: &str) -> Workload {
-        berth_app::workload::workload_get(&self.ctx.db, team, name).await.unwrap()
+        berth_app::workload::workload_get(&self.ctx.db, &self.actor, team, name).await.unwrap()
     }
 
     /// Waits (up to two minutes) until the workload satisfies `done`.
@@ -149,7 +149,7 @@ impl Plane {
     /// Waits (up to two minutes) until the cluster satisfies `done`.
     pub async fn wait_cluster(&self, name: &str, done: impl Fn(&Cluster) -> bool) -> Cluster {
         eventually(&format!("cluster {name} gets there"), || async {
-            let c = berth_app::cluster::cluster_get(&self.ctx.db, name).await.unwrap();
+            let c = berth_app::cluster::cluster_get(&self.ctx.db, &self.actor, name).await.unwrap();
             if done(&c) { Some(c) } else { None }
         })
         .await
