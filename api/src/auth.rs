@@ -1,7 +1,9 @@
 //! Authentication of `/api/v1`: every request carries a bearer token, verified by
 //! `berth_auth`, turned into a [`Principal`] (with the subject's role bindings), and put in
-//! the request's extensions for the [`crate::extract::Caller`] extractor. Mutating requests
-//! are rate-limited per principal.
+//! the request's extensions for the [`crate::extract::OpCtx`] extractor. Requests are
+//! rate-limited per principal (reads and changes each with their own budget) and per team
+//! (the team a path names, and the team owning a service account), so that creating more
+//! service accounts buys no more requests.
 //!
 //! Failures are logged with a reason code and never with the token.
 
@@ -24,33 +26,72 @@ use crate::state::AppState;
 #[derive(Clone)]
 pub struct Auth {
     pub verifier: Verifier,
-    limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    writes: Option<Limiter>,
+    reads: Option<Limiter>,
+    teams: Option<Limiter>,
 }
 
-/// Mutating requests allowed per principal: a sustained rate and a burst.
+type Limiter = Arc<DefaultKeyedRateLimiter<String>>;
+
+/// Requests allowed to one key: a sustained rate and a burst.
 #[derive(Debug, Clone, Copy)]
 pub struct RateLimit {
     pub per_second: NonZeroU32,
     pub burst: NonZeroU32,
 }
 
+/// Every budget; `None`: that one is not limited.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RateLimits {
+    /// Changes per principal.
+    pub writes: Option<RateLimit>,
+    /// Reads per principal.
+    pub reads: Option<RateLimit>,
+    /// Requests of any kind per team: on its paths, and by its service accounts.
+    pub teams: Option<RateLimit>,
+}
+
+fn limiter(limit: Option<RateLimit>) -> Option<Limiter> {
+    limit.map(|r| Arc::new(RateLimiter::keyed(Quota::per_second(r.per_second).allow_burst(r.burst))))
+}
+
 impl Auth {
+    /// Limits changes per principal only (reads and teams unlimited).
     pub fn new(verifier: Verifier, rate_limit: Option<RateLimit>) -> Self {
-        let limiter =
-            rate_limit.map(|r| Arc::new(RateLimiter::keyed(Quota::per_second(r.per_second).allow_burst(r.burst))));
-        Self { verifier, limiter }
+        Self::with_limits(verifier, RateLimits { writes: rate_limit, ..RateLimits::default() })
     }
 
-    /// The seconds to wait when `subject` is over its limit for a request of `method`.
-    fn over_limit(&self, method: &Method, subject: &str) -> Option<u64> {
-        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-            return None;
-        }
-        let limiter = self.limiter.as_ref()?;
-        let not_until = limiter.check_key(&subject.to_owned()).err()?;
-        let wait = not_until.wait_time_from(DefaultClock::default().now());
-        Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+    pub fn with_limits(verifier: Verifier, limits: RateLimits) -> Self {
+        Self { verifier, writes: limiter(limits.writes), reads: limiter(limits.reads), teams: limiter(limits.teams) }
     }
+
+    /// The seconds to wait when the principal, or a team the request counts against, is
+    /// over its budget.
+    fn over_limit(&self, method: &Method, principal: &Principal, path: &str) -> Option<u64> {
+        let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+        let caller = format!("{} {}", principal.issuer, principal.subject);
+        let mut keys: Vec<(&Limiter, String)> = Vec::new();
+        if let Some(l) = if read { &self.reads } else { &self.writes } {
+            keys.push((l, caller));
+        }
+        if let Some(l) = &self.teams {
+            let teams = path_team(path).into_iter().chain(principal.service_account_team.as_deref());
+            keys.extend(teams.map(|t| (l, t.to_owned())));
+        }
+        let now = DefaultClock::default().now();
+        keys.iter()
+            .filter_map(|(l, key)| l.check_key(key).err())
+            .map(|not_until| {
+                let wait = not_until.wait_time_from(now);
+                wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+            })
+            .max()
+    }
+}
+
+/// The team a path is about: `/api/v1/teams/{team}/...`.
+fn path_team(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/teams/")?.split('/').next().filter(|t| !t.is_empty())
 }
 
 /// The middleware on every `/api/v1` route.
@@ -64,7 +105,7 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
         }
         Err(Refusal::Store(e)) => return crate::problem::ApiError::from(e).into_response(),
     };
-    if let Some(seconds) = state.auth.over_limit(request.method(), &principal.subject) {
+    if let Some(seconds) = state.auth.over_limit(request.method(), &principal, request.uri().path()) {
         tracing::info!(subject = %principal.subject, "rate limit reached");
         return too_many_requests(seconds);
     }
@@ -120,7 +161,7 @@ fn too_many_requests(seconds: u64) -> Response {
         StatusCode::TOO_MANY_REQUESTS,
         "rate-limited",
         "Too many requests",
-        format!("too many changes from this principal; retry in {seconds} s"),
+        format!("too many requests from this principal or for this team; retry in {seconds} s"),
     )
     .into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));

@@ -48,6 +48,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 /// # Errors
 /// 400 for malformed JSON, 422 for a valid document of the wrong shape.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Postgres stores no NUL in text: refused here, naming where it is, rather than as a
+    // server fault when the write fails. The rare body with the escape is parsed twice.
+    if has_nul_escape(bytes)
+        && let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes)
+        && let Some(field) = nul_at(&value, String::new())
+    {
+        return Err(berth_core::Error::invalid(field, "must not contain NUL characters").into());
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = pointer(e.path(), &e.inner().to_string());
@@ -55,6 +63,36 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })?;
     de.end().map_err(|e| json_problem(String::new(), e))?;
     Ok(value)
+}
+
+/// Whether a JSON text holds the escape `\u0000` (a raw NUL cannot appear in valid JSON).
+fn has_nul_escape(bytes: &[u8]) -> bool {
+    let mut backslashes = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'\\' {
+            backslashes += 1;
+            continue;
+        }
+        if backslashes % 2 == 1 && b == b'u' && bytes.get(i + 1..i + 5) == Some(b"0000") {
+            return true;
+        }
+        backslashes = 0;
+    }
+    false
+}
+
+/// The JSON pointer of the first string or key holding a NUL.
+fn nul_at(value: &serde_json::Value, at: String) -> Option<String> {
+    use berth_core::validation::escape_pointer;
+    match value {
+        serde_json::Value::String(s) if s.contains('\0') => Some(at),
+        serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_at(v, format!("{at}/{i}"))),
+        serde_json::Value::Object(fields) => fields.iter().find_map(|(k, v)| {
+            let here = format!("{at}/{}", escape_pointer(k));
+            if k.contains('\0') { Some(here) } else { nul_at(v, here) }
+        }),
+        _ => None,
+    }
 }
 
 fn json_problem(field: String, e: serde_json::Error) -> ApiError {
@@ -106,6 +144,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
+        if let Some((key, _)) =
+            form_urlencoded::parse(query.as_bytes()).find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            let key = key.replace('\0', "");
+            return Err(
+                Problem::bad_request(Some(key), "query parameters must not contain NUL characters".into()).into()
+            );
+        }
         let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
             let message = e.inner().to_string();
@@ -127,6 +173,9 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if parts.uri.path().to_ascii_lowercase().contains("%00") {
+            return Err(Problem::bad_request(None, "the path must not contain NUL characters".into()).into());
+        }
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|p| ApiPath(p.0))

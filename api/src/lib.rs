@@ -7,6 +7,7 @@ pub mod extract;
 pub mod openapi;
 pub mod problem;
 pub mod routes;
+pub mod server;
 pub mod state;
 pub mod telemetry;
 
@@ -16,11 +17,13 @@ pub use ops::metrics_router;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
@@ -45,7 +48,11 @@ fn router_parts() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenA
 pub fn app(state: AppState) -> Router {
     let (api, public, document) = router_parts();
     let cors = state.http.cors();
+    let timeout = state.http.limits.request;
+    // API answers carry tenants' data and tokens: no cache may keep them.
+    let no_store = SetResponseHeaderLayer::if_not_present(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     api.route_layer(from_fn_with_state(state.clone(), auth::authenticate))
+        .route_layer(no_store)
         .merge(public)
         .merge(SwaggerUi::new("/docs").url("/openapi.json", document))
         .merge(ops::web_router(state.http.web_dir.as_deref()))
@@ -53,11 +60,25 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { Problem::for_status(StatusCode::METHOD_NOT_ALLOWED).into_response() })
         .route_layer(from_fn(telemetry::track_metrics))
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
         .layer(from_fn(telemetry::problem_responses))
         .layer(CatchPanicLayer::custom(telemetry::panic_response))
         .layer(TraceLayer::new_for_http().make_span_with(telemetry::request_span))
         .layer(PropagateRequestIdLayer::new(telemetry::REQUEST_ID))
         .layer(SetRequestIdLayer::new(telemetry::REQUEST_ID, MakeRequestUuid))
         .layer(tower::util::option_layer(cors))
+        .layer(security_header(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .layer(security_header(header::X_FRAME_OPTIONS, "DENY"))
+        .layer(security_header(header::REFERRER_POLICY, "no-referrer"))
+        // No page of Berth's (the dashboard, /docs) may be framed by another site, nor load
+        // plugins or rebase its links.
+        .layer(security_header(
+            header::CONTENT_SECURITY_POLICY,
+            "frame-ancestors 'none'; object-src 'none'; base-uri 'none'",
+        ))
         .with_state(state)
+}
+
+fn security_header(name: HeaderName, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value))
 }

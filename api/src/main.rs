@@ -117,6 +117,19 @@ struct SecurityArgs {
     /// Burst of mutating requests allowed above that rate.
     #[arg(long, env = "BERTH_RATE_LIMIT_BURST", default_value_t = 200)]
     rate_limit_burst: u32,
+    /// Reads per second allowed to one principal (0: no limit).
+    #[arg(long, env = "BERTH_READ_RATE_LIMIT_PER_SECOND", default_value_t = 100)]
+    read_rate_limit_per_second: u32,
+    /// Burst of reads allowed above that rate.
+    #[arg(long, env = "BERTH_READ_RATE_LIMIT_BURST", default_value_t = 400)]
+    read_rate_limit_burst: u32,
+    /// Requests per second counted against one team: on its paths and by its service
+    /// accounts, together (0: no limit).
+    #[arg(long, env = "BERTH_TEAM_RATE_LIMIT_PER_SECOND", default_value_t = 200)]
+    team_rate_limit_per_second: u32,
+    /// Burst of requests allowed a team above that rate.
+    #[arg(long, env = "BERTH_TEAM_RATE_LIMIT_BURST", default_value_t = 800)]
+    team_rate_limit_burst: u32,
     /// Browser origins allowed to call the API (CORS), comma-separated; none by default.
     #[arg(long, env = "BERTH_CORS_ORIGINS", value_delimiter = ',')]
     cors_origins: Vec<String>,
@@ -126,6 +139,15 @@ struct SecurityArgs {
     /// The dashboard's build (`npm --prefix web run build` writes it), served at `/`.
     #[arg(long, env = "BERTH_WEB_DIR", default_value = "web/dist")]
     web_dir: std::path::PathBuf,
+    /// Seconds a client has to send a request's line and headers.
+    #[arg(long, env = "BERTH_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    header_read_timeout_seconds: u64,
+    /// Seconds a connection may move no byte before it is closed.
+    #[arg(long, env = "BERTH_IDLE_TIMEOUT_SECONDS", default_value_t = 60)]
+    idle_timeout_seconds: u64,
+    /// Seconds a request may take, its body included (408 after).
+    #[arg(long, env = "BERTH_REQUEST_TIMEOUT_SECONDS", default_value_t = 30)]
+    request_timeout_seconds: u64,
 }
 
 impl SecurityArgs {
@@ -161,12 +183,18 @@ impl SecurityArgs {
              (scripts/run does this for you)"
         );
         let verifier = berth_auth::Verifier { berth, oidc, leeway: Duration::from_secs(self.token_leeway_seconds) };
-        let rate_limit =
-            std::num::NonZeroU32::new(self.rate_limit_per_second).map(|per_second| berthd::auth::RateLimit {
+        let limit = |per_second: u32, burst: u32| {
+            std::num::NonZeroU32::new(per_second).map(|per_second| berthd::auth::RateLimit {
                 per_second,
-                burst: std::num::NonZeroU32::new(self.rate_limit_burst).unwrap_or(per_second),
-            });
-        Ok(berthd::auth::Auth::new(verifier, rate_limit))
+                burst: std::num::NonZeroU32::new(burst).unwrap_or(per_second),
+            })
+        };
+        let limits = berthd::auth::RateLimits {
+            writes: limit(self.rate_limit_per_second, self.rate_limit_burst),
+            reads: limit(self.read_rate_limit_per_second, self.read_rate_limit_burst),
+            teams: limit(self.team_rate_limit_per_second, self.team_rate_limit_burst),
+        };
+        Ok(berthd::auth::Auth::with_limits(verifier, limits))
     }
 
     fn http(&self) -> anyhow::Result<berthd::state::HttpConfig> {
@@ -180,6 +208,11 @@ impl SecurityArgs {
             cors_origins,
             metrics_here: self.metrics_listen.is_empty(),
             web_dir: Some(self.web_dir.clone()),
+            limits: berthd::server::ConnectionLimits {
+                header_read: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
+                idle: Duration::from_secs(self.idle_timeout_seconds.max(1)),
+                request: Duration::from_secs(self.request_timeout_seconds.max(1)),
+            },
         })
     }
 }
@@ -320,7 +353,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tokio::spawn(axum::serve(metrics, berthd::metrics_router(state.clone())).into_future());
         }
     }
-    axum::serve(listener, berthd::app(state)).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
+    let limits = state.http.limits;
+    berthd::server::serve(listener, berthd::app(state), limits, shutdown()).await.context("serving HTTP")?;
     let _ = stop.send(true);
     if let Some(c) = controllers {
         let _ = c.await;

@@ -31,11 +31,18 @@ pub struct HttpConfig {
     pub metrics_here: bool,
     /// The dashboard's build (`web/dist`); none or not built: a page saying how to build it.
     pub web_dir: Option<std::path::PathBuf>,
+    /// How long connections and requests may take.
+    pub limits: crate::server::ConnectionLimits,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { cors_origins: Vec::new(), metrics_here: true, web_dir: None }
+        Self {
+            cors_origins: Vec::new(),
+            metrics_here: true,
+            web_dir: None,
+            limits: crate::server::ConnectionLimits::default(),
+        }
     }
 }
 

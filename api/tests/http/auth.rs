@@ -431,6 +431,7 @@ async fn public_routes_cors_and_dashboard_headers(db: berth_store::PgPool) {
         cors_origins: vec!["https://dash.example".parse().unwrap()],
         metrics_here: false,
         web_dir: None,
+        ..berthd::state::HttpConfig::default()
     };
     let app = berthd::app(berthd::state::AppState { http, ..berthd::state::AppState::new(db, auth) });
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -178,3 +178,373 @@ async fn a_request_with_two_authorization_headers_is_refused(db: berth_store::Pg
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers().get("connection").and_then(|v| v.to_str().ok()), Some("close"));
 }
+
+/// Routes any authenticated caller may use, with the answer they give: the platform's
+/// shared facts (flavors, clusters, the controllers' report), the caller itself, and lists
+/// that hold only what the caller can see.
+const OPEN_TO_EVERY_CALLER: [(&str, &str); 14] = [
+    ("GET", "/api/v1/clusters"),
+    ("GET", "/api/v1/clusters/{name}"),
+    ("GET", "/api/v1/clusters/{name}/nodes"),
+    ("GET", "/api/v1/controllers"),
+    ("GET", "/api/v1/flavors"),
+    ("GET", "/api/v1/flavors/{name}"),
+    ("GET", "/api/v1/me"),
+    ("GET", "/api/v1/queue"),
+    ("GET", "/api/v1/role-bindings"),
+    ("GET", "/api/v1/service-accounts"),
+    ("GET", "/api/v1/teams"),
+    ("GET", "/api/v1/usage/history"),
+    ("GET", "/api/v1/workloads"),
+    ("GET", "/api/v1/workloads/summary"),
+];
+
+/// Every operation of the OpenAPI document, called by a member of `nlp` on team `vision`
+/// (on which it holds no grant) and on objects of vision's: each answers 404 or 403, or is
+/// one of the routes open to every caller, which answer without a trace of vision. A route
+/// added without a check fails here.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn every_route_refuses_a_caller_with_no_grant_on_the_team(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    s.put_ok("/api/v1/teams/vision", &TeamBody::new().parent("research").quota("h100", 4, Some(16), 1).json(), 201)
+        .await;
+    s.put_ok("/api/v1/teams/vision/workloads/vision-train", &crate::common::WorkloadBody::new().json(), 201).await;
+    s.put_ok("/api/v1/clusters/east", &common::sim_cluster("h100"), 201).await;
+    let sa = s
+        .send(Method::POST, "/api/v1/service-accounts", Some(&json!({"name": "vision-bot", "team": "vision"})), &[])
+        .await;
+    assert_eq!(sa.status, 201, "{}", sa.body);
+    let bind = json!({"subject": "vera", "role": "member", "team": "vision"});
+    let binding = s.send(Method::POST, "/api/v1/role-bindings", Some(&bind), &[]).await;
+    let minted = s
+        .send(Method::POST, "/api/v1/service-accounts/vision-bot/tokens", Some(&json!({"ttl_seconds": 60})), &[])
+        .await;
+    let (binding_id, token_id) = (binding.body["id"].as_str().unwrap(), minted.body["id"].as_str().unwrap());
+    let nina = token("nina", &[(Role::Member, Some("nlp"))]);
+
+    let document = berthd::openapi::document();
+    let mut checked = 0;
+    for (template, item) in &document.paths.paths {
+        if !template.starts_with("/api/") {
+            continue;
+        }
+        let operations = [
+            ("GET", item.get.is_some()),
+            ("PUT", item.put.is_some()),
+            ("POST", item.post.is_some()),
+            ("DELETE", item.delete.is_some()),
+        ];
+        for (method, _) in operations.into_iter().filter(|(_, present)| *present) {
+            let name = if template.starts_with("/api/v1/clusters") {
+                "east"
+            } else if template.starts_with("/api/v1/flavors") {
+                "h100"
+            } else if template.starts_with("/api/v1/service-accounts") {
+                "vision-bot"
+            } else if template.contains("/workloads/") {
+                "vision-train"
+            } else {
+                "vision"
+            };
+            let id = if template.starts_with("/api/v1/role-bindings") { binding_id } else { token_id };
+            let path = template.replace("{team}", "vision").replace("{name}", name).replace("{id}", id);
+            let body = match (method, template.as_str()) {
+                ("PUT", "/api/v1/clusters/{name}") => Some(common::sim_cluster("h100")),
+                ("PUT", "/api/v1/flavors/{name}") => Some(common::flavor("h100")),
+                ("PUT" | "POST", "/api/v1/teams/{name}" | "/api/v1/teams/{name}/preview") => {
+                    Some(TeamBody::new().parent("research").quota("h100", 4, Some(16), 1).json())
+                }
+                ("PUT", _) => Some(crate::common::WorkloadBody::new().json()),
+                ("POST", "/api/v1/teams/{team}/workloads") => {
+                    let mut item = crate::common::WorkloadBody::new().json();
+                    item["metadata"]["name"] = json!("sneak");
+                    Some(json!({"items": [item]}))
+                }
+                ("POST", "/api/v1/role-bindings") => {
+                    Some(json!({"subject": "nina", "role": "team-admin", "team": "vision"}))
+                }
+                ("POST", "/api/v1/service-accounts") => Some(json!({"name": "sneak", "team": "vision"})),
+                ("POST", _) => Some(json!({"ttl_seconds": 60})),
+                _ => None,
+            };
+            let http_method = Method::from_bytes(method.as_bytes()).unwrap();
+            let r = s.send_as(Some(&nina), http_method, &path, body.as_ref()).await;
+            if OPEN_TO_EVERY_CALLER.contains(&(method, template.as_str())) {
+                assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+                let text = r.body.to_string();
+                assert!(!text.contains("vision"), "{method} {path} showed vision's names: {text}");
+            } else {
+                assert!(
+                    r.status == 404 || r.status == 403,
+                    "{method} {path} answered {} to a caller with no grant on vision: {}",
+                    r.status,
+                    r.body
+                );
+                r.assert_problem(r.status.as_u16(), None);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 35, "the document lists every route ({checked} checked)");
+    // Nothing was written by any of those calls.
+    let names = s.get("/api/v1/teams/vision/workloads").await.names();
+    assert_eq!(names, ["vision-train"]);
+    assert_eq!(s.get("/api/v1/service-accounts/sneak").await.status, 404);
+    s.send_as(Some(&nina), Method::GET, "/api/v1/queue?team=vision", None).await.assert_problem(404, None);
+    let filtered = s.send_as(Some(&nina), Method::GET, "/api/v1/workloads?team=vision", None).await;
+    assert_eq!(filtered.body["items"], json!([]), "a filter names no team the caller cannot see: {}", filtered.body);
+}
+
+/// The review's memory amplification: a member stores many large workloads and lists them
+/// all at once. A page now carries at most about `PAGE_BYTES`, whatever `limit` says, and
+/// the cursor walks the rest: every workload once, in order.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_page_of_large_workloads_stops_at_the_byte_budget(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let mut body = crate::common::WorkloadBody::new().json();
+    body["spec"]["run"] = json!({
+        "script": "#".repeat(60_000),
+        "command": vec!["x".repeat(4000); 15],
+        "env": (0..4).map(|i| (format!("BIG_{i}"), json!("v".repeat(30_000)))).collect::<serde_json::Map<_, _>>(),
+    });
+    let size = body.to_string().len();
+    assert!(size > 230_000, "each workload is large: {size} bytes");
+    for i in 0..24 {
+        s.put_ok(&format!("/api/v1/teams/nlp/workloads/big-{i:02}"), &body, 201).await;
+    }
+    let (mut seen, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/teams/nlp/workloads?limit=500&cursor={c}"),
+            None => "/api/v1/teams/nlp/workloads?limit=500".to_owned(),
+        };
+        let r = reqwest::Client::new().get(s.url(&path)).bearer_auth(token("a", &[(Role::PlatformAdmin, None)]));
+        let text = r.send().await.unwrap().text().await.unwrap();
+        let page: Value = serde_json::from_str(&text).unwrap();
+        let budget = usize::try_from(berth_core::page::PAGE_BYTES).unwrap();
+        assert!(text.len() <= budget + size, "a page of {} bytes is over the budget", text.len());
+        pages += 1;
+        seen.extend(
+            page["items"].as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let all: Vec<String> = (0..24).map(|i| format!("big-{i:02}")).collect();
+    assert_eq!(seen, all, "the pages hold every workload once, in order");
+    assert!(pages >= 3, "the budget cut the list into pages ({pages})");
+    let queue = s.get("/api/v1/queue?limit=500").await;
+    assert!(queue.body.to_string().len() <= usize::try_from(berth_core::page::PAGE_BYTES).unwrap() + size);
+    assert_eq!(queue.body["total"], 24, "the totals still count every waiting workload");
+}
+
+/// Limits on a spec's size fields, each a 422 naming the field.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn oversized_spec_fields_are_refused_naming_the_field(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let with_run = |run: Value| {
+        let mut body = crate::common::WorkloadBody::new().json();
+        body["spec"]["run"] = run;
+        body
+    };
+    let cases = [
+        (json!({"command": vec!["x".repeat(4000); 17]}), "/spec/run/command"),
+        (
+            json!({"env": (0..5).map(|i| (format!("E{i}"), json!("v".repeat(30_000)))).collect::<serde_json::Map<_, _>>()}),
+            "/spec/run/env",
+        ),
+        (json!({"script": "#".repeat(70_000)}), "/spec/run/script"),
+    ];
+    for (run, field) in cases {
+        s.put("/api/v1/teams/nlp/workloads/w", &with_run(run)).await.assert_problem(422, Some(field));
+    }
+    let labels: serde_json::Map<String, Value> = (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let mut body = crate::common::WorkloadBody::new().json();
+    body["metadata"]["labels"] = Value::Object(labels);
+    s.put("/api/v1/teams/nlp/workloads/w", &body).await.assert_problem(422, Some("/metadata/labels"));
+}
+
+/// A NUL (which Postgres cannot store) in a path segment, a query parameter, a cursor or a
+/// body is a 400 or 422 naming where it is, never a 500; and a team name with control
+/// characters is no key of a cluster's namespace map.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn nul_bytes_and_control_characters_are_refused_not_a_server_fault(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    for path in [
+        "/api/v1/teams/nl%00p",
+        "/api/v1/teams/nlp/workloads/a%00b",
+        "/api/v1/flavors/h%00",
+        "/api/v1/clusters/x%00/nodes",
+        "/api/v1/service-accounts/a%00",
+    ] {
+        s.get(path).await.assert_problem(400, None);
+    }
+    for (query, field) in [
+        ("/api/v1/workloads?team=nl%00p", "team"),
+        ("/api/v1/workloads?label_selector=a%00", "label_selector"),
+        ("/api/v1/role-bindings?subject=x%00", "subject"),
+        ("/api/v1/audit?actor=%00", "actor"),
+    ] {
+        let r = s.get(query).await;
+        r.assert_problem(400, None);
+        assert_eq!(r.body["errors"][0]["field"], field, "{query}: {}", r.body);
+    }
+    let cursor = URL_SAFE_NO_PAD.encode(br#"["nlp\u0000","x"]"#);
+    s.get(&format!("/api/v1/workloads?cursor={cursor}")).await.assert_problem(422, Some("cursor"));
+    let mut body = crate::common::WorkloadBody::new().json();
+    body["metadata"]["labels"] = json!({"tier": "a\u{0}b"});
+    s.put("/api/v1/teams/nlp/workloads/w", &body).await.assert_problem(422, Some("/metadata/labels/tier"));
+    let sa = json!({"name": "ci", "description": "nul \u{0} here"});
+    s.send(Method::POST, "/api/v1/service-accounts", Some(&sa), &[]).await.assert_problem(422, Some("/description"));
+
+    let cluster = json!({"spec": {"kind": "kubernetes", "endpoint": "https://k8s:6443",
+        "kubernetes": {"flavors": [{"flavor": "h100", "product": "NVIDIA-H100"}], "namespaces": {"nlp\u{1b}[2J": "ns"}}}});
+    s.put("/api/v1/clusters/k", &cluster).await.assert_problem(422, Some("/spec/kubernetes/namespaces/nlp\u{1b}[2J"));
+}
+
+/// Every page and answer says no site may frame it, and API answers (tokens among them)
+/// may not be cached.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn pages_refuse_framing_and_api_answers_are_not_cached(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    for path in ["/docs/", "/api/v1/me", "/healthz"] {
+        let r = reqwest::Client::new().get(s.url(path)).bearer_auth(token("a", &[(Role::PlatformAdmin, None)]));
+        let r = r.send().await.unwrap();
+        let header = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert!(header("content-security-policy").contains("frame-ancestors 'none'"), "{path}");
+        assert_eq!(header("x-frame-options"), "DENY", "{path}");
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+    }
+    assert_eq!(s.send(Method::POST, "/api/v1/service-accounts", Some(&json!({"name": "ci"})), &[]).await.status, 201);
+    let minted =
+        s.send(Method::POST, "/api/v1/service-accounts/ci/tokens", Some(&json!({"ttl_seconds": 60})), &[]).await;
+    assert_eq!(minted.status, 201);
+    assert_eq!(minted.headers.get("cache-control").unwrap(), "no-store");
+}
+
+/// berthd's listener with short limits, for the connection tests.
+async fn serve_with_limits(db: berth_store::PgPool, limits: berthd::server::ConnectionLimits) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let http = berthd::state::HttpConfig { limits, ..berthd::state::HttpConfig::default() };
+    let state = berthd::state::AppState {
+        http,
+        ..berthd::state::AppState::new(db, berthd::auth::Auth::new(common::verifier(None), None))
+    };
+    tokio::spawn(berthd::server::serve(listener, berthd::app(state), limits, std::future::pending()));
+    addr
+}
+
+/// Reads until the server closes the connection; what it sent.
+async fn until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), stream.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the server kept the connection open; it sent {:?}", String::from_utf8_lossy(&got));
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The review held connections open for 130 s without any being closed. Now a client that
+/// never finishes its headers, one that never finishes its body, and one that sits on an
+/// idle keep-alive connection are each cut off.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn slow_and_idle_connections_are_closed(db: berth_store::PgPool) {
+    use tokio::io::AsyncWriteExt;
+    let limits = berthd::server::ConnectionLimits {
+        header_read: std::time::Duration::from_secs(1),
+        idle: std::time::Duration::from_secs(2),
+        request: std::time::Duration::from_secs(2),
+    };
+    let addr = serve_with_limits(db, limits).await;
+
+    // Headers that never end (slowloris).
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: berth\r\nX-Slow: ").await.unwrap();
+    until_closed(&mut slow).await;
+
+    // A body that stops arriving: the request times out (408) and the connection closes.
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PUT /api/v1/flavors/x HTTP/1.1\r\nHost: berth\r\nAuthorization: Bearer {admin}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"spec\":"
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let answer = until_closed(&mut stalled).await;
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // An idle keep-alive connection after a complete exchange.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: berth\r\n\r\n").await.unwrap();
+    let answer = until_closed(&mut idle).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "the request itself is served: {answer}");
+}
+
+/// Reads are limited per caller, and every request on a team's paths or by the team's
+/// service accounts counts against one team budget, so more accounts buy no more requests.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
+    let limit = |per_second: u32, burst: u32| {
+        Some(berthd::auth::RateLimit {
+            per_second: std::num::NonZeroU32::new(per_second).unwrap(),
+            burst: std::num::NonZeroU32::new(burst).unwrap(),
+        })
+    };
+    let limits = berthd::auth::RateLimits { writes: None, reads: limit(1, 4), teams: limit(1, 6) };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let auth = berthd::auth::Auth::with_limits(common::verifier(None), limits);
+    let app = berthd::app(berthd::state::AppState::new(db.clone(), auth));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let get = async |token: &str, path: &str| {
+        reqwest::Client::new().get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().status().as_u16()
+    };
+
+    // One caller: its burst of reads, then 429.
+    let vic = token("vic", &[(Role::Viewer, None)]);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get(&vic, "/api/v1/flavors").await);
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 1, "{statuses:?}");
+
+    // Three users reading one team's paths share the team's budget of 6.
+    let mut statuses = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        let t = token(user, &[(Role::Viewer, None)]);
+        for _ in 0..3 {
+            statuses.push(get(&t, "/api/v1/teams/nlp/workloads").await);
+        }
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 3, "{statuses:?}");
+
+    // Service accounts of one team share its budget wherever they read.
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    let send = async |method: Method, path: &str, body: Value| {
+        let r = reqwest::Client::new().request(method, format!("{base}{path}")).bearer_auth(&admin).json(&body);
+        r.send().await.unwrap().json::<Value>().await.unwrap()
+    };
+    send(Method::PUT, "/api/v1/flavors/h100", common::flavor("h100")).await;
+    send(Method::PUT, "/api/v1/teams/ops", TeamBody::new().quota("h100", 1, None, 1).json()).await;
+    let mut tokens = Vec::new();
+    for name in ["bot-1", "bot-2", "bot-3"] {
+        send(Method::POST, "/api/v1/service-accounts", json!({"name": name, "team": "ops"})).await;
+        let minted =
+            send(Method::POST, &format!("/api/v1/service-accounts/{name}/tokens"), json!({"ttl_seconds": 60})).await;
+        tokens.push(minted["token"].as_str().unwrap().to_owned());
+    }
+    let mut statuses = Vec::new();
+    for t in &tokens {
+        for _ in 0..3 {
+            statuses.push(get(t, "/api/v1/flavors").await);
+        }
+    }
+    // The admin's PUT of /api/v1/teams/ops took one of the team's 6.
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "three accounts, one team budget: {statuses:?}");
+}

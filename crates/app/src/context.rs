@@ -49,6 +49,7 @@ impl OpContext {
             subject: subject.to_owned(),
             issuer: "berth".into(),
             service_account: None,
+            service_account_team: None,
             grants: vec![Grant { role: Role::PlatformAdmin, team: None }],
         };
         Self { principal, tree: TeamTree::default(), actor: Actor::new(subject, None), user_issuer: "berth".into() }

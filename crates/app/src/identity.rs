@@ -26,13 +26,15 @@ use crate::context::OpContext;
 /// `Ok(Err(_))` when the token is refused; `Err(_)` when the store fails.
 pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<Result<Principal, AuthError>, Error> {
     let mut grants = verified.grants;
+    let mut service_account_team = None;
     if let Some((account, id)) = &verified.service_account {
         let uid = if verified.subject == service_account_subject(account) {
             store::sa_token_use(db, account, *id, &berth_auth::token_sha256(token)).await?
         } else {
             None
         };
-        let Some(uid) = uid else { return Ok(Err(AuthError::Revoked)) };
+        let Some((uid, team)) = uid else { return Ok(Err(AuthError::Revoked)) };
+        service_account_team = team;
         grants.extend(store::grants_of_account(db, uid).await?);
     } else {
         grants.extend(store::grants_of_user(db, &verified.issuer, &verified.subject).await?);
@@ -43,6 +45,7 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         subject: verified.subject,
         issuer: verified.issuer,
         service_account: verified.service_account.map(|(name, _)| name),
+        service_account_team,
         grants,
     }))
 }

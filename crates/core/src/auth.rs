@@ -103,6 +103,9 @@ pub struct Principal {
     /// The service account, when the token is one of its tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// The team owning that service account (absent for global accounts and users).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_account_team: Option<String>,
     /// Every grant: those carried by a Berth-issued token and the role bindings of the
     /// subject.
     pub grants: Vec<Grant>,
@@ -489,6 +492,7 @@ mod tests {
             subject: "u".into(),
             issuer: "berth".into(),
             service_account: None,
+            service_account_team: None,
             grants: grants.iter().map(|(role, team)| Grant { role: *role, team: team.map(str::to_owned) }).collect(),
         }
     }

@@ -546,8 +546,13 @@ fn validate_kubernetes(v: &mut Validator, k: &KubernetesSpec) {
         "/spec/kubernetes/namespace_prefix",
         || "must start a namespace name: lowercase letters, digits and '-', at most 39".into(),
     );
+    v.check(k.namespaces.len() <= 10_000, "/spec/kubernetes/namespaces", || "at most 10000 teams".into());
     for (team, ns) in &k.namespaces {
-        v.check(dns_label(ns, 63), format!("/spec/kubernetes/namespaces/{team}"), || {
+        let at = format!("/spec/kubernetes/namespaces/{}", crate::validation::escape_pointer(team));
+        // The keys are team names: a key no team could have is a mistake (or an attack
+        // on whatever reads the map), not a setting.
+        v.name(&at, team);
+        v.check(dns_label(ns, 63), at, || {
             "must be a namespace name: lowercase letters, digits and '-', at most 63".into()
         });
     }

@@ -50,7 +50,11 @@ pub struct ApplyMeta {
     pub name: Option<String>,
     pub team: Option<String>,
     pub uid: Option<Uuid>,
+    /// At most 64 labels: keys `[prefix/]name` as in Kubernetes, values at most 63
+    /// characters.
     pub labels: Option<Labels>,
+    /// The stored version this write expects (digits), as `If-Match` carries it.
+    #[schema(pattern = "^[0-9]+$")]
     pub resource_version: Option<String>,
     /// Read-only; ignored.
     pub generation: Option<i64>,

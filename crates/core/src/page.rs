@@ -10,6 +10,11 @@ use crate::error::Error;
 pub const DEFAULT_LIMIT: u32 = 100;
 pub const MAX_LIMIT: u32 = 500;
 
+/// The most bytes of objects one page of workloads carries: a page of large workloads
+/// ends early (at least one item, and a `next` cursor), so no list call builds more than
+/// about this much whatever `limit` says.
+pub const PAGE_BYTES: i64 = 2 * 1024 * 1024;
+
 /// A validated page request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageRequest<K> {
@@ -42,7 +47,10 @@ fn decode_cursor<K: DeserializeOwned>(cursor: &str) -> Result<K, Error> {
     URL_SAFE_NO_PAD
         .decode(cursor)
         .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        // Keys are names: a NUL (which Postgres cannot store) was never in one we issued.
+        .filter(|key| !key.to_string().contains("\\u0000"))
+        .and_then(|key| serde_json::from_value(key).ok())
         .ok_or_else(|| Error::invalid("cursor", "is not a cursor returned by this list"))
 }
 
@@ -79,6 +87,8 @@ mod tests {
         assert!(PageRequest::<(String, String)>::new(None, Some("!!")).is_err());
         assert!(PageRequest::<String>::new(Some(0), None).is_err());
         assert!(PageRequest::<String>::new(Some(501), None).is_err());
+        let nul = encode_cursor(&("team\0".to_string(), "job".to_string()));
+        assert!(PageRequest::<(String, String)>::new(None, Some(&nul)).is_err());
     }
 
     #[test]

@@ -212,18 +212,30 @@ pub struct Placement {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Run {
-    /// The command and its arguments.
+    /// The command and its arguments: at most 256 arguments of at most 4,096 characters,
+    /// 65,536 characters in all.
     #[serde(default)]
+    #[schema(max_items = 256)]
     pub command: Vec<String>,
-    /// A batch script, used instead of `command` where the backend runs scripts (Slurm).
+    /// A batch script, used instead of `command` where the backend runs scripts (Slurm);
+    /// at most 65,536 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 65536)]
     pub script: Option<String>,
     /// Container image, where the backend runs containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 512)]
     pub image: Option<String>,
+    /// Environment variables: at most 256, each value at most 32,768 characters, 131,072
+    /// characters of values in all.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
+
+/// The most characters of all of a command's arguments together.
+pub const COMMAND_MAX_TOTAL: usize = 65_536;
+/// The most characters of all environment values together.
+pub const ENV_MAX_TOTAL: usize = 131_072;
 
 /// Replica bounds of an inference service.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -483,6 +495,10 @@ fn validate_tasks(v: &mut Validator, tasks: &Tasks) {
 
 fn validate_run(v: &mut Validator, run: &Run) {
     v.check(run.command.len() <= 256, "/spec/run/command", || "at most 256 arguments".into());
+    let total: usize = run.command.iter().map(|a| a.chars().count()).sum();
+    v.check(total <= COMMAND_MAX_TOTAL, "/spec/run/command", || {
+        format!("at most {COMMAND_MAX_TOTAL} characters of arguments in all, not {total}")
+    });
     for (i, arg) in run.command.iter().enumerate() {
         v.text(&format!("/spec/run/command/{i}"), arg, 4096);
     }
@@ -494,6 +510,10 @@ fn validate_run(v: &mut Validator, run: &Run) {
         v.check(ok, "/spec/run/image", || "must be an image reference without spaces, at most 512 characters".into());
     }
     v.check(run.env.len() <= 256, "/spec/run/env", || "at most 256 variables".into());
+    let total: usize = run.env.values().map(|value| value.chars().count()).sum();
+    v.check(total <= ENV_MAX_TOTAL, "/spec/run/env", || {
+        format!("at most {ENV_MAX_TOTAL} characters of values in all, not {total}")
+    });
     for (key, value) in &run.env {
         let at = format!("/spec/run/env/{}", escape_pointer(key));
         let ok = !key.is_empty()

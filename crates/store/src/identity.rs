@@ -303,13 +303,19 @@ pub async fn sa_token_revoke(db: impl PgExecutor<'_>, account: &str, id: Uuid) -
 
 /// Checks a presented service-account token: it must exist with this hash, be neither
 /// revoked nor expired, and belong to `account`. Marks it used (at most once a minute, so
-/// a busy tool does not write on every request). Returns the account's uid when valid.
+/// a busy tool does not write on every request). Returns the account's uid and owning team
+/// when valid.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn sa_token_use(db: &sqlx::PgPool, account: &str, id: Uuid, sha256: &[u8]) -> Result<Option<Uuid>, Error> {
+pub async fn sa_token_use(
+    db: &sqlx::PgPool,
+    account: &str,
+    id: Uuid,
+    sha256: &[u8],
+) -> Result<Option<(Uuid, Option<String>)>, Error> {
     let row = sqlx::query!(
-        r#"SELECT a.uid, t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute' AS "stale!"
+        r#"SELECT a.uid, a.team, t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute' AS "stale!"
            FROM service_account_tokens t JOIN service_accounts a ON a.name = t.service_account
            WHERE t.id = $1 AND t.service_account = $2 AND t.token_sha256 = $3
              AND t.revoked_at IS NULL AND t.expires_at > now()"#,
@@ -327,5 +333,5 @@ pub async fn sa_token_use(db: &sqlx::PgPool, account: &str, id: Uuid, sha256: &[
             .await
             .map_err(db_error)?;
     }
-    Ok(Some(row.uid))
+    Ok(Some((row.uid, row.team)))
 }

@@ -1,7 +1,7 @@
 //! SQL for workloads.
 
 use berth_core::meta::{Labels, ObjectMeta};
-use berth_core::page::{Page, PageRequest};
+use berth_core::page::{PAGE_BYTES, Page, PageRequest, encode_cursor};
 use berth_core::selector::LabelSelector;
 use berth_core::workload::{Phase, Workload, WorkloadKind, WorkloadSpec, WorkloadStatus};
 use berth_core::{Error, TeamId, WorkloadId};
@@ -24,6 +24,40 @@ struct WorkloadRow {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     deletion_timestamp: Option<DateTime<Utc>>,
+}
+
+/// A [`WorkloadRow`] of a budgeted page, with how many rows the page's key query found.
+struct PagedRow {
+    uid: Uuid,
+    team_name: String,
+    name: String,
+    labels: Json<Labels>,
+    spec: Json<WorkloadSpec>,
+    status: Json<WorkloadStatus>,
+    generation: i64,
+    resource_version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    deletion_timestamp: Option<DateTime<Utc>>,
+    fetched: i64,
+}
+
+impl From<PagedRow> for WorkloadRow {
+    fn from(r: PagedRow) -> Self {
+        Self {
+            uid: r.uid,
+            team_name: r.team_name,
+            name: r.name,
+            labels: r.labels,
+            spec: r.spec,
+            status: r.status,
+            generation: r.generation,
+            resource_version: r.resource_version,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            deletion_timestamp: r.deletion_timestamp,
+        }
+    }
 }
 
 impl From<WorkloadRow> for Workload {
@@ -213,23 +247,34 @@ pub async fn workload_list(
 ) -> Result<Page<Workload>, Error> {
     let (after_team, after_name) = page.after.clone().unzip();
     let sel = &filter.labels;
+    // The keys of the page first (with each row's size and the running total, in order),
+    // then the rows whose start lies within the byte budget: a page of large workloads is
+    // cut short, with a `next` cursor, and nothing beyond it is ever read whole.
     let rows = sqlx::query_as!(
-        WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
-           FROM workloads w
-           WHERE ($1::text IS NULL OR team_name = $1)
-             AND ($2::text IS NULL OR phase = $2)
-             AND ($3::text IS NULL OR cluster = $3)
-             AND ($4::text IS NULL OR kind = $4)
-             AND labels @> $5
-             AND labels ?& $6
-             AND NOT labels ?| $7
-             AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) ne WHERE w.labels ->> ne.key = ne.value)
-             AND ($9::text IS NULL OR (team_name, name) > ($9, $10))
-             AND ($12::text[] IS NULL OR team_name = ANY($12))
-           ORDER BY team_name, name
-           LIMIT $11"#,
+        PagedRow,
+        r#"WITH keys AS (
+             SELECT uid, size, sum(size) OVER (ORDER BY team_name, name ROWS UNBOUNDED PRECEDING) AS running
+             FROM (SELECT uid, team_name, name,
+                          spec_bytes + octet_length(status::text) + octet_length(labels::text) + 256 AS size
+                   FROM workloads w
+                   WHERE ($1::text IS NULL OR team_name = $1)
+                     AND ($2::text IS NULL OR phase = $2)
+                     AND ($3::text IS NULL OR cluster = $3)
+                     AND ($4::text IS NULL OR kind = $4)
+                     AND labels @> $5
+                     AND labels ?& $6
+                     AND NOT labels ?| $7
+                     AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) ne WHERE w.labels ->> ne.key = ne.value)
+                     AND ($9::text IS NULL OR (team_name, name) > ($9, $10))
+                     AND ($12::text[] IS NULL OR team_name = ANY($12))
+                   ORDER BY team_name, name
+                   LIMIT $11) matching
+           ), counted AS (SELECT uid, size, running, count(*) OVER () AS fetched FROM keys)
+           SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, c.fetched AS "fetched!"
+           FROM counted c JOIN workloads w ON w.uid = c.uid
+           WHERE c.running - c.size < $13
+           ORDER BY team_name, name"#,
         filter.team.as_deref(),
         filter.phase.map(Phase::as_str),
         filter.cluster.as_deref(),
@@ -242,11 +287,22 @@ pub async fn workload_list(
         after_name,
         i64::from(page.limit) + 1,
         filter.teams.as_deref(),
+        PAGE_BYTES,
     )
     .fetch_all(db)
     .await
     .map_err(db_error)?;
-    Ok(Page::from_rows(rows, page.limit, |r| (r.team_name.clone(), r.name.clone())).map(Workload::from))
+    let fetched = rows.first().map_or(0, |r| r.fetched);
+    let rows: Vec<WorkloadRow> = rows.into_iter().map(WorkloadRow::from).collect();
+    let key = |r: &WorkloadRow| (r.team_name.clone(), r.name.clone());
+    let page = if (rows.len() as i64) < fetched {
+        // Cut by the budget: more follow after the last row sent.
+        let next = rows.last().map(|last| encode_cursor(&key(last)));
+        Page { items: rows, next }
+    } else {
+        Page::from_rows(rows, page.limit, key)
+    };
+    Ok(page.map(Workload::from))
 }
 
 /// The first `limit` pending workloads in queue order (the scheduler's global position;
@@ -260,16 +316,28 @@ pub async fn workload_queue(
     only: Option<&[String]>,
     limit: u32,
 ) -> Result<(Vec<Workload>, i64, f64), Error> {
+    // As a list page: keys in order with their sizes first, then only the rows within
+    // the byte budget.
     let rows = sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+        r#"WITH keys AS (
+             SELECT uid, ord, size, sum(size) OVER (ORDER BY ord ROWS UNBOUNDED PRECEDING) AS running
+             FROM (SELECT uid, spec_bytes + octet_length(status::text) + octet_length(labels::text) + 256 AS size,
+                          row_number() OVER (ORDER BY (status #>> '{queue_position,global}')::int NULLS LAST,
+                                                      created_at, team_name, name) AS ord
+                   FROM workloads
+                   WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))
+                   ORDER BY ord
+                   LIMIT $2) head
+           )
+           SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at, deletion_timestamp
-           FROM workloads
-           WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))
-           ORDER BY (status #>> '{queue_position,global}')::int NULLS LAST, created_at, team_name, name
-           LIMIT $2"#,
+           FROM keys k JOIN workloads w ON w.uid = k.uid
+           WHERE k.running - k.size < $3
+           ORDER BY k.ord"#,
         only,
         i64::from(limit),
+        PAGE_BYTES,
     )
     .fetch_all(db)
     .await
