@@ -57,7 +57,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(berth_core::Error::invalid(field, "must not contain NUL characters").into());
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(crate::strict::Strict(&mut de)).map_err(|e| {
         let field = pointer(e.path(), &e.inner().to_string());
         json_problem(field, e.into_inner())
     })?;
@@ -191,12 +191,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
-        let value = value
-            .to_str()
-            .map_err(|_| Problem::bad_request(Some("If-Match".into()), "If-Match must be ASCII".into()))?;
-        IfMatch::parse(value)
-            .map(|m| Self(Some(m)))
-            .map_err(|m| Problem::bad_request(Some("If-Match".into()), m).into())
+        // Bytes that are no text name no version: they match nothing (412).
+        Ok(Self(Some(IfMatch::parse(value.to_str().unwrap_or("")))))
     }
 }
 

@@ -9,6 +9,7 @@ pub mod problem;
 pub mod routes;
 pub mod server;
 pub mod state;
+mod strict;
 pub mod telemetry;
 
 mod ops;

@@ -41,9 +41,11 @@ pub struct ApiDoc;
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Header)]
 pub struct IfMatchHeader {
-    /// `*` or quoted resource versions (`"42"`); the write happens only if one matches,
-    /// else 412.
+    /// `*` or quoted resource versions (`"42"`; a bare `42` is read as `"42"`); the write
+    /// happens only if one matches the current version, else 412 (a weak tag, or a value
+    /// naming no version, matches nothing).
     #[serde(rename = "If-Match")]
+    #[param(value_type = String, required = false)]
     #[allow(dead_code)]
     if_match: Option<String>,
 }
@@ -67,6 +69,7 @@ impl Modify for ProblemResponses {
             for (op, method) in ops {
                 if let Some(op) = op.as_mut() {
                     declare(op, method, path.contains('{'));
+                    constrain_parameters(op);
                     op.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
                 }
             }
@@ -95,6 +98,8 @@ fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
     let mut codes = vec![
         ("400", "Malformed request: unparsable JSON, path or query parameter"),
         ("401", "No token, or the token was refused (expired, wrong issuer or audience, bad signature, revoked)"),
+        ("408", "The request (its body included) took longer than the server allows"),
+        ("429", "Too many requests from this caller, or for this team; see Retry-After"),
         ("405", "Method not allowed on this path"),
         ("422", "Invalid request: each broken rule is listed with its field"),
         ("500", "Internal error; the body carries only a request id"),
@@ -105,7 +110,6 @@ fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
     }
     if method != "get" {
         codes.push(("403", "The caller may see the object but not make this change"));
-        codes.push(("429", "Too many changes from this caller; see Retry-After"));
         codes.push(("409", "Conflict: stale metadata.resource_version or uid, object in use, or being deleted"));
         codes.push(("412", "If-Match did not match the current resource version"));
     }
@@ -121,6 +125,36 @@ fn declare(op: &mut Operation, method: &str, has_path_params: bool) {
                 .build()
                 .into()
         });
+    }
+}
+
+/// A DNS-1123 label: every name in a path.
+const NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
+/// Text the server stores: no NUL, which Postgres cannot hold.
+const NO_NUL_PATTERN: &str = "^[^\\u0000]*$";
+
+/// States what the server accepts of each path and query parameter that has no rule of
+/// its own: names in a path are DNS labels, and no query text holds a NUL.
+fn constrain_parameters(op: &mut Operation) {
+    use utoipa::openapi::path::ParameterIn;
+    use utoipa::openapi::{RefOr, Schema, Type};
+    for p in op.parameters.iter_mut().flatten() {
+        let pattern = match p.parameter_in {
+            ParameterIn::Path if p.name == "name" || p.name == "team" => NAME_PATTERN,
+            ParameterIn::Query => NO_NUL_PATTERN,
+            _ => continue,
+        };
+        if let Some(RefOr::T(Schema::Object(o))) = p.schema.as_mut()
+            && o.schema_type == Type::String.into()
+            && o.pattern.is_none()
+            && o.enum_values.is_none()
+            && o.format.is_none()
+        {
+            o.pattern = Some(pattern.to_owned());
+            if pattern == NAME_PATTERN {
+                o.max_length = Some(63);
+            }
+        }
     }
 }
 

@@ -33,8 +33,10 @@ pub struct ClusterListParams {
     /// Only clusters of this kind.
     pub kind: Option<ClusterKind>,
     /// Items per page, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` value of the previous page.
+    #[param(pattern = "^[A-Za-z0-9_-]*$")]
     pub cursor: Option<String>,
 }
 

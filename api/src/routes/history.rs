@@ -54,15 +54,20 @@ pub struct AuditParams {
     /// Only records of this actor.
     pub actor: Option<String>,
     /// Items per page, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` value of the previous page.
+    #[param(pattern = "^[A-Za-z0-9_-]*$")]
     pub cursor: Option<String>,
 }
 
 /// The audit log: every mutation with its actor, newest first. Platform admins and global
 /// viewers only.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditParams),
-    responses((status = 200, description = "A page of audit records", body = AuditList)))]
+    responses(
+        (status = 200, description = "A page of audit records", body = AuditList),
+        (status = 403, description = "The caller is neither a platform admin nor a global viewer",
+            content_type = "application/problem+json", body = crate::problem::Problem)))]
 async fn list_audit(
     State(s): State<AppState>,
     OpCtx(opctx): OpCtx,
@@ -77,7 +82,8 @@ async fn list_audit(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct UsageHistoryParams {
-    /// Start of the history (RFC 3339), within the last 30 days; default 24 hours ago.
+    /// Start of the history (RFC 3339); default 24 hours ago. History is kept 30 days:
+    /// an earlier start reads from the oldest kept, a future one from now.
     pub since: Option<chrono::DateTime<chrono::Utc>>,
     /// Only this flavor.
     pub flavor: Option<String>,

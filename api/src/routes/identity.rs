@@ -168,6 +168,7 @@ async fn list_tokens(
 #[serde(deny_unknown_fields)]
 pub struct NewToken {
     /// Seconds, 1 to 31,622,400 (366 days).
+    #[schema(minimum = 1, maximum = 31_622_400)]
     pub ttl_seconds: u64,
 }
 

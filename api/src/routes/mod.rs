@@ -83,8 +83,10 @@ pub(crate) use list_type;
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
     /// Items per page, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` value of the previous page.
+    #[param(pattern = "^[A-Za-z0-9_-]*$")]
     pub cursor: Option<String>,
 }
 

@@ -34,8 +34,10 @@ pub struct TeamListParams {
     /// Only the children of this team.
     pub parent: Option<String>,
     /// Items per page, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` value of the previous page.
+    #[param(pattern = "^[A-Za-z0-9_-]*$")]
     pub cursor: Option<String>,
 }
 

@@ -47,8 +47,10 @@ pub struct WorkloadListParams {
     /// Label selector: `key=value`, `key!=value`, `key`, `!key`, comma-separated.
     pub label_selector: Option<String>,
     /// Items per page, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` value of the previous page.
+    #[param(pattern = "^[A-Za-z0-9_-]*$")]
     pub cursor: Option<String>,
 }
 
@@ -89,6 +91,7 @@ pub struct QueueParams {
     /// Only this team's pending workloads.
     pub team: Option<String>,
     /// How many of the first to return, 1 to 500 (default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 
@@ -96,7 +99,10 @@ pub struct QueueParams {
 /// consider them (each with its queue position and the reason it waits), and how many
 /// wait in all.
 #[utoipa::path(get, path = "/api/v1/queue", tag = "workloads", params(QueueParams),
-    responses((status = 200, description = "The head of the queue", body = Queue)))]
+    responses(
+        (status = 200, description = "The head of the queue", body = Queue),
+        (status = 404, description = "`team` names no team the caller can see",
+            content_type = "application/problem+json", body = crate::problem::Problem)))]
 async fn get_queue(
     State(s): State<AppState>,
     OpCtx(opctx): OpCtx,

@@ -153,7 +153,7 @@ fn requests() -> Vec<Bad> {
         },
         Bad { method: Method::GET, path: "/api/v1/audit?cursor=%00%01".into(), content_type: None, body: Vec::new() },
     ];
-    // An If-Match that is not an entity tag.
+    // An If-Match that names no version of the object (412).
     v.push(put_json("/api/v1/flavors/h100", json!({"spec": {}})));
     v
 }

@@ -55,7 +55,8 @@ pub const USAGE_HISTORY_MAX_DAYS: i64 = 30;
 /// ago), of the teams the caller can see, and of one flavor when given.
 ///
 /// # Errors
-/// [`Error::Invalid`] naming `since` when it is too far back or in the future; store errors.
+/// Store errors. A `since` outside the retention window is moved into it (the answer's
+/// `since` says from when it reads).
 pub async fn usage_history(
     db: &PgPool,
     opctx: &OpContext,
@@ -64,9 +65,9 @@ pub async fn usage_history(
 ) -> Result<UsageHistory, Error> {
     let only = opctx.visible_teams();
     let now = Utc::now();
-    if since < now - TimeDelta::days(USAGE_HISTORY_MAX_DAYS) || since > now {
-        return Err(Error::invalid("since", format!("must lie within the last {USAGE_HISTORY_MAX_DAYS} days")));
-    }
+    // History is kept for the retention window: an earlier start reads from its
+    // beginning, a later one (in the future) from now.
+    let since = since.clamp(now - TimeDelta::days(USAGE_HISTORY_MAX_DAYS), now);
     let mut history = UsageHistory { since, series: Vec::new() };
     for c in usage::usage_history(db, since, only.as_deref()).await? {
         if flavor.is_some_and(|f| f != c.flavor) {

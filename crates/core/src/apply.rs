@@ -24,25 +24,22 @@ pub enum IfMatch {
 }
 
 impl IfMatch {
-    /// Parses the header value: `*` or a comma-separated list of quoted strong tags.
-    ///
-    /// # Errors
-    /// A message when the value is not a valid list of strong entity tags.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    /// Reads the header value: `*`, or a comma-separated list of entity tags (`"42"`; a
+    /// bare `42` is taken as `"42"`). If-Match compares strongly, so a weak tag (`W/"42"`)
+    /// matches nothing, and so does a value that names no version at all: the write is
+    /// refused with 412, never made on a guess.
+    pub fn parse(value: &str) -> Self {
         let value = value.trim();
         if value == "*" {
-            return Ok(Self::Any);
+            return Self::Any;
         }
-        let mut tags = Vec::new();
-        for tag in value.split(',').map(str::trim) {
-            let inner = tag
-                .strip_prefix('"')
-                .and_then(|t| t.strip_suffix('"'))
-                .filter(|t| !t.contains('"'))
-                .ok_or_else(|| format!("If-Match must be * or a list of quoted entity tags, got {tag:?}"))?;
-            tags.push(inner.to_owned());
-        }
-        Ok(Self::Versions(tags))
+        let tags = value
+            .split(',')
+            .map(str::trim)
+            .filter(|tag| !tag.is_empty() && !tag.starts_with("W/"))
+            .map(|tag| tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(tag).to_owned())
+            .collect();
+        Self::Versions(tags)
     }
 
     fn matches(&self, resource_version: i64) -> bool {
@@ -158,6 +155,9 @@ pub fn check_delete(resource_version: i64, if_match: Option<&IfMatch>) -> Result
 /// (if any) must match the path, and labels must be well-formed.
 pub fn validate_meta(v: &mut Validator, meta: &ApplyMeta, path_name: &str) {
     v.name("/metadata/name", path_name);
+    if let Some(team) = &meta.team {
+        v.name("/metadata/team", team);
+    }
     if let Some(name) = &meta.name {
         v.check(name == path_name, "/metadata/name", || {
             format!("must match the name in the path ({path_name:?}) or be omitted")
@@ -165,6 +165,12 @@ pub fn validate_meta(v: &mut Validator, meta: &ApplyMeta, path_name: &str) {
     }
     if let Some(labels) = &meta.labels {
         v.labels("/metadata/labels", labels);
+    }
+    if let Some(version) = &meta.resource_version {
+        let digits = !version.is_empty() && version.len() <= 20 && version.bytes().all(|b| b.is_ascii_digit());
+        v.check(digits, "/metadata/resource_version", || {
+            "must be a resource version (digits) as the object carries it".into()
+        });
     }
 }
 
@@ -201,8 +207,8 @@ mod tests {
     #[test]
     fn stale_if_match_is_a_failed_precondition_and_stale_body_version_a_conflict() {
         let labels = Labels::new();
-        let stale = IfMatch::parse("\"16\"").unwrap();
-        let fresh = IfMatch::parse("\"1\", \"17\"").unwrap();
+        let stale = IfMatch::parse("\"16\"");
+        let fresh = IfMatch::parse("\"1\", \"17\"");
         let meta = ApplyMeta::default();
         assert!(matches!(
             plan(Some(current(&1, &labels)), &meta, &2, &labels, Some(&stale)),
@@ -227,9 +233,12 @@ mod tests {
     }
 
     #[test]
-    fn if_match_rejects_weak_and_unquoted_tags() {
-        assert!(IfMatch::parse("W/\"1\"").is_err());
-        assert!(IfMatch::parse("1").is_err());
-        assert_eq!(IfMatch::parse("*").unwrap(), IfMatch::Any);
+    fn if_match_takes_bare_tags_and_weak_or_empty_ones_match_nothing() {
+        assert_eq!(IfMatch::parse("\"1\", 2 , W/\"3\""), IfMatch::Versions(vec!["1".into(), "2".into()]));
+        assert_eq!(IfMatch::parse("*"), IfMatch::Any);
+        for nothing in ["", "W/\"17\"", " , "] {
+            let m = IfMatch::parse(nothing);
+            assert!(!m.matches(17), "{nothing:?} matches nothing");
+        }
     }
 }

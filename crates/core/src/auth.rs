@@ -67,6 +67,7 @@ pub struct Grant {
     /// The team whose subtree the role covers (a `member` covers that team only); absent:
     /// global.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub team: Option<String>,
 }
 
@@ -376,15 +377,22 @@ impl RoleBinding {
 #[serde(deny_unknown_fields)]
 pub struct NewRoleBinding {
     /// A user's `sub`, or `serviceaccount:{name}` for an existing service account.
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$"
+    )]
     pub subject: String,
     /// The issuer of the user's tokens (its `iss`); default: the OIDC issuer when one is
     /// configured, else Berth's own. Not for service accounts.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 512, pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$")]
     pub issuer: Option<String>,
     pub role: Role,
-    /// The team whose subtree the role covers; absent: global.
+    /// The team whose subtree the role covers; absent: global (platform-admin only
+    /// global; member and team-admin need a team).
     #[serde(default)]
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub team: Option<String>,
 }
 
@@ -437,12 +445,15 @@ pub struct ServiceAccount {
 #[serde(deny_unknown_fields)]
 pub struct NewServiceAccount {
     /// DNS-1123 label.
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub name: String,
     /// The owning team; team admins manage accounts owned by their subtree. Absent:
     /// global (platform admins only).
     #[serde(default)]
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub team: Option<String>,
     #[serde(default)]
+    #[schema(max_length = 1024, pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$")]
     pub description: String,
 }
 

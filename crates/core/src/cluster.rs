@@ -128,8 +128,9 @@ pub struct KubernetesSpec {
 /// The nodes of one flavor on a Kubernetes cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = KubernetesNodeFlavor)]
 pub struct KubernetesFlavor {
-    #[schema(example = "h100-80gb")]
+    #[schema(example = "h100-80gb", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub flavor: String,
     /// The value of the node label `nvidia.com/gpu.product` (set by NVIDIA's GPU feature
     /// discovery) on the flavor's nodes.
@@ -188,7 +189,7 @@ pub struct SlurmSpec {
 pub struct SlurmPartition {
     #[schema(example = "gpu")]
     pub name: String,
-    #[schema(example = "h100-80gb")]
+    #[schema(example = "h100-80gb", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub flavor: String,
     /// The GRES type of the flavor's GPUs (`gpu:<type>:<count>`); when set, only GPUs of
     /// this type count and jobs ask for them by type.
@@ -269,11 +270,11 @@ impl NodeGroup {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeGroup {
-    #[schema(example = "h100")]
+    #[schema(example = "h100", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub name: String,
-    #[schema(example = 4)]
+    #[schema(example = 4, minimum = 1, maximum = 100_000)]
     pub count: u32,
-    #[schema(example = "h100-80gb")]
+    #[schema(example = "h100-80gb", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub flavor: String,
     #[schema(example = 8)]
     pub gpus_per_node: u32,

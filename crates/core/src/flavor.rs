@@ -20,15 +20,18 @@ use crate::validation::Validator;
 }))]
 pub struct FlavorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024, pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$")]
     pub description: Option<String>,
     /// Memory per GPU (or per MIG slice), for display and placement hints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 4096)]
     pub gpu_memory_gib: Option<u32>,
     /// A CPU-only flavor: workloads on it request no GPUs.
     #[serde(default)]
     pub cpu_only: bool,
-    /// The MIG profile this flavor stands for, e.g. `1g.10gb`.
+    /// The MIG profile this flavor stands for, e.g. `1g.10gb` (not with `cpu_only`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9.]{1,32}$")]
     pub mig_profile: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmFlavor>,
@@ -41,7 +44,7 @@ pub struct FlavorSpec {
 #[serde(deny_unknown_fields)]
 pub struct SlurmFlavor {
     /// The GRES type, as in `gpu:<type>:<count>`.
-    #[schema(example = "h100")]
+    #[schema(example = "h100", pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub gres_type: String,
 }
 
@@ -51,10 +54,14 @@ pub struct SlurmFlavor {
 pub struct KubernetesFlavor {
     /// The node label that carries the GPU product.
     #[serde(default = "default_node_label_key")]
-    #[schema(example = "nvidia.com/gpu.product")]
+    #[schema(
+        example = "nvidia.com/gpu.product",
+        pattern = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$",
+        max_length = 316
+    )]
     pub node_label_key: String,
     /// The label's value on nodes of this flavor.
-    #[schema(example = "NVIDIA-H100-80GB-HBM3")]
+    #[schema(example = "NVIDIA-H100-80GB-HBM3", pattern = "^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")]
     pub node_label_value: String,
 }
 

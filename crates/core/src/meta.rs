@@ -47,7 +47,11 @@ pub struct ObjectMeta {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApplyMeta {
+    /// The name in the path, when given.
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
+    /// The team in the path (workloads), when given.
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub team: Option<String>,
     pub uid: Option<Uuid>,
     /// At most 64 labels: keys `[prefix/]name` as in Kubernetes, values at most 63

@@ -33,7 +33,8 @@ impl<K: DeserializeOwned> PageRequest<K> {
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(Error::invalid("limit", format!("must be between 1 and {MAX_LIMIT}")));
         }
-        let after = cursor.map(decode_cursor).transpose()?;
+        // An empty cursor is no cursor: the first page.
+        let after = cursor.filter(|c| !c.is_empty()).map(decode_cursor).transpose()?;
         Ok(Self { limit, after })
     }
 }

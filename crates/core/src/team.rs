@@ -23,14 +23,17 @@ pub const WEIGHT_MAX: u32 = 10_000;
     "quotas": [{"flavor": "h100-80gb", "guaranteed": 16, "limit": 32, "weight": 2}]
 }))]
 pub struct TeamSpec {
-    /// The parent team; none for a top-level team (a department).
+    /// The parent team (not the team itself); none for a top-level team (a department).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub parent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024, pattern = "^[^\\u0000-\\u0008\\u000B-\\u001F\\u007F-\\u009F]*$")]
     pub description: Option<String>,
-    /// At most one entry per flavor. A flavor with no entry has guaranteed 0, no limit
-    /// and weight 1.
+    /// At most one entry per flavor (64 in all). A flavor with no entry has guaranteed 0,
+    /// no limit and weight 1.
     #[serde(default)]
+    #[schema(max_items = 64)]
     pub quotas: Vec<Quota>,
 }
 
@@ -38,18 +41,19 @@ pub struct TeamSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
-    #[schema(example = "h100-80gb")]
+    #[schema(example = "h100-80gb", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub flavor: String,
     /// Always available to the team; reclaimed from borrowers when the team needs it.
-    #[schema(example = 16)]
+    #[schema(example = 16, maximum = 1_000_000)]
     pub guaranteed: u32,
-    /// Most the team may hold, borrowed GPUs included; none means up to capacity.
+    /// Most the team may hold, borrowed GPUs included (at least `guaranteed`); none means
+    /// up to capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(example = 32)]
+    #[schema(example = 32, maximum = 1_000_000)]
     pub limit: Option<u32>,
     /// The team's share of idle capacity relative to its siblings.
     #[serde(default = "default_weight")]
-    #[schema(example = 1)]
+    #[schema(example = 1, maximum = 10_000)]
     pub weight: u32,
 }
 

@@ -140,6 +140,7 @@ pub struct WorkloadSpec {
     pub kind: WorkloadKind,
     /// Higher runs first within the team; −1000 to 1000.
     #[serde(default)]
+    #[schema(minimum = -1000, maximum = 1000)]
     pub priority: i32,
     /// Whether Berth may preempt it. Non-preemptible work only runs in-quota.
     #[serde(default = "yes")]
@@ -154,7 +155,9 @@ pub struct WorkloadSpec {
     pub placement: Placement,
     #[serde(default)]
     pub run: Run,
+    /// Seconds, 1 to 31,536,000 (a year).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31_536_000)]
     pub max_runtime_seconds: Option<u64>,
     /// Checkpoints and resumes: after preemption it is requeued rather than failed.
     #[serde(default)]
@@ -175,7 +178,7 @@ fn yes() -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Tasks {
-    #[schema(example = 2)]
+    #[schema(example = 2, minimum = 1, maximum = 10_000)]
     pub count: u32,
     pub resources: TaskResources,
 }
@@ -184,15 +187,19 @@ pub struct Tasks {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskResources {
-    /// Acceptable flavors, most preferred first.
+    /// Acceptable flavors, most preferred first: 1 to 16, each once.
+    #[schema(min_items = 1, max_items = 16)]
     pub flavors: Vec<String>,
     /// Whole GPUs (1, 2, … 64) or a fraction of one GPU (0.01 to 0.99).
-    #[schema(example = 8)]
+    #[schema(example = 8, minimum = 0, maximum = 64, multiple_of = 0.01)]
     pub gpus: f64,
-    /// CPU cores; fractions allowed down to 0.001.
+    /// CPU cores, above 0 and at most 4,096; fractions allowed down to 0.001.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0, maximum = 4096)]
     pub cpus: Option<f64>,
+    /// 1 to 16,777,216 (16 TiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 16_777_216)]
     pub memory_mib: Option<u64>,
 }
 
@@ -241,10 +248,14 @@ pub const ENV_MAX_TOTAL: usize = 131_072;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Inference {
+    /// At most `max_replicas`.
+    #[schema(maximum = 1000)]
     pub min_replicas: u32,
+    #[schema(minimum = 1, maximum = 1000)]
     pub max_replicas: u32,
-    /// Target utilization (0–1) the autoscaler keeps replicas at.
+    /// Target utilization (above 0, at most 1) the autoscaler keeps replicas at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub target_utilization: Option<f64>,
 }
 
@@ -253,7 +264,7 @@ pub struct Inference {
 #[serde(deny_unknown_fields)]
 pub struct SimRun {
     /// Run time on the simulated clock.
-    #[schema(example = 600)]
+    #[schema(example = 600, exclusive_minimum = 0, maximum = 100_000_000)]
     pub duration_seconds: f64,
 }
 

@@ -513,14 +513,18 @@ pub async fn workload_names_taken(db: impl PgExecutor<'_>, team: &str, names: &[
         .map_err(db_error)
 }
 
-/// Every workload not yet finished (final ones are history), ordered by uid.
+/// Every workload not yet finished (final ones are history), ordered by uid, as the
+/// scheduler reads them: `spec.run` keeps only its image, without the script, command and
+/// environment, which the scheduler never looks at and which make up nearly all of a large
+/// spec, so a scheduling pass does not carry every stored script.
 ///
 /// # Errors
 /// As [`db_error`].
 pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object('image', spec #> '{run,image}')))
+                    AS "spec!: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at, deletion_timestamp
            FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
            ORDER BY uid"#
