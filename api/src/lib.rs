@@ -52,8 +52,11 @@ pub fn app(state: AppState) -> Router {
     let timeout = state.http.limits.request;
     // API answers carry tenants' data and tokens: no cache may keep them.
     let no_store = SetResponseHeaderLayer::if_not_present(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // One budget shared by every API route (a clone of the layer shares its semaphore).
+    let concurrency = tower::limit::GlobalConcurrencyLimitLayer::new(state.http.limits.concurrent.max(1));
     api.route_layer(from_fn_with_state(state.clone(), auth::authenticate))
         .route_layer(no_store)
+        .route_layer(concurrency)
         .merge(public)
         .merge(SwaggerUi::new("/docs").url("/openapi.json", document))
         .merge(ops::web_router(state.http.web_dir.as_deref()))

@@ -148,6 +148,9 @@ struct SecurityArgs {
     /// Seconds a request may take, its body included (408 after).
     #[arg(long, env = "BERTH_REQUEST_TIMEOUT_SECONDS", default_value_t = 30)]
     request_timeout_seconds: u64,
+    /// API requests served at once; more wait their turn (within their request time).
+    #[arg(long, env = "BERTH_MAX_CONCURRENT_REQUESTS", default_value_t = 64)]
+    max_concurrent_requests: usize,
 }
 
 impl SecurityArgs {
@@ -212,6 +215,7 @@ impl SecurityArgs {
                 header_read: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
                 idle: Duration::from_secs(self.idle_timeout_seconds.max(1)),
                 request: Duration::from_secs(self.request_timeout_seconds.max(1)),
+                concurrent: self.max_concurrent_requests.max(1),
             },
         })
     }

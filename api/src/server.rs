@@ -6,7 +6,10 @@
 //! - a connection on which nothing is read or written for [`ConnectionLimits::idle`] is
 //!   closed (a keep-alive connection left open, or a body that stopped arriving);
 //! - a request must be answered within [`ConnectionLimits::request`], body included
-//!   (`408` otherwise; the `TimeoutLayer` in [`crate::app`]).
+//!   (`408` otherwise; the `TimeoutLayer` in [`crate::app`]);
+//! - at most [`ConnectionLimits::concurrent`] API requests are served at once; the others
+//!   wait (within their request time), so memory grows with that number, not with the
+//!   number of connections a client opens.
 //!
 //! Shutting down stops accepting, lets each connection finish its request in flight, and
 //! closes it.
@@ -29,11 +32,17 @@ pub struct ConnectionLimits {
     pub header_read: Duration,
     pub idle: Duration,
     pub request: Duration,
+    pub concurrent: usize,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        Self { header_read: Duration::from_secs(10), idle: Duration::from_secs(60), request: Duration::from_secs(30) }
+        Self {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
+            request: Duration::from_secs(30),
+            concurrent: 64,
+        }
     }
 }
 

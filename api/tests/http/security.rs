@@ -460,6 +460,7 @@ async fn slow_and_idle_connections_are_closed(db: berth_store::PgPool) {
         header_read: std::time::Duration::from_secs(1),
         idle: std::time::Duration::from_secs(2),
         request: std::time::Duration::from_secs(2),
+        concurrent: 64,
     };
     let addr = serve_with_limits(db, limits).await;
 
@@ -547,4 +548,32 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
     }
     // The admin's PUT of /api/v1/teams/ops took one of the team's 6.
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "three accounts, one team budget: {statuses:?}");
+}
+
+/// However many connections a client opens, berthd serves a bounded number of API requests
+/// at once (each may build up to a page budget): the rest wait their turn.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn api_requests_beyond_the_concurrency_limit_wait_their_turn(db: berth_store::PgPool) {
+    use tokio::io::AsyncWriteExt;
+    let limits = berthd::server::ConnectionLimits {
+        request: std::time::Duration::from_secs(3),
+        concurrent: 1,
+        ..berthd::server::ConnectionLimits::default()
+    };
+    let addr = serve_with_limits(db, limits).await;
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    // A request that holds the one slot: its body never comes (until its request time
+    // runs out).
+    let mut holder = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PUT /api/v1/flavors/x HTTP/1.1\r\nHost: berth\r\nAuthorization: Bearer {admin}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    holder.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let base = format!("http://{addr}");
+    let started = std::time::Instant::now();
+    let waited = reqwest::Client::new().get(format!("{base}/api/v1/me")).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(waited.status(), 200);
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "it waited for the slot: {:?}", started.elapsed());
 }
