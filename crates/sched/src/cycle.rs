@@ -470,6 +470,13 @@ impl<'a> Cycle<'a> {
         Ok(in_quota)
     }
 
+    /// Whether `p` fits in its team's own guarantee of `f` (limits aside).
+    fn within_guarantee(&self, p: &Pending, f: FlavorIx) -> bool {
+        let requested = u64::from(p.tasks.total_gpus());
+        let guaranteed = u64::from(self.s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+        self.subtree_used[p.team * self.flavors + f] + requested <= guaranteed
+    }
+
     /// Clusters `p` may use for flavor `f`, with their pool.
     fn allowed_pools<'s>(&'s self, p: &'s Pending, f: FlavorIx) -> impl Iterator<Item = (ClusterIx, usize)> + 's {
         self.s
@@ -608,7 +615,11 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         let mut best: Option<(FlavorIx, Reclaim)> = None;
         for &f in &p.flavors {
-            let in_quota_now = matches!(self.quota(p, f, &[]), Ok(true));
+            // Within its team's own guarantee, a workload may take back borrowed work
+            // wherever that frees what blocks it: nodes, or an ancestor's limit (the
+            // victims' usage counts against the ancestors they share with it; `fits` in
+            // `reclaim_on` checks every limit with the victims gone).
+            let in_quota_now = self.within_guarantee(p, f);
             let pools: Vec<(ClusterIx, usize)> =
                 self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
             for (_, pool) in pools {

@@ -554,3 +554,38 @@ fn while_a_workload_waits_for_reclaim_its_team_does_not_borrow_the_guarantee_awa
     assert_eq!(preempted(&w, &plan), ["a-low"]);
     assert_eq!(reason(&w, &plan, "later"), &Reason::BorrowingPaused { flavor: 0, workload: urgent });
 }
+
+#[test]
+fn a_team_within_its_guarantee_reclaims_under_a_parent_whose_limit_equals_its_guarantee() {
+    // The review's department: mini guarantees 8 and may use 8 (limit = guarantee); its
+    // children ma and mb are each guaranteed 4. mb borrows ma's idle 4 and holds all 8.
+    // ma then asks for its own 4: mini is at its limit, and the only way under it is to
+    // take back mb's borrowed work, which frees the department's usage as well as nodes.
+    let mut w = World::new(&["h100"]);
+    w.team("mini", None, &[("h100", 8, Some(8), 1)]);
+    w.team("ma", Some("mini"), &[("h100", 4, None, 1)]);
+    w.team("mb", Some("mini"), &[("h100", 4, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    w.nodes(c, "h100", 2, 8, None);
+    for i in 0..8 {
+        w.submit(&format!("mb{i}"), "mb", 1, GPU, &["h100"]);
+    }
+    let plan = w.plan();
+    assert_eq!(plan.admissions.len(), 8, "mb borrows ma's idle guarantee");
+    w.carry_out(&plan);
+
+    let ma1 = w.submit("ma1", "ma", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    // Four of mb's borrowed GPUs stop for ma (the cluster has room: it is the limit that
+    // binds, and the victims lower it).
+    let victims = preempted(&w, &plan);
+    assert_eq!(victims.len(), 4, "{victims:?}");
+    assert!(victims.iter().all(|v| v.starts_with("mb")));
+    let team_ma = w.team_ix("ma");
+    assert!(plan.preemptions.iter().all(|p| p.cause == PreemptionCause::Reclaim { team: team_ma, workload: ma1 }));
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["ma1"]);
+    assert!(!plan.admissions[0].borrowed);
+}

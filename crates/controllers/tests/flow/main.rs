@@ -296,3 +296,32 @@ mod erased {
         }
     }
 }
+
+/// The review's department whose limit equals its guarantee: a child within its own
+/// guarantee reclaims its sibling's borrowed work and runs once the grace period is over,
+/// through the real store, scheduler and controllers.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_department_at_its_limit_reclaims_for_a_child_within_its_guarantee(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("mini", None, 8, Some(8)).await;
+    p.team("ma", Some("mini"), 4, None).await;
+    p.team("mb", Some("mini"), 4, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    for i in 0..8 {
+        p.submit("mb", &format!("mb{i}"), 1, 1.0, json!({})).await;
+    }
+    p.settle().await;
+    for i in 0..8 {
+        assert_eq!(p.phase("mb", &format!("mb{i}")).await, Phase::Running);
+    }
+    p.submit("ma", "ma1", 1, 4.0, json!({})).await;
+    p.settle().await;
+    p.advance(30);
+    p.settle().await;
+    assert_eq!(p.phase("ma", "ma1").await, Phase::Running);
+    let mut running = 0;
+    for i in 0..8 {
+        running += usize::from(p.phase("mb", &format!("mb{i}")).await == Phase::Running);
+    }
+    assert_eq!(running, 4, "mb keeps its own guarantee");
+}
