@@ -2,6 +2,7 @@
 //! workload's status carries (names, and a sentence a person can read).
 
 use berth_core::workload::PendingReason;
+use berth_sched::feasible::Impossible;
 use berth_sched::plan::{Miss, Reason};
 use berth_sched::snapshot::Snapshot;
 use serde_json::json;
@@ -110,6 +111,30 @@ pub fn pending_reason(
         Reason::ClustersCordoned => {
             ("ClustersCordoned", "every cluster the placement allows is cordoned or unreachable".to_owned(), json!({}))
         }
+        Reason::Unschedulable { why } => {
+            let words: Vec<String> = why.iter().map(|i| impossible(s, i)).collect();
+            let details: Vec<serde_json::Value> = why
+                .iter()
+                .map(|i| {
+                    let mut v = serde_json::to_value(i).unwrap_or_default();
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("flavor".into(), json!(flavor(i.flavor())));
+                        if let Some(t) = o.get("team").and_then(serde_json::Value::as_u64) {
+                            o.insert("team".into(), json!(team(usize::try_from(t).unwrap_or(0))));
+                        }
+                    }
+                    v
+                })
+                .collect();
+            (
+                "Unschedulable",
+                format!(
+                    "can never run as submitted: {}; change the workload or the quotas and clusters",
+                    words.join("; ")
+                ),
+                json!({"flavors": details}),
+            )
+        }
         Reason::PlacementMatchesNoCluster => (
             "PlacementMatchesNoCluster",
             "no cluster matches the placement and has nodes of an acceptable flavor".to_owned(),
@@ -117,4 +142,27 @@ pub fn pending_reason(
         ),
     };
     PendingReason { code: code.into(), message, details: Some(details) }
+}
+
+/// Why a workload can never run in one flavor, in words.
+fn impossible(s: &Snapshot, why: &Impossible) -> String {
+    let team = |t: usize| s.teams[t].name.as_str();
+    let flavor = |f: usize| s.flavors[f].as_str();
+    match why {
+        Impossible::AboveLimit { flavor: f, team: t, limit, requested } => {
+            format!("{}: it asks for {requested} GPUs, and team {} may hold at most {limit}", flavor(*f), team(*t))
+        }
+        Impossible::AboveGuarantee { flavor: f, team: t, guaranteed, requested } => format!(
+            "{}: non-preemptible work runs only within the guarantee, and team {} is guaranteed {guaranteed}, not \
+             {requested}",
+            flavor(*f),
+            team(*t)
+        ),
+        Impossible::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, largest_node_gpus } => format!(
+            "{}: {tasks} tasks of {task_gpus} GPUs, but even empty no allowed cluster (or required topology block) \
+             holds more than {most_tasks} of them; the largest node has {largest_node_gpus} GPUs",
+            flavor(*f)
+        ),
+        Impossible::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
+    }
 }

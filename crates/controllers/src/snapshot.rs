@@ -154,11 +154,16 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 unschedulable.push((
                     i,
                     PendingReason {
-                        code: "TaskLargerThanAnyNode".into(),
-                        message: format!(
-                            "each task asks for {} GPUs; no node has more than {MAX_GPUS_PER_NODE}",
-                            w.spec.tasks.resources.gpus
-                        ),
+                        code: "Unschedulable".into(),
+                        message: if flavors.is_empty() {
+                            "can never run as submitted: none of its flavors exists".into()
+                        } else {
+                            format!(
+                                "can never run as submitted: each task asks for {} GPUs; no node has more than \
+                                 {MAX_GPUS_PER_NODE}",
+                                w.spec.tasks.resources.gpus
+                            )
+                        },
                         details: None,
                     },
                 ));

@@ -175,7 +175,7 @@ fn reclaim_violations(
     counted_on: &BTreeMap<RunningIx, PendingIx>,
 ) -> Vec<String> {
     let flavors = s.flavors.len();
-    let (share, _) = own_shares(s);
+    let (share, _) = own_shares(s, &crate::feasible::impossible(s, ancestors));
     let (pools, pool_at) = pools(s, states);
     let mut held: BTreeMap<NodeIx, PendingIx> = BTreeMap::new();
     for w in &plan.waiting {

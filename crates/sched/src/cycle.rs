@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use berth_core::workload::TopologyPolicy;
 
 use crate::fair_share::{TeamInput, fair_shares};
+use crate::feasible::Impossible;
 use crate::nodes::{NodeState, Placed, node_states, place};
 use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
@@ -132,16 +133,18 @@ pub(crate) fn ancestors(s: &Snapshot) -> Vec<Vec<TeamIx>> {
 }
 
 /// Every team's own fair share per flavor (GPUs), indexed `team * flavors + flavor`, and
-/// its own demand, indexed the same way.
-pub(crate) fn own_shares(s: &Snapshot) -> (Vec<f64>, Vec<f64>) {
+/// its own demand, indexed the same way. `impossible` (per pending workload) lists the
+/// flavors where it can never run: it claims no share there.
+pub(crate) fn own_shares(s: &Snapshot, impossible: &[Vec<Impossible>]) -> (Vec<f64>, Vec<f64>) {
     let flavors = s.flavors.len();
     let mut demand = vec![0.0; s.teams.len() * flavors];
     for r in s.running.iter().filter(|r| !r.preempting) {
         demand[r.team * flavors + r.flavor] += gpus(u64::from(r.tasks.total_gpus()));
     }
-    for p in &s.pending {
-        // Counted in every acceptable flavor, so that a fallback flavor can be borrowed too.
-        for &f in &p.flavors {
+    for (p, never) in s.pending.iter().zip(impossible) {
+        // Counted in every acceptable flavor where it could ever run, so that a fallback
+        // flavor can be borrowed too.
+        for &f in p.flavors.iter().filter(|&&f| !never.iter().any(|i| i.flavor() == f)) {
             demand[p.team * flavors + f] += gpus(u64::from(p.tasks.total_gpus()));
         }
     }
@@ -230,6 +233,8 @@ struct Cycle<'a> {
     gone: Vec<bool>,
     /// Per running workload: borrowed, preemptible, of a team above its share at the start.
     reclaimable: Vec<bool>,
+    /// Per pending workload: why it can never run in each flavor where it cannot.
+    impossible: Vec<Vec<Impossible>>,
     plan: Plan,
 }
 
@@ -238,7 +243,8 @@ impl<'a> Cycle<'a> {
         let flavors = s.flavors.len();
         let (pools, pool_at) = pools(s, &states);
         let ancestors = ancestors(s);
-        let (share, demand) = own_shares(s);
+        let impossible = crate::feasible::impossible(s, &ancestors);
+        let (share, demand) = own_shares(s, &impossible);
         let mut used = vec![0; s.teams.len() * flavors];
         let mut subtree_used = used.clone();
         for r in s.running.iter().filter(|r| !r.preempting) {
@@ -297,6 +303,7 @@ impl<'a> Cycle<'a> {
             gone: vec![false; s.running.len()],
             reclaimable,
             paused: vec![None; s.teams.len() * flavors],
+            impossible,
             plan: Plan::default(),
         }
     }
@@ -374,9 +381,14 @@ impl<'a> Cycle<'a> {
     fn visit(&mut self, w: PendingIx, starving: bool) -> Option<Reason> {
         let s = self.s;
         let p = &s.pending[w];
+        if self.impossible[w].len() == p.flavors.len() {
+            return Some(crate::feasible::reason(&self.impossible[w]));
+        }
         let mut quota_reason = None;
         let mut attempts = Vec::new();
-        for &f in &p.flavors {
+        let possible: Vec<FlavorIx> =
+            p.flavors.iter().copied().filter(|&f| !self.impossible[w].iter().any(|i| i.flavor() == f)).collect();
+        for f in possible {
             let in_quota = match self.quota(p, f, &[]) {
                 Ok(in_quota) => in_quota,
                 Err(reason) => {

@@ -4,6 +4,7 @@
 //! - [`snapshot`]: the input (teams and quotas, clusters and nodes, running and pending work);
 //! - [`schedule`]: one cycle, snapshot in, [`plan::Plan`] out (the rules are in [`cycle`]);
 //! - [`fair_share`]: hierarchical fair share per flavor;
+//! - [`feasible`]: what can never run as submitted (it claims no fair share);
 //! - [`nodes`]: per-GPU bookkeeping and gang bin packing;
 //! - [`check`]: the invariants every plan must hold, for tests and trace replay;
 //! - [`what_if`]: a change applied to a snapshot, and how the plan differs.
@@ -11,6 +12,7 @@
 pub mod check;
 pub mod cycle;
 pub mod fair_share;
+pub mod feasible;
 pub mod nodes;
 pub mod plan;
 pub mod snapshot;

@@ -85,6 +85,9 @@ pub enum Reason {
     ClustersCordoned,
     /// No cluster satisfies the placement constraints and has nodes of an acceptable flavor.
     PlacementMatchesNoCluster,
+    /// It can never run as submitted, in any acceptable flavor, whatever else runs: why,
+    /// per flavor. It claims no fair share until something changes (quotas, clusters).
+    Unschedulable { why: Vec<crate::feasible::Impossible> },
 }
 
 impl Reason {
@@ -100,6 +103,7 @@ impl Reason {
             Self::TopologyUnsatisfiable { .. } => "topology_unsatisfiable",
             Self::ClustersCordoned => "clusters_cordoned",
             Self::PlacementMatchesNoCluster => "placement_matches_no_cluster",
+            Self::Unschedulable { .. } => "unschedulable",
         }
     }
 }

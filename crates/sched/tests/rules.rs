@@ -6,6 +6,7 @@ mod support;
 
 use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_sched::feasible::Impossible;
 use berth_sched::plan::{Miss, PreemptionCause, Reason};
 use berth_sched::snapshot::Quota;
 use berth_sched::what_if::{Change, what_if};
@@ -90,9 +91,20 @@ fn a_parents_limit_binds_its_children() {
     let c = w.cluster("c1", ClusterKind::Sim, &[]);
     w.nodes(c, "h100", 2, 8, None);
     w.submit("t1", "t", 2, 6 * GPU, &["h100"]);
+    // 12 > 8 whatever else runs: it can never run as submitted, and says so.
+    let plan = w.plan();
+    assert_eq!(
+        reason(&w, &plan, "t1"),
+        &Reason::Unschedulable {
+            why: vec![Impossible::AboveLimit { flavor: 0, team: d, limit: 8.0, requested: 12.0 }]
+        }
+    );
+    // Within the limit but above what is left of it: it waits for the limit.
+    w.run("t0", "t", &[0], 1, 4 * GPU, false, 0, 0);
+    w.submit("t2", "t", 1, 6 * GPU, &["h100"]);
     let plan = w.plan();
     assert!(
-        matches!(reason(&w, &plan, "t1"), Reason::QuotaLimitReached { team, limit, .. } if *team == d && *limit == 8.0)
+        matches!(reason(&w, &plan, "t2"), Reason::QuotaLimitReached { team, limit, .. } if *team == d && *limit == 8.0)
     );
 }
 
@@ -272,8 +284,9 @@ fn best_fit_packs_onto_busy_nodes_to_keep_whole_nodes_free() {
 #[test]
 fn topology_required_keeps_a_gang_in_one_block_and_preferred_falls_back() {
     // Block x: 2 nodes, one of them busy; block y: 2 empty nodes. A 2 × 8 gang requiring one
-    // block goes to y. A 3 × 8 gang requiring one block cannot be placed (24 free, but no
-    // block has 3 free nodes): topology unsatisfiable. Preferred instead, it spans blocks.
+    // block goes to y. A 3 × 8 gang requiring one block can never be placed (no block has 3
+    // nodes); once one has, it waits while a node of it is busy (topology unsatisfiable).
+    // Preferred instead, it spans blocks.
     let mut w = World::new(&["h100"]);
     w.team("a", None, &[("h100", 32, None, 1)]);
     let c = w.cluster("c1", ClusterKind::Slurm, &[]);
@@ -289,6 +302,12 @@ fn topology_required_keeps_a_gang_in_one_block_and_preferred_falls_back() {
     w.s.pending.clear();
     let three = w.submit("three", "a", 3, 8 * GPU, &["h100"]);
     w.pending(three).topology = TopologyPolicy::Required;
+    let plan = w.plan();
+    // No block has three nodes at all: it can never run as submitted, and says why.
+    let never = Impossible::NoClusterHolds { flavor: 0, tasks: 3, task_gpus: 8.0, most_tasks: 2, largest_node_gpus: 8 };
+    assert_eq!(reason(&w, &plan, "three"), &Reason::Unschedulable { why: vec![never] });
+    // With a third node in block x (one of x's nodes busy) it could: it waits for room.
+    w.nodes(c, "h100", 1, 8, Some("x"));
     let plan = w.plan();
     assert_eq!(reason(&w, &plan, "three"), &Reason::TopologyUnsatisfiable { flavor: 0 });
     w.pending(three).topology = TopologyPolicy::Preferred;
@@ -588,4 +607,43 @@ fn a_team_within_its_guarantee_reclaims_under_a_parent_whose_limit_equals_its_gu
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["ma1"]);
     assert!(!plan.admissions[0].borrowed);
+}
+
+#[test]
+fn work_that_can_never_run_claims_no_fair_share_so_no_gpu_idles_for_it() {
+    // The review's case: ma (guaranteed 4) submits a non-preemptible 6-GPU job, which may
+    // only run within ma's guarantee, so never; mb submits 8 × 1 GPU on the 8-GPU cluster.
+    // Before, the impossible job's demand held half the department's fair share and 4 of
+    // mb's jobs waited with FairShareReached beside 4 idle GPUs.
+    let mut w = World::new(&["h100"]);
+    w.team("mini", None, &[("h100", 8, None, 1)]);
+    let ma = w.team("ma", Some("mini"), &[("h100", 4, None, 1)]);
+    w.team("mb", Some("mini"), &[("h100", 4, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    w.nodes(c, "h100", 1, 8, None);
+    let never = w.submit("never", "ma", 1, 6 * GPU, &["h100"]);
+    w.pending(never).preemptible = false;
+    for i in 0..8 {
+        w.submit(&format!("mb{i}"), "mb", 1, GPU, &["h100"]);
+    }
+    let plan = w.plan();
+    assert_eq!(plan.admissions.len(), 8, "every runnable GPU is used");
+    let why = Impossible::AboveGuarantee { flavor: 0, team: ma, guaranteed: 4.0, requested: 6.0 };
+    assert_eq!(reason(&w, &plan, "never"), &Reason::Unschedulable { why: vec![why] });
+    let share = plan.shares.iter().find(|s| s.team == ma).expect("ma's share");
+    assert_eq!(share.demand, 0.0, "the impossible job is no demand");
+}
+
+#[test]
+fn a_task_larger_than_every_node_says_so_instead_of_waiting_for_room() {
+    // 8-GPU nodes; a 16-GPU task fits on none, however empty: unschedulable, not "no room".
+    let (mut w, _) = two_owners();
+    w.submit("huge", "a", 1, 16 * GPU, &["h100"]);
+    w.submit("gang", "a", 3, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let huge = Impossible::NoClusterHolds { flavor: 0, tasks: 1, task_gpus: 16.0, most_tasks: 0, largest_node_gpus: 8 };
+    assert_eq!(reason(&w, &plan, "huge"), &Reason::Unschedulable { why: vec![huge] });
+    // Three 8-GPU tasks on a cluster of two 8-GPU nodes: never, too.
+    let gang = Impossible::NoClusterHolds { flavor: 0, tasks: 3, task_gpus: 8.0, most_tasks: 2, largest_node_gpus: 8 };
+    assert_eq!(reason(&w, &plan, "gang"), &Reason::Unschedulable { why: vec![gang] });
 }
