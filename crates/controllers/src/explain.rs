@@ -69,6 +69,12 @@ pub fn pending_reason(
                                     json!({"code": "NotEnoughGpus", "free": free, "needed": needed})
                                 }
                                 Miss::Fragmented => json!({"code": "Fragmented"}),
+                                Miss::InsufficientCpu { free, needed } => {
+                                    json!({"code": "InsufficientCpu", "free": free, "needed": needed})
+                                }
+                                Miss::InsufficientMemory { free, needed } => {
+                                    json!({"code": "InsufficientMemory", "free_mib": free, "needed_mib": needed})
+                                }
                                 Miss::Topology => json!({"code": "Topology"}),
                                 Miss::Reserved => json!({"code": "Reserved"}),
                             };
@@ -86,6 +92,12 @@ pub fn pending_reason(
                             Miss::Cordoned => "cordoned".to_owned(),
                             Miss::NotEnoughGpus { free, needed } => format!("{free} GPUs free, {needed} needed"),
                             Miss::Fragmented => "free GPUs are spread over too many nodes".to_owned(),
+                            Miss::InsufficientCpu { free, needed } => {
+                                format!("the nodes with free GPUs have {free} CPU cores free, {needed} needed")
+                            }
+                            Miss::InsufficientMemory { free, needed } => {
+                                format!("the nodes with free GPUs have {free} MiB of memory free, {needed} needed")
+                            }
                             Miss::Topology => "no single topology block has room".to_owned(),
                             Miss::Reserved => "room is held for a starving or reclaiming workload".to_owned(),
                         };

@@ -33,8 +33,8 @@ use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
 };
 use crate::snapshot::{
-    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, RunningIx, Snapshot, TaskPlacement,
-    TeamIx,
+    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, RunningIx, Snapshot,
+    TaskPlacement, TeamIx,
 };
 
 /// Computes the plan for `s`. The same snapshot always yields the same plan.
@@ -579,7 +579,7 @@ impl<'a> Cycle<'a> {
             } else if open_free < needed {
                 Miss::NotEnoughGpus { free: gpus(open_free), needed: gpus(needed) }
             } else {
-                Miss::Fragmented
+                self.short_of(&open, r)
             };
             if cacheable {
                 self.misses.insert(key, (pool.version, miss.clone()));
@@ -589,6 +589,33 @@ impl<'a> Cycle<'a> {
         let cluster = &self.s.clusters[pool.cluster];
         let key = (!topology_fit, placed.leftover, cluster.tier_rank(), p.backend_rank(cluster.kind), pool.cluster);
         Ok(Candidate { key, pool: pool_ix, placed, nodes })
+    }
+
+    /// Why a gang with GPUs enough on `open` still does not fit: CPU cores or memory on the
+    /// nodes that have the GPUs, or else the GPUs are spread over too many nodes.
+    fn short_of(&self, open: &[NodeIx], r: &Resources) -> Miss {
+        let (mut by_gpu, mut by_cpu, mut by_memory) = (0u64, 0u64, 0u64);
+        let (mut cpus, mut memory) = (0u64, 0u64);
+        for &n in open {
+            let state = &self.states[n];
+            let (g, c, m) = state.room_for(r);
+            if g > 0 {
+                cpus += u64::from(state.cpus_free());
+                memory += state.memory_free();
+            }
+            by_gpu += u64::from(g);
+            by_cpu += u64::from(c);
+            by_memory += u64::from(m);
+        }
+        let count = u64::from(r.count);
+        if by_gpu >= count && by_cpu < count {
+            let cores = |milli: u64| milli as f64 / 1000.0;
+            Miss::InsufficientCpu { free: cores(cpus), needed: cores(count * u64::from(r.cpus_milli)) }
+        } else if by_gpu >= count && by_memory < count {
+            Miss::InsufficientMemory { free: memory, needed: count * r.memory_mib }
+        } else {
+            Miss::Fragmented
+        }
     }
 
     fn admit(&mut self, w: PendingIx, f: FlavorIx, in_quota: bool, c: Candidate) {

@@ -63,6 +63,30 @@ impl NodeState {
         })
     }
 
+    /// How many more of `r`'s tasks fit here counting GPUs alone, GPUs and CPUs, and GPUs
+    /// and memory: which of them stops a gang that has GPUs enough.
+    pub fn room_for(&self, r: &Resources) -> (u32, u32, u32) {
+        let by_gpu = if r.gpus == 0 {
+            u32::MAX
+        } else if r.is_fractional() {
+            self.free_gpus() / r.gpus
+        } else {
+            self.whole_free / (r.gpus / ONE_GPU)
+        };
+        let by_cpu = self.cpus_free.checked_div(r.cpus_milli).unwrap_or(u32::MAX);
+        let by_memory =
+            self.memory_free.checked_div(r.memory_mib).map_or(u32::MAX, |m| m.min(u64::from(u32::MAX)) as u32);
+        (by_gpu, by_gpu.min(by_cpu), by_gpu.min(by_memory))
+    }
+
+    pub fn cpus_free(&self) -> u32 {
+        self.cpus_free
+    }
+
+    pub fn memory_free(&self) -> u64 {
+        self.memory_free
+    }
+
     /// How many of `r`'s tasks an empty node like this one could hold.
     pub fn capacity_when_empty(&self, r: &Resources, node: &Node) -> u32 {
         let by_gpu = if r.gpus == 0 {

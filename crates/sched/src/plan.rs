@@ -132,6 +132,16 @@ pub enum Miss {
     },
     /// Enough GPUs in total, but not on nodes that each hold whole tasks.
     Fragmented,
+    /// The nodes with GPUs free lack the CPU cores the tasks need (cores).
+    InsufficientCpu {
+        free: f64,
+        needed: f64,
+    },
+    /// The nodes with GPUs free lack the memory the tasks need (MiB).
+    InsufficientMemory {
+        free: u64,
+        needed: u64,
+    },
     /// It would fit, but not within one topology block.
     Topology,
     /// The room it could use is held for a starving or reclaiming workload.

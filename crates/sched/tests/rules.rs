@@ -647,3 +647,32 @@ fn a_task_larger_than_every_node_says_so_instead_of_waiting_for_room() {
     let gang = Impossible::NoClusterHolds { flavor: 0, tasks: 3, task_gpus: 8.0, most_tasks: 2, largest_node_gpus: 8 };
     assert_eq!(reason(&w, &plan, "gang"), &Reason::Unschedulable { why: vec![gang] });
 }
+
+#[test]
+fn cpu_or_memory_that_binds_is_the_reason_not_fragmentation() {
+    // Two 8-GPU nodes of 128 cores and 1 TiB each; node 1 is full, and on node 0 a job holds
+    // one GPU and 120 cores: 7 GPUs free beside 8 cores. A 4-GPU task asking 16 cores has
+    // its GPUs but not its cores; one asking nearly a TiB has its GPUs but not its memory
+    // (the busy job holds 1 GiB of it). Before, both read "free GPUs are spread over too
+    // many nodes".
+    let (mut w, nodes) = two_owners();
+    w.run("big", "b", &nodes[1..], 1, 8 * GPU, false, 0, 0);
+    let hog = w.run("hog", "b", &nodes[..1], 1, GPU, false, 0, 0);
+    w.s.running[hog].tasks.cpus_milli = 120_000;
+    let cpu = w.submit("cpu", "a", 1, 4 * GPU, &["h100"]);
+    w.pending(cpu).tasks.cpus_milli = 16_000;
+    let plan = w.plan();
+    let Reason::NoClusterFits { attempts } = reason(&w, &plan, "cpu") else { panic!("{plan:?}") };
+    assert_eq!(attempts[0].clusters[0].miss, Miss::InsufficientCpu { free: 8.0, needed: 16.0 });
+
+    w.s.pending.clear();
+    let mem = w.submit("mem", "a", 1, 4 * GPU, &["h100"]);
+    w.pending(mem).tasks.memory_mib = 2 << 20;
+    let plan = w.plan();
+    // More memory than any node has is no temporary shortage: it can never run.
+    assert!(matches!(reason(&w, &plan, "mem"), Reason::Unschedulable { .. }));
+    w.pending(mem).tasks.memory_mib = (1 << 20) - 512;
+    let plan = w.plan();
+    let Reason::NoClusterFits { attempts } = reason(&w, &plan, "mem") else { panic!("{plan:?}") };
+    assert!(matches!(attempts[0].clusters[0].miss, Miss::InsufficientMemory { .. }), "{attempts:?}");
+}
