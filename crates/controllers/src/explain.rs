@@ -176,5 +176,8 @@ fn impossible(s: &Snapshot, why: &Impossible) -> String {
             flavor(*f)
         ),
         Impossible::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
+        Impossible::NotCapable { flavor: f, missing } => {
+            format!("{}: the clusters with such nodes cannot run {missing}", flavor(*f))
+        }
     }
 }

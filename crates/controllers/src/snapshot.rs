@@ -182,6 +182,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 topology: w.spec.topology,
                 cluster_selector: w.spec.placement.cluster_selector.clone(),
                 backend_kinds: w.spec.placement.backend_kinds.clone(),
+                has_image: w.spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
             });
         }
     }

@@ -20,7 +20,28 @@ pub enum ClusterKind {
     Sim,
 }
 
+/// What a kind of backend can run. The scheduler places a workload only on clusters that
+/// can run it, and says which capability was missing when none could; the adapters refuse
+/// the same things should one reach them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Tasks of a fraction of one GPU (shared devices); Slurm's GRES and Kubernetes'
+    /// device plugins give whole devices (MIG slices are flavors of their own).
+    pub fractional_gpus: bool,
+    /// Whether a workload must name a container image (`spec.run.image`).
+    pub requires_image: bool,
+}
+
 impl ClusterKind {
+    /// What clusters of this kind can run.
+    pub fn capabilities(self) -> Capabilities {
+        match self {
+            Self::Slurm => Capabilities { fractional_gpus: false, requires_image: false },
+            Self::Kubernetes => Capabilities { fractional_gpus: false, requires_image: true },
+            Self::Sim => Capabilities { fractional_gpus: true, requires_image: false },
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Slurm => "slurm",

@@ -158,6 +158,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             topology: if count > 1 && rng.chance(50) { TopologyPolicy::Preferred } else { TopologyPolicy::None },
             cluster_selector,
             backend_kinds: Vec::new(),
+            has_image: true,
         });
     }
     s

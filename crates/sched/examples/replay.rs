@@ -386,6 +386,7 @@ fn berth_cycle(
                 topology: if j.tasks > 1 { TopologyPolicy::Preferred } else { TopologyPolicy::None },
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
+                has_image: true,
             }
         })
         .collect();

@@ -5,7 +5,8 @@
 //! non-preemptible and asks for more than its team's own guarantee, or no cluster its
 //! placement allows could hold its tasks even with every node empty (task larger than any
 //! node, a gang larger than a cluster, or than any topology block when the block is
-//! required). Such a workload claims no fair share in that flavor (it would hold idle
+//! required), or no cluster it could go to can run what it is (fractions of a GPU, work
+//! without a container image: `ClusterKind::capabilities`). Such a workload claims no fair share in that flavor (it would hold idle
 //! GPUs away from work that can run), and when it is impossible in every acceptable
 //! flavor it waits as [`Reason::Unschedulable`], saying what can never fit and why. The
 //! test runs every cycle, so a change of quotas, clusters or flavors is seen at once.
@@ -34,6 +35,9 @@ pub enum Impossible {
     NoClusterHolds { flavor: FlavorIx, tasks: u32, task_gpus: f64, most_tasks: u32, largest_node_gpus: u32 },
     /// No cluster the placement allows has nodes of the flavor.
     NoNodes { flavor: FlavorIx },
+    /// The clusters the placement allows with nodes of the flavor cannot run it: they lack
+    /// `missing` (a capability of their kind of backend).
+    NotCapable { flavor: FlavorIx, missing: String },
 }
 
 impl Impossible {
@@ -42,7 +46,8 @@ impl Impossible {
             Self::AboveLimit { flavor, .. }
             | Self::AboveGuarantee { flavor, .. }
             | Self::NoClusterHolds { flavor, .. }
-            | Self::NoNodes { flavor } => *flavor,
+            | Self::NoNodes { flavor }
+            | Self::NotCapable { flavor, .. } => *flavor,
         }
     }
 }
@@ -81,8 +86,13 @@ pub fn impossible_in(s: &Snapshot, ancestors: &[Vec<TeamIx>], p: &Pending, f: Fl
     // Tasks each allowed cluster (or topology block, when required) could hold, empty.
     let mut room: BTreeMap<(usize, Option<&str>), u32> = BTreeMap::new();
     let mut largest_node_gpus = 0;
+    let mut missing = None;
     let required = p.topology == berth_core::workload::TopologyPolicy::Required;
-    for node in s.nodes.iter().filter(|n| n.flavor == f && p.may_run_on(&s.clusters[n.cluster])) {
+    for node in s.nodes.iter().filter(|n| n.flavor == f && p.placement_allows(&s.clusters[n.cluster])) {
+        if let Some(lacks) = p.missing_capability(s.clusters[node.cluster].kind) {
+            missing.get_or_insert(lacks);
+            continue;
+        }
         let whole = crate::snapshot::Node { unavailable_gpus: 0, ..node.clone() };
         let tasks = NodeState::new(&whole).capacity_when_empty(&p.tasks, &whole);
         largest_node_gpus = largest_node_gpus.max(node.gpus);
@@ -91,7 +101,10 @@ pub fn impossible_in(s: &Snapshot, ancestors: &[Vec<TeamIx>], p: &Pending, f: Fl
         *entry = entry.saturating_add(tasks);
     }
     if room.is_empty() {
-        return Some(Impossible::NoNodes { flavor: f });
+        return Some(match missing {
+            Some(lacks) => Impossible::NotCapable { flavor: f, missing: lacks.to_owned() },
+            None => Impossible::NoNodes { flavor: f },
+        });
     }
     let most_tasks = room.values().copied().max().unwrap_or(0);
     (most_tasks < p.tasks.count).then(|| Impossible::NoClusterHolds {

@@ -164,13 +164,33 @@ pub struct Pending {
     pub cluster_selector: BTreeMap<String, String>,
     /// Only these backend kinds; empty: any.
     pub backend_kinds: Vec<ClusterKind>,
+    /// Whether it names a container image (some backends run only containers).
+    #[serde(default)]
+    pub has_image: bool,
 }
 
 impl Pending {
-    /// Whether `cluster` satisfies the workload's placement constraints.
+    /// Whether `cluster` satisfies the workload's placement constraints and can run it.
     pub fn may_run_on(&self, cluster: &Cluster) -> bool {
+        self.placement_allows(cluster) && self.missing_capability(cluster.kind).is_none()
+    }
+
+    /// Whether `cluster` satisfies the workload's placement constraints.
+    pub fn placement_allows(&self, cluster: &Cluster) -> bool {
         (self.backend_kinds.is_empty() || self.backend_kinds.contains(&cluster.kind))
             && self.cluster_selector.iter().all(|(k, v)| cluster.labels.get(k) == Some(v))
+    }
+
+    /// What a cluster of `kind` lacks to run this workload, in words; `None` when it can.
+    pub fn missing_capability(&self, kind: ClusterKind) -> Option<&'static str> {
+        let can = kind.capabilities();
+        if self.tasks.is_fractional() && !can.fractional_gpus {
+            Some("fractions of a GPU")
+        } else if can.requires_image && !self.has_image {
+            Some("a container image (spec.run.image)")
+        } else {
+            None
+        }
     }
 
     /// 0 when `kind` is the backend that suits this kind of work best: Slurm for training

@@ -114,6 +114,7 @@ fn remove_cluster(s: &mut Snapshot, c: usize) -> Vec<String> {
                 topology: TopologyPolicy::None,
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
+                has_image: true,
             });
             continue;
         }

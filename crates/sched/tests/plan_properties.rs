@@ -112,6 +112,7 @@ fn snapshot(seed: u64) -> Snapshot {
             topology: rng.pick(&[TopologyPolicy::None, TopologyPolicy::Preferred, TopologyPolicy::Required]),
             cluster_selector,
             backend_kinds,
+            has_image: rng.chance(80),
         });
     }
     s

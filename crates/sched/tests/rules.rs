@@ -254,7 +254,7 @@ fn fractional_tasks_share_a_gpu_and_pack() {
     // GPU 1; a whole-GPU job then finds no free GPU.
     let mut w = World::new(&["l4"]);
     w.team("a", None, &[("l4", 4, None, 1)]);
-    let c = w.cluster("c1", ClusterKind::Kubernetes, &[]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
     w.nodes(c, "l4", 1, 2, None);
     for i in 0..3 {
         w.submit(&format!("half{i}"), "a", 1, GPU / 2, &["l4"]);
@@ -675,4 +675,39 @@ fn cpu_or_memory_that_binds_is_the_reason_not_fragmentation() {
     let plan = w.plan();
     let Reason::NoClusterFits { attempts } = reason(&w, &plan, "mem") else { panic!("{plan:?}") };
     assert!(matches!(attempts[0].clusters[0].miss, Miss::InsufficientMemory { .. }), "{attempts:?}");
+}
+
+#[test]
+fn a_fraction_of_a_gpu_goes_only_where_the_backend_shares_gpus() {
+    // The review's 0.5-GPU inference workload went to Kubernetes (which suits inference
+    // best but gives whole devices) and failed BackendRejected, while a sim cluster had
+    // room. Now only clusters that can run fractions are considered.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    let k8s = w.cluster("k8s", ClusterKind::Kubernetes, &[]);
+    w.nodes(k8s, "h100", 1, 8, None);
+    let sim = w.cluster("sim", ClusterKind::Sim, &[]);
+    w.nodes(sim, "h100", 1, 8, None);
+    let half = w.submit("half", "a", 1, GPU / 2, &["h100"]);
+    w.pending(half).kind = WorkloadKind::Inference;
+    let plan = w.plan();
+    let cluster_of = |id: &str| {
+        let a = plan.admissions.iter().find(|a| w.s.pending[a.workload].id == id).expect("admitted");
+        a.cluster
+    };
+    assert_eq!(cluster_of("half"), sim);
+
+    // With the sim cluster gone, the fraction can never run, and the reason says why.
+    let mut w2 = World::new(&["h100"]);
+    w2.team("a", None, &[("h100", 8, None, 1)]);
+    let k8s = w2.cluster("k8s", ClusterKind::Kubernetes, &[]);
+    w2.nodes(k8s, "h100", 1, 8, None);
+    w2.submit("half", "a", 1, GPU / 2, &["h100"]);
+    let no_image = w2.submit("no-image", "a", 1, GPU, &["h100"]);
+    w2.pending(no_image).has_image = false;
+    let plan = w2.plan();
+    let missing =
+        |what: &str| Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: what.into() }] };
+    assert_eq!(reason(&w2, &plan, "half"), &missing("fractions of a GPU"));
+    assert_eq!(reason(&w2, &plan, "no-image"), &missing("a container image (spec.run.image)"));
 }

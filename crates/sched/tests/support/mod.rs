@@ -131,6 +131,7 @@ impl World {
             topology: TopologyPolicy::None,
             cluster_selector: BTreeMap::new(),
             backend_kinds: Vec::new(),
+            has_image: true,
         });
         self.s.pending.len() - 1
     }
@@ -197,6 +198,7 @@ impl World {
                     topology: TopologyPolicy::None,
                     cluster_selector: BTreeMap::new(),
                     backend_kinds: Vec::new(),
+                    has_image: true,
                 });
             }
         }
