@@ -96,10 +96,21 @@ fn nul_at(value: &serde_json::Value, at: String) -> Option<String> {
 }
 
 fn json_problem(field: String, e: serde_json::Error) -> ApiError {
+    // What a client sent (an unknown key, a value) is echoed only in part: a 900 KB key
+    // made a 900 KB error.
+    let field = clip(field, 256);
     if e.is_data() {
-        berth_core::Error::invalid(field, strip_position(&e.to_string())).into()
+        berth_core::Error::invalid(field, clip(strip_position(&e.to_string()), 512)).into()
     } else {
-        Problem::bad_request(Some(field).filter(|f| !f.is_empty()), format!("malformed JSON: {e}")).into()
+        Problem::bad_request(Some(field).filter(|f| !f.is_empty()), clip(format!("malformed JSON: {e}"), 512)).into()
+    }
+}
+
+/// `text` cut to at most `max` characters (marked with an ellipsis when cut).
+fn clip(text: String, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
     }
 }
 

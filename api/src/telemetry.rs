@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -114,7 +114,14 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub async fn track_metrics(req: Request, next: Next) -> Response {
     let start = Instant::now();
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = req.method().to_string();
+    // Labels come from a closed set: a client may send any method name, and each new one
+    // would otherwise be a new series kept for ever (an unauthenticated memory leak).
+    let method = match *req.method() {
+        Method::GET | Method::HEAD | Method::PUT | Method::POST | Method::DELETE | Method::PATCH | Method::OPTIONS => {
+            req.method().as_str().to_owned()
+        }
+        _ => "other".to_owned(),
+    };
     let response = next.run(req).await;
     let labels = [("method", method), ("route", route), ("status", response.status().as_u16().to_string())];
     metrics::counter!("http_requests_total", &labels).increment(1);

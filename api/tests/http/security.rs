@@ -65,6 +65,13 @@ async fn a_user_named_like_a_service_account_holds_none_of_its_rights(db: berth_
     assert_eq!(s.send(Method::POST, "/api/v1/role-bindings", Some(&bind), &[]).await.status, 201);
     let impostor = token("serviceaccount:ci", &[]);
     s.send_as(Some(&impostor), Method::GET, "/api/v1/teams/nlp", None).await.assert_problem(404, None);
+    // With rights of its own, what it changes is audited as a user's, never as the account's.
+    let impostor = token("serviceaccount:ci", &[(Role::Member, Some("nlp"))]);
+    let put = crate::common::WorkloadBody::new().json();
+    let r = s.send_as(Some(&impostor), Method::PUT, "/api/v1/teams/nlp/workloads/posing", Some(&put)).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let audit = s.get("/api/v1/audit?name=posing").await;
+    assert_eq!(audit.body["items"][0]["actor"], "user:serviceaccount:ci", "{}", audit.body);
 
     // Binding a user names the issuer of its tokens; another issuer's same `sub` gets nothing.
     let bind = json!({"subject": "dora", "issuer": "https://idp.example", "role": "member", "team": "nlp"});
@@ -137,11 +144,15 @@ async fn tokens_breaking_the_jwt_rules_are_refused_though_correctly_signed(db: b
     empty["sub"] = json!("");
     let mut blank = claims("   ");
     blank["sub"] = json!("   ");
+    let nul = claims("a\u{0}b");
+    let long = claims(&"x".repeat(300));
     for (what, token) in [
         ("an unknown critical header", crit),
         ("issued an hour from now", signed(&hs256, &future)),
         ("an empty subject", signed(&hs256, &empty)),
         ("a blank subject", signed(&hs256, &blank)),
+        ("a NUL in the subject (a server fault before)", signed(&hs256, &nul)),
+        ("a 300-character subject", signed(&hs256, &long)),
     ] {
         let r = s.send_as(Some(&token), Method::GET, "/api/v1/me", None).await;
         assert_eq!(r.status, 401, "{what}: {}", r.body);
@@ -576,4 +587,18 @@ async fn api_requests_beyond_the_concurrency_limit_wait_their_turn(db: berth_sto
     let waited = reqwest::Client::new().get(format!("{base}/api/v1/me")).bearer_auth(&admin).send().await.unwrap();
     assert_eq!(waited.status(), 200);
     assert!(started.elapsed() >= std::time::Duration::from_secs(2), "it waited for the slot: {:?}", started.elapsed());
+}
+
+/// Any method name a client makes up counts as `other`: before, each became a metrics
+/// series kept for ever, and an unauthenticated flood grew /metrics to 98 MB.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn made_up_methods_add_no_metrics_series(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    for i in 0..20 {
+        let method = Method::from_bytes(format!("FLOOD{i}XYZ").as_bytes()).unwrap();
+        reqwest::Client::new().request(method, s.url("/healthz")).send().await.unwrap();
+    }
+    let metrics = reqwest::Client::new().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(!metrics.contains("FLOOD"), "a made-up method became a label");
+    assert!(metrics.contains("method=\"other\""), "they are counted, as other");
 }

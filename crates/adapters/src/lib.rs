@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod kubernetes;
+mod scrub;
 pub mod sim;
 pub mod slurm;
 
@@ -98,6 +99,18 @@ impl Registry {
         self.sims.lock().expect("sim registry lock").get(&uid).map(|(_, sim)| sim.clone())
     }
 
+    /// Forgets the backends of clusters not in `live` (deleted ones) and returns how many:
+    /// a deleted cluster's connections and watches stop with its backend, so its
+    /// credential is not sent anywhere again.
+    pub fn retain(&self, live: &std::collections::HashSet<Uuid>) -> usize {
+        let mut remote = self.remote.lock().expect("backend registry lock");
+        let mut sims = self.sims.lock().expect("sim registry lock");
+        let before = remote.len() + sims.len();
+        remote.retain(|uid, _| live.contains(uid));
+        sims.retain(|uid, _| live.contains(uid));
+        before - remote.len() - sims.len()
+    }
+
     /// The backend for `cluster`, configured from its current spec (a cached backend is
     /// reconfigured only when the cluster's generation moved).
     ///
@@ -164,6 +177,7 @@ impl Registry {
         }
         let secret = cluster.spec.credentials_ref.as_deref().and_then(|r| (self.secrets)(r));
         let backend = build(secret.clone())?;
+        let backend: Arc<dyn ClusterBackend> = Arc::new(scrub::Scrubbed::new(backend, secret.as_deref()));
         remote.insert(uid, Built { spec, secret, read_at: std::time::Instant::now(), backend: backend.clone() });
         Ok(backend)
     }

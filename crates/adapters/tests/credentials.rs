@@ -92,3 +92,68 @@ fn only_settings_given_for_clusters_can_be_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The review deleted a Kubernetes cluster and its backend kept watching the old endpoint
+/// with the credential for minutes. Forgetting deleted clusters drops their backends (and
+/// with them, their watch tasks).
+#[tokio::test]
+async fn a_deleted_clusters_backend_is_dropped_with_its_credential() {
+    let spec = json!({"kind": "kubernetes", "endpoint": "https://127.0.0.1:1", "credentials_ref": "BERTH_CREDENTIAL_C",
+                      "kubernetes": {"flavors": [{"flavor": "h100", "product": "NVIDIA-H100"}]}});
+    let registry = registry_with("apiVersion: v1\nkind: Config\n");
+    let (kept, deleted) = (cluster(spec.clone()), cluster(spec));
+    let first = registry.backend(&deleted).unwrap();
+    assert!(Arc::ptr_eq(&first, &registry.backend(&deleted).unwrap()), "the registry keeps a built backend");
+    registry.backend(&kept).unwrap();
+    let live = std::collections::HashSet::from([kept.metadata.uid]);
+    assert_eq!(registry.retain(&live), 1, "only the deleted cluster's backend goes");
+    assert_eq!(Arc::strong_count(&first), 1, "the registry holds the deleted cluster's backend no more");
+    assert!(!Arc::ptr_eq(&first, &registry.backend(&deleted).unwrap()));
+}
+
+/// A server that answers every request 500, quoting the request's headers back, as a
+/// misbehaving backend or proxy might.
+async fn echo_server() -> String {
+    let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        let text: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
+        let echo = format!("echo: {}", text.join(", "));
+        // As slurmrestd words an error (`errors[]`) and as Kubernetes does (a Status).
+        let body = serde_json::json!({"errors": [{"error": echo, "description": echo, "error_number": 1}],
+                                      "kind": "Status", "apiVersion": "v1", "status": "Failure", "message": echo,
+                                      "code": 500});
+        (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// The review pointed a cluster at a server that repeats request headers: the token came
+/// back in the cluster's status, which every caller reads. Every adapter's errors now
+/// hide any piece of the credential.
+#[tokio::test]
+async fn a_backend_that_quotes_the_request_never_puts_the_credential_in_an_error() {
+    let url = echo_server().await;
+    let slurm = json!({"kind": "slurm", "endpoint": url, "credentials_ref": "BERTH_CREDENTIAL_C",
+                       "slurm": {"user": "berth", "working_directory": "/tmp",
+                                 "partitions": [{"name": "gpu", "flavor": "h100"}]}});
+    let registry = registry_with("cluster-cred-value-TOPSECRET-xyz");
+    let message = refusal(registry.backend(&cluster(slurm)).unwrap().inventory().await);
+    assert!(message.contains("echo"), "the backend's answer is still quoted: {message}");
+    assert!(!message.contains("TOPSECRET"), "the credential leaked: {message}");
+
+    let kubeconfig: &'static str = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+        contexts: [{name: c, context: {cluster: c, user: u}}]\n\
+        clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n\
+        users: [{name: u, user: {token: kube-bearer-TOPSECRET-abc}}]\n";
+    let k8s = json!({"kind": "kubernetes", "endpoint": url, "credentials_ref": "BERTH_CREDENTIAL_C",
+                     "kubernetes": {"flavors": [{"flavor": "h100", "product": "NVIDIA-H100"}]}});
+    let registry = registry_with(kubeconfig);
+    let message = refusal(registry.backend(&cluster(k8s)).unwrap().health().await);
+    assert!(!message.contains("TOPSECRET"), "the credential leaked: {message}");
+}

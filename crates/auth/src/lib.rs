@@ -24,6 +24,9 @@ use uuid::Uuid;
 
 pub use jwks::{Jwks, OidcConfig};
 
+/// The longest `sub` accepted (OpenID Connect's is at most 255 ASCII characters).
+pub const MAX_SUBJECT_CHARS: usize = 256;
+
 /// The most clock skew accepted on `exp` and `nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(60);
 
@@ -229,6 +232,11 @@ impl Verifier {
         // audit as no one.
         if verified.subject.trim().is_empty() {
             return Err(AuthError::MissingClaim);
+        }
+        // It is stored (audit records, bindings' authors) and shown: text of a bounded size,
+        // without control characters (a NUL cannot even be stored).
+        if verified.subject.chars().count() > MAX_SUBJECT_CHARS || verified.subject.chars().any(char::is_control) {
+            return Err(AuthError::Malformed);
         }
         Ok(verified)
     }

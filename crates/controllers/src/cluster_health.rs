@@ -40,6 +40,9 @@ impl crate::runner::Report for ClusterHealthStatus {
 pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
     let mut status = ClusterHealthStatus::default();
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    // A deleted cluster's backend goes: its watches stop, and its credential is no longer
+    // sent to the endpoint the admin removed.
+    ctx.backends.retain(&clusters.iter().map(|c| c.metadata.uid).collect());
     let mut stored: HashMap<ClusterId, Vec<ClusterNode>> = HashMap::new();
     for (c, n) in berth_store::cluster::cluster_nodes_list(&ctx.db).await? {
         stored.entry(c).or_default().push(n);

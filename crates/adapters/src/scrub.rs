@@ -1,0 +1,116 @@
+//! Backends' errors never carry their credential.
+//!
+//! A backend's error often quotes what the backend answered, and a backend (or a proxy,
+//! or a mistyped endpoint) may answer with the request it was sent, headers and all: the
+//! token in them would reach the cluster's status, which every caller reads, and the logs.
+//! [`Scrubbed`] wraps every backend the registry builds and replaces any piece of the
+//! credential in an error's text before the error leaves the adapter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::cluster::ClusterKind;
+
+use crate::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest, JobStatus};
+
+/// What stands in for a piece of a credential.
+const HIDDEN: &str = "<credential>";
+
+/// A backend whose errors are scrubbed of its credential.
+pub struct Scrubbed {
+    inner: Arc<dyn ClusterBackend>,
+    /// The credential and each long piece of it (a kubeconfig's token, key or certificate
+    /// data), longest first.
+    pieces: Vec<String>,
+}
+
+impl Scrubbed {
+    pub fn new(inner: Arc<dyn ClusterBackend>, secret: Option<&str>) -> Self {
+        Self { inner, pieces: secret.map(pieces).unwrap_or_default() }
+    }
+
+    fn clean(&self, e: BackendError) -> BackendError {
+        let text = |mut s: String| {
+            for piece in &self.pieces {
+                if s.contains(piece.as_str()) {
+                    s = s.replace(piece.as_str(), HIDDEN);
+                }
+            }
+            s
+        };
+        match e {
+            BackendError::Unreachable(m) => BackendError::Unreachable(text(m)),
+            BackendError::Rejected(m) => BackendError::Rejected(text(m)),
+            BackendError::Unsupported(m) => BackendError::Unsupported(text(m)),
+        }
+    }
+}
+
+/// The pieces of a credential worth hiding: the whole text, and every run of 8 or more
+/// characters between separators (so a token inside a kubeconfig is found on its own).
+fn pieces(secret: &str) -> Vec<String> {
+    let secret = secret.trim();
+    let separators = |c: char| c.is_whitespace() || matches!(c, ':' | '"' | '\'' | ',' | '{' | '}' | '[' | ']' | '=');
+    let mut pieces: Vec<String> = secret
+        .split(separators)
+        .filter(|p| p.chars().count() >= 8)
+        .chain((secret.chars().count() >= 4).then_some(secret))
+        .map(str::to_owned)
+        .collect();
+    pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    pieces.dedup();
+    pieces
+}
+
+#[async_trait]
+impl ClusterBackend for Scrubbed {
+    fn kind(&self) -> ClusterKind {
+        self.inner.kind()
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        self.inner.health().await.map_err(|e| self.clean(e))
+    }
+
+    async fn inventory(&self) -> Result<Inventory, BackendError> {
+        self.inner.inventory().await.map_err(|e| self.clean(e))
+    }
+
+    async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError> {
+        self.inner.submit(job).await.map_err(|e| self.clean(e))
+    }
+
+    async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
+        self.inner.jobs().await.map_err(|e| self.clean(e))
+    }
+
+    async fn jobs_recent(&self) -> Result<Vec<JobStatus>, BackendError> {
+        self.inner.jobs_recent().await.map_err(|e| self.clean(e))
+    }
+
+    async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError> {
+        self.inner.job(key).await.map_err(|e| self.clean(e))
+    }
+
+    async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
+        self.inner.cancel(key, grace).await.map_err(|e| self.clean(e))
+    }
+
+    async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {
+        self.inner.scale(key, replicas).await.map_err(|e| self.clean(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_inside_a_kubeconfig_is_a_piece_of_its_own() {
+        let kubeconfig = "users: [{name: u, user: {token: kube-bearer-TOPSECRET-abc}}]";
+        let found = pieces(kubeconfig);
+        assert!(found.contains(&"kube-bearer-TOPSECRET-abc".to_owned()), "{found:?}");
+        assert!(!found.iter().any(|p| p == "users" || p == "name"), "short words are not secrets: {found:?}");
+    }
+}
