@@ -138,11 +138,15 @@ export interface Quota {
   weight: number;
 }
 
+/** A team's use of a flavor: its own workloads', and its subtree's (the team and every team below it). */
 export interface FlavorUsage {
   flavor: string;
   allocated: number;
   borrowed: number;
   fair_share: number;
+  subtree_allocated: number;
+  subtree_borrowed: number;
+  subtree_fair_share: number;
 }
 
 export interface Team {

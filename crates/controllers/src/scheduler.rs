@@ -155,15 +155,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         explain(&world.workloads[*i], reason.clone(), None)?;
     }
 
-    let mut usage: BTreeMap<usize, Vec<FlavorUsage>> = BTreeMap::new();
-    for share in &plan.shares {
-        usage.entry(share.team).or_default().push(FlavorUsage {
-            flavor: s.flavors[share.flavor].clone(),
-            allocated: share.used,
-            borrowed: (share.used - share.guaranteed).max(0.0),
-            fair_share: share.fair_share,
-        });
-    }
+    let mut usage = team_usage(s, &plan.shares);
     let mut team_writes = Vec::new();
     let mut usage_changes = Vec::new();
     for (i, t) in world.teams.iter().enumerate() {
@@ -212,4 +204,38 @@ fn changed_usage<'a>(before: &'a TeamStatus, after: &'a TeamStatus) -> impl Iter
         let (old, new) = (of(before, f), of(after, f));
         (old != new).then(|| (f.to_owned(), new.0, new.1))
     })
+}
+
+/// Each team's usage per flavor, its own and its subtree's (the team and every team below
+/// it), from the plan's shares; a team appears for a flavor when it or a team below it has
+/// a share there.
+fn team_usage(s: &berth_sched::Snapshot, shares: &[berth_sched::plan::TeamShare]) -> BTreeMap<usize, Vec<FlavorUsage>> {
+    // (team, flavor) → (allocated, fair share), own and subtree.
+    let mut own: BTreeMap<(usize, usize), (f64, f64)> = BTreeMap::new();
+    let mut subtree: BTreeMap<(usize, usize), (f64, f64)> = BTreeMap::new();
+    for share in shares {
+        own.insert((share.team, share.flavor), (share.used, share.fair_share));
+        let mut team = Some(share.team);
+        while let Some(t) = team {
+            let sum = subtree.entry((t, share.flavor)).or_default();
+            sum.0 += share.used;
+            sum.1 += share.fair_share;
+            team = s.teams[t].parent;
+        }
+    }
+    let mut usage: BTreeMap<usize, Vec<FlavorUsage>> = BTreeMap::new();
+    for (&(t, f), &(subtree_allocated, subtree_fair_share)) in &subtree {
+        let (allocated, fair_share) = own.get(&(t, f)).copied().unwrap_or_default();
+        let guaranteed = f64::from(s.teams[t].quotas[f].guaranteed);
+        usage.entry(t).or_default().push(FlavorUsage {
+            flavor: s.flavors[f].clone(),
+            allocated,
+            borrowed: (allocated - guaranteed).max(0.0),
+            fair_share,
+            subtree_allocated,
+            subtree_borrowed: (subtree_allocated - guaranteed).max(0.0),
+            subtree_fair_share,
+        });
+    }
+    usage
 }

@@ -65,18 +65,27 @@ fn default_weight() -> u32 {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct TeamStatus {
-    /// Per flavor: GPUs allocated, borrowed and the current fair share.
+    /// Per flavor: GPUs allocated, borrowed and the current fair share, of the team's own
+    /// workloads and of its whole subtree.
     #[serde(default)]
     pub usage: Vec<FlavorUsage>,
 }
 
-/// A team's use of one flavor.
+/// A team's use of one flavor. The plain fields count the team's own workloads; the
+/// `subtree_` ones count the team and every team below it, which is what a department's
+/// guarantee and limit cover.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
 pub struct FlavorUsage {
     pub flavor: String,
     pub allocated: f64,
+    /// Allocated above the team's guarantee.
     pub borrowed: f64,
     pub fair_share: f64,
+    pub subtree_allocated: f64,
+    /// The subtree's allocation above the team's guarantee.
+    pub subtree_borrowed: f64,
+    pub subtree_fair_share: f64,
 }
 
 /// What the scheduler would do differently if a team's quotas were as proposed: its next

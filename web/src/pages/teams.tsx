@@ -68,7 +68,8 @@ export function Teams({ me }: { me: Me }) {
             return rows.map((flavor, i) => {
               const q = t.spec.quotas.find((q) => q.flavor === flavor);
               const u = t.status.usage.find((u) => u.flavor === flavor);
-              const over = u && u.borrowed > 0;
+              // A department's guarantee covers its whole subtree: show the subtree's totals.
+              const over = u && u.subtree_borrowed > 0;
               return (
                 <tr data-team={t.metadata.name} data-flavor={flavor ?? undefined} class={over ? "over" : undefined}>
                   <th scope="row" style={{ paddingLeft: `${0.6 + depth * 1.2}rem` }}>
@@ -78,12 +79,20 @@ export function Teams({ me }: { me: Me }) {
                   <td class="num">{q ? q.guaranteed : flavor ? 0 : ""}</td>
                   <td class="num">{q?.limit ?? (flavor ? "none" : "")}</td>
                   <td class="num">{q ? q.weight : flavor ? 1 : ""}</td>
-                  <td class="num">{u ? fmt(u.allocated) : flavor ? 0 : ""}</td>
-                  <td class="num">
-                    {u && u.borrowed > 0 ? <span title="above its guarantee">{fmt(u.borrowed)}</span> : flavor ? 0 : ""}
+                  <td class="num" title={u ? `its own workloads: ${fmt(u.allocated)}` : undefined}>
+                    {u ? fmt(u.subtree_allocated) : flavor ? 0 : ""}
                   </td>
-                  <td class="num">{u ? fmt(u.fair_share) : ""}</td>
-                  <td>{flavor && standing(u?.allocated ?? 0, q?.guaranteed ?? 0)}</td>
+                  <td class="num">
+                    {u && u.subtree_borrowed > 0 ? (
+                      <span title="above its guarantee">{fmt(u.subtree_borrowed)}</span>
+                    ) : flavor ? (
+                      0
+                    ) : (
+                      ""
+                    )}
+                  </td>
+                  <td class="num">{u ? fmt(u.subtree_fair_share) : ""}</td>
+                  <td>{flavor && standing(u?.subtree_allocated ?? 0, q?.guaranteed ?? 0)}</td>
                   <td>
                     {i === 0 && mayEdit(me, teams, t) && (
                       <button type="button" onClick={() => setEditing(t.metadata.name)}>

@@ -314,6 +314,13 @@ async fn a_department_at_its_limit_reclaims_for_a_child_within_its_guarantee(db:
     for i in 0..8 {
         assert_eq!(p.phase("mb", &format!("mb{i}")).await, Phase::Running);
     }
+    // The department reports what its subtree holds (the review saw 0, "under by 8").
+    let mini = berth_app::team::team_get(&p.ctx.db, &p.actor, "mini").await.unwrap();
+    let usage = &mini.status.usage[0];
+    assert_eq!((usage.allocated, usage.subtree_allocated, usage.subtree_borrowed), (0.0, 8.0, 0.0), "{usage:?}");
+    let mb = berth_app::team::team_get(&p.ctx.db, &p.actor, "mb").await.unwrap();
+    let usage = &mb.status.usage[0];
+    assert_eq!((usage.allocated, usage.borrowed, usage.subtree_allocated), (8.0, 4.0, 8.0), "{usage:?}");
     p.submit("ma", "ma1", 1, 4.0, json!({})).await;
     p.settle().await;
     p.advance(30);
