@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::nodes::NodeState;
 use crate::plan::Reason;
-use crate::snapshot::{FlavorIx, ONE_GPU, Pending, Snapshot, TeamIx};
+use crate::snapshot::{ClusterIx, FlavorIx, Node, ONE_GPU, Pending, Snapshot, TeamIx};
 
 /// Why a workload can never run in one flavor.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,14 +52,60 @@ impl Impossible {
     }
 }
 
+/// Nodes alike for this purpose (cluster, flavor, topology block, size), counted: what
+/// "could it ever fit" reads, once per cycle, so the test costs per pending workload the
+/// number of node shapes, not of nodes.
+struct Shapes<'s> {
+    groups: Vec<Shape<'s>>,
+}
+
+/// Alike nodes: of one flavor, cluster and block, and of one size.
+struct Shape<'s> {
+    flavor: FlavorIx,
+    cluster: ClusterIx,
+    block: Option<&'s str>,
+    /// One of them, with no GPU held by others (what could ever be free).
+    node: Node,
+    count: u32,
+}
+
+impl<'s> Shapes<'s> {
+    fn of(s: &'s Snapshot) -> Self {
+        type Key<'k> = (FlavorIx, ClusterIx, Option<&'k str>, u32, u32, u64);
+        let mut groups: BTreeMap<Key<'s>, Shape<'s>> = BTreeMap::new();
+        for n in &s.nodes {
+            let key = (n.flavor, n.cluster, n.block.as_deref(), n.gpus, n.cpus_milli, n.memory_mib);
+            let shape = groups.entry(key).or_insert_with(|| Shape {
+                flavor: n.flavor,
+                cluster: n.cluster,
+                block: n.block.as_deref(),
+                node: Node { unavailable_gpus: 0, cordoned: false, ..n.clone() },
+                count: 0,
+            });
+            shape.count += 1;
+        }
+        Self { groups: groups.into_values().collect() }
+    }
+}
+
 /// For each pending workload, why it is impossible in each of its flavors where it is
 /// (empty when it is possible in all).
 pub fn impossible(s: &Snapshot, ancestors: &[Vec<TeamIx>]) -> Vec<Vec<Impossible>> {
-    s.pending.iter().map(|p| p.flavors.iter().filter_map(|&f| impossible_in(s, ancestors, p, f)).collect()).collect()
+    let shapes = Shapes::of(s);
+    s.pending
+        .iter()
+        .map(|p| p.flavors.iter().filter_map(|&f| impossible_in(s, &shapes, ancestors, p, f)).collect())
+        .collect()
 }
 
 /// Why `p` can never run in flavor `f`, if it cannot.
-pub fn impossible_in(s: &Snapshot, ancestors: &[Vec<TeamIx>], p: &Pending, f: FlavorIx) -> Option<Impossible> {
+fn impossible_in(
+    s: &Snapshot,
+    shapes: &Shapes<'_>,
+    ancestors: &[Vec<TeamIx>],
+    p: &Pending,
+    f: FlavorIx,
+) -> Option<Impossible> {
     let requested = u64::from(p.tasks.total_gpus());
     let gpus = |hundredths: u64| hundredths as f64 / f64::from(ONE_GPU);
     for &a in &ancestors[p.team] {
@@ -84,21 +130,30 @@ pub fn impossible_in(s: &Snapshot, ancestors: &[Vec<TeamIx>], p: &Pending, f: Fl
         });
     }
     // Tasks each allowed cluster (or topology block, when required) could hold, empty.
-    let mut room: BTreeMap<(usize, Option<&str>), u32> = BTreeMap::new();
+    let mut room: BTreeMap<(ClusterIx, Option<&str>), u64> = BTreeMap::new();
     let mut largest_node_gpus = 0;
     let mut missing = None;
     let required = p.topology == berth_core::workload::TopologyPolicy::Required;
-    for node in s.nodes.iter().filter(|n| n.flavor == f && p.placement_allows(&s.clusters[n.cluster])) {
-        if let Some(lacks) = p.missing_capability(s.clusters[node.cluster].kind) {
+    for shape in &shapes.groups {
+        let cluster = &s.clusters[shape.cluster];
+        if shape.flavor != f || !p.placement_allows(cluster) {
+            continue;
+        }
+        if let Some(lacks) = p.missing_capability(cluster.kind) {
             missing.get_or_insert(lacks);
             continue;
         }
-        let whole = crate::snapshot::Node { unavailable_gpus: 0, ..node.clone() };
-        let tasks = NodeState::new(&whole).capacity_when_empty(&p.tasks, &whole);
+        let node = &shape.node;
+        let tasks = NodeState::new(node).capacity_when_empty(&p.tasks, node);
         largest_node_gpus = largest_node_gpus.max(node.gpus);
-        let key = (node.cluster, if required { Some(node.block.as_deref().unwrap_or(&node.name)) } else { None });
-        let entry = room.entry(key).or_default();
-        *entry = entry.saturating_add(tasks);
+        if required && shape.block.is_none() {
+            // Without a block, a node is a block of its own.
+            let entry = room.entry((shape.cluster, Some(node.name.as_str()))).or_default();
+            *entry = (*entry).max(u64::from(tasks));
+        } else {
+            let key = (shape.cluster, if required { shape.block } else { None });
+            *room.entry(key).or_default() += u64::from(tasks) * u64::from(shape.count);
+        }
     }
     if room.is_empty() {
         return Some(match missing {
@@ -106,7 +161,7 @@ pub fn impossible_in(s: &Snapshot, ancestors: &[Vec<TeamIx>], p: &Pending, f: Fl
             None => Impossible::NoNodes { flavor: f },
         });
     }
-    let most_tasks = room.values().copied().max().unwrap_or(0);
+    let most_tasks = u32::try_from(room.values().copied().max().unwrap_or(0)).unwrap_or(u32::MAX);
     (most_tasks < p.tasks.count).then(|| Impossible::NoClusterHolds {
         flavor: f,
         tasks: p.tasks.count,
