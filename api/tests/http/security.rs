@@ -583,13 +583,26 @@ async fn api_requests_beyond_the_concurrency_limit_wait_their_turn(db: berth_sto
         "PUT /api/v1/flavors/x HTTP/1.1\r\nHost: berth\r\nAuthorization: Bearer {admin}\r\n\
          Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
     );
+    let holder_started = std::time::Instant::now();
     holder.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let base = format!("http://{addr}");
-    let started = std::time::Instant::now();
+    // Once the holder has the slot, a short request gets no answer: wait for that.
+    let held = async {
+        loop {
+            let probe = reqwest::Client::new().get(format!("{base}/api/v1/me")).bearer_auth(&admin);
+            match probe.timeout(std::time::Duration::from_millis(200)).send().await {
+                Err(e) if e.is_timeout() => return,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(4), held).await.expect("the holder takes the one slot");
     let waited = reqwest::Client::new().get(format!("{base}/api/v1/me")).bearer_auth(&admin).send().await.unwrap();
     assert_eq!(waited.status(), 200);
-    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "it waited for the slot: {:?}", started.elapsed());
+    // It was answered only once the holder's request time (5 s) had run out.
+    let freed = holder_started + std::time::Duration::from_secs(5);
+    let early = std::time::Duration::from_millis(500);
+    assert!(std::time::Instant::now() + early >= freed, "it did not wait for the slot");
 }
 
 /// Any method name a client makes up counts as `other`: before, each became a metrics

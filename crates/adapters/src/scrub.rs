@@ -58,7 +58,7 @@ fn pieces(secret: &str) -> Vec<String> {
         .chain((secret.chars().count() >= 4).then_some(secret))
         .map(str::to_owned)
         .collect();
-    pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    pieces.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     pieces.dedup();
     pieces
 }
