@@ -7,8 +7,8 @@ use berth_core::workload::TopologyPolicy;
 
 use crate::cycle::{ancestors, gpus, own_shares, pools};
 use crate::nodes::{NodeState, node_states, place};
-use crate::plan::{Plan, PreemptionCause, Reason};
-use crate::snapshot::{NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
+use crate::plan::{Miss, Plan, PreemptionCause, Reason, Waiting};
+use crate::snapshot::{FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
 
 /// Everything wrong with `plan` as the plan for `s`, one line each.
 ///
@@ -158,7 +158,195 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     }
 
     out.extend(reclaim_violations(s, plan, &ancestors, &states, &subtree, &kept_running, &gone, &counted_on));
+    out.extend(idle_violations(s, plan, &ancestors, &states, &subtree, &kept_running));
+    out.extend(reason_violations(s, plan, &ancestors));
     out
+}
+
+/// The quota a starving workload's reservation holds along with its nodes: (flavor,
+/// hundredths), in its nodes' flavor.
+fn reservation(s: &Snapshot, w: &Waiting) -> Option<(FlavorIx, u64)> {
+    let node = w.reserved_nodes.first()?;
+    (!matches!(w.reason, Reason::WaitingForReclaim { .. }))
+        .then(|| (s.nodes[*node].flavor, u64::from(s.pending[w.workload].tasks.total_gpus())))
+}
+
+/// No GPU idles while a waiting workload could run on it as things stand: within every
+/// limit, in-quota or (preemptible) within its team's fair share, on open nodes of a
+/// cluster it may use.
+fn idle_violations(
+    s: &Snapshot,
+    plan: &Plan,
+    ancestors: &[Vec<usize>],
+    states: &[NodeState],
+    subtree: &[u64],
+    kept_running: &[u64],
+) -> Vec<String> {
+    let flavors = s.flavors.len();
+    let impossible = crate::feasible::impossible(s, ancestors);
+    let (share, _) = own_shares(s, &impossible);
+    let (pools, pool_at) = pools(s, states);
+    // The team's own usage as the scheduler counts it against the fair share: what keeps
+    // running, what is admitted, what waits for reclaim, and reservations.
+    let mut own = kept_running.to_vec();
+    let mut subtree = subtree.to_vec();
+    for a in &plan.admissions {
+        own[s.pending[a.workload].team * flavors + a.flavor] += u64::from(s.pending[a.workload].tasks.total_gpus());
+    }
+    let mut paused = vec![false; s.teams.len() * flavors];
+    for w in &plan.waiting {
+        let p = &s.pending[w.workload];
+        if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
+            own[p.team * flavors + flavor] += u64::from(p.tasks.total_gpus());
+            paused[p.team * flavors + flavor] = true;
+        }
+        if let Some((f, amount)) = reservation(s, w) {
+            own[p.team * flavors + f] += amount;
+            for &a in &ancestors[p.team] {
+                subtree[a * flavors + f] += amount;
+            }
+        }
+    }
+    let held: BTreeMap<NodeIx, PendingIx> =
+        plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
+    let mut out = Vec::new();
+    for waiting in &plan.waiting {
+        let w = waiting.workload;
+        let p = &s.pending[w];
+        let requested = u64::from(p.tasks.total_gpus());
+        let mine = reservation(s, waiting);
+        for &f in p.flavors.iter().filter(|&&f| !impossible[w].iter().any(|i| i.flavor() == f)) {
+            // Its own reservation's quota is its own to use.
+            let back = if mine.is_some_and(|(rf, _)| rf == f) { requested } else { 0 };
+            let used = |a: usize| subtree[a * flavors + f] - back;
+            let within_limits = ancestors[p.team]
+                .iter()
+                .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
+            let in_quota = used(p.team) + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+            let i = p.team * flavors + f;
+            let own_used = own[i] - back;
+            let may_borrow = p.preemptible
+                && gpus(own_used + requested) <= share[i] + 1e-9
+                && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
+            if matches!(waiting.reason, Reason::WaitingForReclaim { .. }) || !within_limits || !(in_quota || may_borrow)
+            {
+                continue;
+            }
+            for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
+                let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
+                let open: Vec<NodeIx> =
+                    pool.nodes.iter().copied().filter(|n| held.get(n).is_none_or(|&h| h == w)).collect();
+                let node_sets: Vec<Vec<NodeIx>> = if p.topology == TopologyPolicy::Required {
+                    pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
+                } else {
+                    vec![open]
+                };
+                if node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks).is_some()) {
+                    out.push(format!(
+                        "pending {w} waits ({}) though it could run now on cluster {} in flavor {f}",
+                        waiting.reason.code(),
+                        cluster.name
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every waiting workload's reason holds in the snapshot: the numbers it names are the
+/// snapshot's, and what it says binds does.
+fn reason_violations(s: &Snapshot, plan: &Plan, ancestors: &[Vec<usize>]) -> Vec<String> {
+    let flavors = s.flavors.len();
+    let impossible = crate::feasible::impossible(s, ancestors);
+    let (share, _) = own_shares(s, &impossible);
+    let reclaiming: BTreeMap<PendingIx, FlavorIx> = plan
+        .waiting
+        .iter()
+        .filter_map(|w| match w.reason {
+            Reason::WaitingForReclaim { flavor, .. } => Some((w.workload, flavor)),
+            _ => None,
+        })
+        .collect();
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    let mut out = Vec::new();
+    for waiting in &plan.waiting {
+        let w = waiting.workload;
+        let p = &s.pending[w];
+        let requested = gpus(u64::from(p.tasks.total_gpus()));
+        let possible: Vec<FlavorIx> =
+            p.flavors.iter().copied().filter(|&f| !impossible[w].iter().any(|i| i.flavor() == f)).collect();
+        let allowed = |f: FlavorIx| {
+            s.clusters.iter().enumerate().filter(move |(c, cl)| p.may_run_on(cl) && pool_has_nodes(s, *c, f))
+        };
+        let sound = match &waiting.reason {
+            Reason::QuotaLimitReached { team, flavor, used, limit, requested: r } => {
+                ancestors[p.team].contains(team)
+                    && possible.contains(flavor)
+                    && s.teams[*team].quotas[*flavor].limit.is_some_and(|l| near(f64::from(l), *limit))
+                    && near(*r, requested)
+                    && used + r > limit + 1e-9
+            }
+            Reason::GuaranteeExceeded { team, flavor, used, guaranteed, requested: r } => {
+                *team == p.team
+                    && !p.preemptible
+                    && possible.contains(flavor)
+                    && near(f64::from(s.teams[*team].quotas[*flavor].guaranteed), *guaranteed)
+                    && near(*r, requested)
+                    && used + r > guaranteed + 1e-9
+            }
+            Reason::FairShareReached { team, flavor, used, fair_share, requested: r } => {
+                *team == p.team
+                    && p.preemptible
+                    && possible.contains(flavor)
+                    && near(share[team * flavors + flavor], *fair_share)
+                    && near(*r, requested)
+                    && used + r > fair_share + 1e-9
+            }
+            Reason::BorrowingPaused { flavor, workload } => {
+                p.preemptible
+                    && reclaiming.get(workload) == Some(flavor)
+                    && ancestors[p.team].contains(&s.pending[*workload].team)
+            }
+            Reason::NoClusterFits { attempts } => attempts.iter().all(|a| {
+                possible.contains(&a.flavor)
+                    && a.clusters.iter().all(|m| {
+                        let cluster = &s.clusters[m.cluster];
+                        p.may_run_on(cluster)
+                            && pool_has_nodes(s, m.cluster, a.flavor)
+                            && match m.miss {
+                                Miss::Cordoned => cluster.cordoned,
+                                Miss::NotEnoughGpus { free, needed } => near(needed, requested) && free < needed,
+                                Miss::Topology => p.topology == TopologyPolicy::Required,
+                                _ => !cluster.cordoned,
+                            }
+                    })
+            }),
+            Reason::TopologyUnsatisfiable { flavor } => {
+                p.topology == TopologyPolicy::Required && possible.contains(flavor)
+            }
+            Reason::ClustersCordoned => {
+                possible.iter().all(|&f| allowed(f).all(|(_, c)| c.cordoned))
+                    && possible.iter().any(|&f| allowed(f).next().is_some())
+            }
+            Reason::PlacementMatchesNoCluster => possible.iter().all(|&f| allowed(f).next().is_none()),
+            Reason::Unschedulable { why } => possible.is_empty() && why == &impossible[w],
+            Reason::WaitingForReclaim { cluster, flavor, victims } => {
+                possible.contains(flavor)
+                    && !victims.is_empty()
+                    && victims.iter().all(|&v| s.running[v].cluster == *cluster && s.running[v].flavor == *flavor)
+            }
+        };
+        if !sound {
+            out.push(format!("pending {w} waits with a reason the snapshot does not bear out: {:?}", waiting.reason));
+        }
+    }
+    out
+}
+
+/// Whether cluster `c` has nodes of flavor `f`.
+fn pool_has_nodes(s: &Snapshot, c: usize, f: FlavorIx) -> bool {
+    s.nodes.iter().any(|n| n.cluster == c && n.flavor == f)
 }
 
 /// No in-quota workload waits while preempting borrowed work of teams above their fair
@@ -181,20 +369,32 @@ fn reclaim_violations(
     for w in &plan.waiting {
         held.extend(w.reserved_nodes.iter().map(|&n| (n, w.workload)));
     }
+    // A starving workload's reservation holds its quota too: that quota is not free for
+    // anyone else.
+    let reservation = |w: &Waiting| reservation(s, w);
+    let mut subtree = subtree.to_vec();
+    for w in &plan.waiting {
+        if let Some((f, amount)) = reservation(w) {
+            for &a in &ancestors[s.pending[w.workload].team] {
+                subtree[a * flavors + f] += amount;
+            }
+        }
+    }
     let mut out = Vec::new();
     for waiting in plan.waiting.iter().filter(|w| !matches!(w.reason, Reason::WaitingForReclaim { .. })) {
         let w = waiting.workload;
         let p = &s.pending[w];
         let requested = u64::from(p.tasks.total_gpus());
+        let mut subtree = subtree.clone();
+        if let Some((f, amount)) = reservation(waiting) {
+            for &a in &ancestors[p.team] {
+                subtree[a * flavors + f] -= amount;
+            }
+        }
         for &f in &p.flavors {
-            let within_limits = ancestors[p.team].iter().all(|&a| {
-                s.teams[a].quotas[f]
-                    .limit
-                    .is_none_or(|l| subtree[a * flavors + f] + requested <= u64::from(l * ONE_GPU))
-            });
             let in_quota =
                 subtree[p.team * flavors + f] + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
-            if !within_limits || !in_quota {
+            if !in_quota {
                 continue;
             }
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
@@ -203,6 +403,9 @@ fn reclaim_violations(
                     pool.nodes.iter().copied().filter(|n| held.get(n).is_none_or(|&h| h == w)).collect();
                 let mut local: Vec<NodeState> = states.to_vec();
                 let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
+                // What releasing lowers each team's subtree by (an ancestor's limit may be
+                // what blocks it).
+                let mut freed = vec![0u64; s.teams.len()];
                 for &v in &pool.running {
                     let r = &s.running[v];
                     let releasable = if r.preempting {
@@ -222,7 +425,20 @@ fn reclaim_violations(
                         for t in &r.placement {
                             local[t.node].give(&r.tasks, t.device);
                         }
+                        if !r.preempting {
+                            for &a in &ancestors[r.team] {
+                                freed[a] += u64::from(r.tasks.total_gpus());
+                            }
+                        }
                     }
+                }
+                let within_limits = ancestors[p.team].iter().all(|&a| {
+                    s.teams[a].quotas[f]
+                        .limit
+                        .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
+                });
+                if !within_limits {
+                    continue;
                 }
                 let node_sets = if p.topology == TopologyPolicy::Required {
                     pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()

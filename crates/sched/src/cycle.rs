@@ -4,13 +4,15 @@
 //! 2. Visit order: team by team, always the team furthest below its fair share (used ÷
 //!    share, updated after every admission); inside a team by priority, then submission
 //!    time.
-//! 3. Each workload, flavor by flavor in its order: quota (the team and every ancestor
-//!    stay within their limits; within the team's guarantee it is *in-quota*, beyond it
-//!    *borrowed*, which non-preemptible work may not be, and which may not take the team
-//!    above its fair share — what it borrows is then never what reclaim takes back, so
-//!    work is not admitted only to be preempted next cycle), then the whole gang on one
-//!    cluster: best fit on the nodes, preferring topology fit, then least room left over,
-//!    then tier (reservation → on-demand → spot), then the backend that suits the kind.
+//! 3. Each workload, flavor by flavor in its order: the whole gang on one cluster (best
+//!    fit on the nodes, preferring topology fit, then least room left over, then tier
+//!    (reservation → on-demand → spot), then the backend that suits the kind), then quota
+//!    (the team and every ancestor stay within their limits; within the team's guarantee
+//!    it is *in-quota*, beyond it *borrowed*, which non-preemptible work may not be, and
+//!    which may not take the team above its fair share — what it borrows is then never
+//!    what reclaim takes back, so work is not admitted only to be preempted next cycle).
+//!    Its reason names quota only where some flavor has room, and cordoned clusters
+//!    before anything else about room.
 //! 4. A workload that does not fit may preempt, only to run in-quota: first what is
 //!    already stopping, then borrowed work of other teams above their fair share, then
 //!    lower-priority preemptible work of its own team; cheapest first (lowest priority,
@@ -18,8 +20,9 @@
 //!    with the nodes it will use held for it.
 //! 5. A starving workload (pending longer than the snapshot's starvation time) that still
 //!    does not fit gets nodes reserved: nothing behind it in the order is placed on them,
-//!    so that work cannot delay it (backfill elsewhere goes on). A workload that cannot fit
-//!    never blocks the ones behind it otherwise.
+//!    so that work cannot delay it (backfill elsewhere goes on), and its GPUs count against
+//!    its team's quota, so that work behind it cannot use up the quota it needs either. A
+//!    workload that cannot fit never blocks the ones behind it otherwise.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -210,6 +213,8 @@ struct Cycle<'a> {
     reserved_for: Vec<Option<PendingIx>>,
     /// The same, by workload.
     held: BTreeMap<PendingIx, Vec<NodeIx>>,
+    /// The flavor whose quota a starving workload holds along with its nodes.
+    reserved_quota: BTreeMap<PendingIx, FlavorIx>,
     /// Why a gang shape missed a pool, and the pool's version then.
     misses: HashMap<ShapeOnPool, (u64, Miss)>,
     /// Teams whose subtree usage preemption lowered since the last pass.
@@ -288,6 +293,7 @@ impl<'a> Cycle<'a> {
             flavors,
             reserved_for: vec![None; s.nodes.len()],
             held: BTreeMap::new(),
+            reserved_quota: BTreeMap::new(),
             misses: HashMap::new(),
             lowered: BTreeSet::new(),
             pool_reserved: vec![false; pools.len()],
@@ -347,8 +353,7 @@ impl<'a> Cycle<'a> {
                         .iter()
                         .any(|&a| lowered.contains(&a) && s.teams[a].quotas.iter().any(|q| q.limit.is_some()));
                 if affected && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
-                    let has_reservation = self.held.get(w).is_some_and(|n| !n.is_empty());
-                    *reason = self.visit(*w, starving[*w] && !has_reservation);
+                    *reason = self.visit(*w, starving[*w]);
                 }
             }
         }
@@ -381,6 +386,11 @@ impl<'a> Cycle<'a> {
     fn visit(&mut self, w: PendingIx, starving: bool) -> Option<Reason> {
         let s = self.s;
         let p = &s.pending[w];
+        // Visited again: its reservation's quota is its own to use.
+        let reserved_in = self.reserved_quota.remove(&w);
+        if let Some(f) = reserved_in {
+            self.charge(p.team, f, -i64::from(p.tasks.total_gpus()));
+        }
         if self.impossible[w].len() == p.flavors.len() {
             return Some(crate::feasible::reason(&self.impossible[w]));
         }
@@ -389,18 +399,18 @@ impl<'a> Cycle<'a> {
         let possible: Vec<FlavorIx> =
             p.flavors.iter().copied().filter(|&f| !self.impossible[w].iter().any(|i| i.flavor() == f)).collect();
         for f in possible {
-            let in_quota = match self.quota(p, f, &[]) {
-                Ok(in_quota) => in_quota,
-                Err(reason) => {
-                    quota_reason.get_or_insert(reason);
-                    continue;
-                }
-            };
+            // Capacity is reported before quota: quota is the reason only where there is
+            // room (so a full flavor says so, whatever the limits).
             match self.best_cluster(w, f) {
-                Ok(c) => {
-                    self.admit(w, f, in_quota, c);
-                    return None;
-                }
+                Ok(c) => match self.quota(p, f, &[]) {
+                    Ok(in_quota) => {
+                        self.admit(w, f, in_quota, c);
+                        return None;
+                    }
+                    Err(reason) => {
+                        quota_reason.get_or_insert(reason);
+                    }
+                },
                 Err(misses) => attempts.push(FlavorAttempt { flavor: f, clusters: misses }),
             }
         }
@@ -408,7 +418,11 @@ impl<'a> Cycle<'a> {
             return Some(reason);
         }
         if starving {
-            self.reserve(w);
+            match reserved_in {
+                // Its nodes are still held: hold the quota again.
+                Some(f) => self.hold_quota(w, f),
+                None => self.reserve(w),
+            }
         }
         Some(self.reason(p, quota_reason, attempts))
     }
@@ -628,7 +642,7 @@ impl<'a> Cycle<'a> {
         debug_assert_eq!(placed, c.placed);
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
         self.pools[c.pool].version += 1;
-        self.charge(p.team, f, u64::from(p.tasks.total_gpus()));
+        self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.plan.admissions.push(Admission {
             workload: w,
             cluster: self.pools[c.pool].cluster,
@@ -638,12 +652,24 @@ impl<'a> Cycle<'a> {
         });
     }
 
-    /// Counts `amount` hundredths of `f` against `team` and its ancestors.
-    fn charge(&mut self, team: TeamIx, f: FlavorIx, amount: u64) {
-        self.used[team * self.flavors + f] += amount;
+    /// Counts `amount` hundredths of `f` against `team` and its ancestors (a negative
+    /// amount gives them back).
+    fn charge(&mut self, team: TeamIx, f: FlavorIx, amount: i64) {
+        let add = |x: &mut u64| *x = x.checked_add_signed(amount).expect("usage stays non-negative");
+        add(&mut self.used[team * self.flavors + f]);
         for &a in &self.ancestors[team] {
-            self.subtree_used[a * self.flavors + f] += amount;
+            add(&mut self.subtree_used[a * self.flavors + f]);
         }
+    }
+
+    /// Counts a starving workload's GPUs of `f` against its team and ancestors while its
+    /// nodes are held, so that work behind it cannot take the quota it needs either
+    /// (otherwise that work runs, the starving one is over quota again, loses its nodes,
+    /// and preempts the same work once more, every other cycle).
+    fn hold_quota(&mut self, w: PendingIx, f: FlavorIx) {
+        let p = &self.s.pending[w];
+        self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
+        self.reserved_quota.insert(w, f);
     }
 
     /// Finds the fewest, cheapest victims that let `w` run in-quota, preempts them and
@@ -700,7 +726,7 @@ impl<'a> Cycle<'a> {
             };
             self.plan.preemptions.push(Preemption { victim: v, cause });
         }
-        self.charge(p.team, f, u64::from(p.tasks.total_gpus()));
+        self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.paused[p.team * self.flavors + f].get_or_insert(w);
         self.hold(w, &found.nodes);
         let cluster = self.pools[found.pool].cluster;
@@ -816,7 +842,7 @@ impl<'a> Cycle<'a> {
     fn reserve(&mut self, w: PendingIx) {
         let s = self.s;
         let p = &s.pending[w];
-        let mut best: Option<(u64, Vec<NodeIx>, usize)> = None;
+        let mut best: Option<(u64, Vec<NodeIx>, usize, FlavorIx)> = None;
         for &f in &p.flavors {
             if self.quota(p, f, &[]).is_err() {
                 continue;
@@ -844,8 +870,8 @@ impl<'a> Cycle<'a> {
                         continue;
                     }
                     let free: u64 = picked.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
-                    if best.as_ref().is_none_or(|(b, _, _)| free > *b) {
-                        best = Some((free, picked, pool_ix));
+                    if best.as_ref().is_none_or(|(b, _, _, _)| free > *b) {
+                        best = Some((free, picked, pool_ix, f));
                     }
                 }
             }
@@ -853,21 +879,27 @@ impl<'a> Cycle<'a> {
                 break;
             }
         }
-        let Some((_, mut nodes, pool_ix)) = best else { return };
+        let Some((_, mut nodes, pool_ix, f)) = best else { return };
         self.pool_reserved[pool_ix] = true;
         nodes.sort_unstable();
         self.hold(w, &nodes);
+        self.hold_quota(w, f);
     }
 
-    /// The reason for a workload neither admitted nor waiting for victims.
+    /// The reason for a workload neither admitted nor waiting for victims: its placement
+    /// rules, then quota where some flavor has room (`quota_reason`), then why no cluster
+    /// has room (cordoned clusters first).
     fn reason(&self, p: &Pending, quota_reason: Option<Reason>, attempts: Vec<FlavorAttempt>) -> Reason {
         let allowed = p.flavors.iter().any(|&f| self.allowed_pools(p, f).next().is_some());
         if !allowed {
             return Reason::PlacementMatchesNoCluster;
         }
+        if let Some(reason) = quota_reason {
+            return reason;
+        }
         let misses = || attempts.iter().flat_map(|a| &a.clusters);
-        if attempts.is_empty() || misses().next().is_none() {
-            return quota_reason.unwrap_or(Reason::PlacementMatchesNoCluster);
+        if misses().next().is_none() {
+            return Reason::PlacementMatchesNoCluster;
         }
         if misses().all(|m| m.miss == Miss::Cordoned) {
             return Reason::ClustersCordoned;

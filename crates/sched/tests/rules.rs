@@ -6,8 +6,9 @@ mod support;
 
 use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_sched::check::violations;
 use berth_sched::feasible::Impossible;
-use berth_sched::plan::{Miss, PreemptionCause, Reason};
+use berth_sched::plan::{Miss, PreemptionCause, Reason, Waiting};
 use berth_sched::snapshot::Quota;
 use berth_sched::what_if::{Change, what_if};
 use support::{GPU, World, admitted, preempted, reason};
@@ -51,14 +52,16 @@ fn an_idle_owners_quota_is_lent_and_exactly_the_borrowed_work_is_reclaimed() {
     assert!(plan.preemptions.is_empty());
     assert!(matches!(reason(&w, &plan, "a1"), Reason::WaitingForReclaim { .. }));
 
-    // Once b2 is gone (and requeued), a1 runs in-quota and b2 waits: b already holds its
-    // fair share (8), and borrowed work never preempts, so there is no ping-pong.
+    // Once b2 is gone (and requeued), a1 runs in-quota and b2 waits: the flavor is full
+    // (b also holds its fair share, but capacity is named first), and borrowed work never
+    // preempts, so there is no ping-pong.
     w.finish_stopping(true);
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["a1"]);
     assert!(!plan.admissions[0].borrowed);
     assert!(plan.preemptions.is_empty());
-    assert!(matches!(reason(&w, &plan, "b2"), Reason::FairShareReached { used: 8.0, fair_share: 8.0, .. }));
+    assert!(matches!(reason(&w, &plan, "b2"), Reason::NoClusterFits { attempts }
+        if attempts[0].clusters[0].miss == Miss::NotEnoughGpus { free: 0.0, needed: 8.0 }));
     w.carry_out(&plan);
     assert!(w.plan().preemptions.is_empty());
 }
@@ -534,10 +537,11 @@ fn what_if_shows_the_effect_of_a_quota_change_and_of_a_cluster() {
 
 #[test]
 fn borrowing_stops_at_the_fair_share() {
-    // 16 GPUs, a and b without guarantees and equal weights, both wanting 16: shares 8 and
-    // 8. Each team's first 8-GPU job runs; the second would take its team to 16, above its
-    // share, so it waits.
+    // 24 GPUs, a and b without guarantees and equal weights, both wanting 16: shares 12
+    // and 12. Each team's first 8-GPU job runs; the second would take its team to 16,
+    // above its share, so it waits, though a node is free.
     let (mut w, _) = two_owners();
+    w.nodes(0, "h100", 1, 8, None);
     w.s.teams[0].quotas[0].guaranteed = 0;
     w.s.teams[1].quotas[0].guaranteed = 0;
     w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
@@ -550,7 +554,7 @@ fn borrowing_stops_at_the_fair_share() {
     assert_eq!(ids, ["a1", "b1"]);
     assert!(matches!(
         reason(&w, &plan, "a2"),
-        Reason::FairShareReached { used: 8.0, fair_share: 8.0, requested: 8.0, .. }
+        Reason::FairShareReached { used: 8.0, fair_share: 12.0, requested: 8.0, .. }
     ));
 }
 
@@ -710,4 +714,99 @@ fn a_fraction_of_a_gpu_goes_only_where_the_backend_shares_gpus() {
         |what: &str| Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: what.into() }] };
     assert_eq!(reason(&w2, &plan, "half"), &missing("fractions of a GPU"));
     assert_eq!(reason(&w2, &plan, "no-image"), &missing("a container image (spec.run.image)"));
+}
+
+#[test]
+fn a_full_flavor_says_so_even_where_a_limit_binds_too() {
+    // Finding 4: a's limit equals the flavor's 16 GPUs and a runs all 16. Its next job
+    // waited with "quota limit reached", as if raising the limit would help; the flavor
+    // is full, and that is named first.
+    let (mut w, nodes) = two_owners();
+    w.s.teams[0].quotas[0].limit = Some(16);
+    w.run("a0", "a", &nodes, 2, 8 * GPU, false, 0, 0);
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(
+        matches!(reason(&w, &plan, "a1"), Reason::NoClusterFits { attempts }
+            if attempts[0].clusters[0].miss == Miss::NotEnoughGpus { free: 0.0, needed: 8.0 }),
+        "{:?}",
+        reason(&w, &plan, "a1")
+    );
+    // With room, the limit is the reason.
+    w.nodes(0, "h100", 1, 8, None);
+    let plan = w.plan();
+    assert!(matches!(reason(&w, &plan, "a1"), Reason::QuotaLimitReached { limit: 16.0, .. }));
+}
+
+#[test]
+fn borrowing_work_on_a_cordoned_cluster_says_cordoned_not_fair_share() {
+    // Finding 4: b has no guarantee, so it would borrow; with the only cluster cordoned
+    // its fair share is 0, and it said "would borrow beyond its fair share … fair share 0".
+    let (mut w, _) = two_owners();
+    w.s.teams[1].quotas[0].guaranteed = 0;
+    w.submit("b1", "b", 1, GPU, &["h100"]);
+    w.s.clusters[0].cordoned = true;
+    let plan = w.plan();
+    assert_eq!(reason(&w, &plan, "b1"), &Reason::ClustersCordoned);
+}
+
+#[test]
+fn a_starving_workload_holds_the_quota_it_needs_as_well_as_nodes() {
+    // Finding 7 (the preemption ping-pong): department d may hold 6, its team t is
+    // guaranteed 8. u (t, 2 GPUs) runs on n1; o (another team, in its own guarantee) fills
+    // n0. s (t, 4 GPUs) starves: it is within every quota but no node has 4 free, so n1 is
+    // reserved for it. l (t, 2 GPUs, behind s) fits on n2. Admitting it took d to 4, so s
+    // (4 more) was above d's limit next cycle, lost its reservation, and — when it could
+    // preempt — preempted l, which came back behind it, every other cycle. The
+    // reservation now holds s's 4 GPUs of quota too: l waits for the limit.
+    let mut w = World::new(&["h100"]);
+    let d = w.team("d", None, &[("h100", 8, Some(6), 1)]);
+    w.team("t", Some("d"), &[("h100", 8, None, 1)]);
+    w.team("o", None, &[("h100", 4, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let n0 = w.nodes(c, "h100", 1, 4, None);
+    let n1 = w.nodes(c, "h100", 1, 4, None);
+    w.nodes(c, "h100", 1, 2, None);
+    w.run("o0", "o", &n0, 1, 4 * GPU, false, 0, 0);
+    w.run("u", "t", &n1, 1, 2 * GPU, false, 0, 0);
+    let s = w.submit("s", "t", 1, 4 * GPU, &["h100"]);
+    w.pending(s).submitted_at = 0;
+    w.submit("l", "t", 1, 2 * GPU, &["h100"]);
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        let held = &plan.waiting.iter().find(|x| w.s.pending[x.workload].id == "s").unwrap().reserved_nodes;
+        assert_eq!(held, &n1);
+        assert!(
+            matches!(reason(&w, &plan, "l"), Reason::QuotaLimitReached { team, used: 6.0, limit: 6.0, .. } if *team == d),
+            "{:?}",
+            reason(&w, &plan, "l")
+        );
+        w.carry_out(&plan);
+    }
+    // u ends: s runs on the node held for it, and l beside it (d at 6 of 6).
+    w.s.running.retain(|r| r.id != "u");
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["s", "l"]);
+    assert_eq!(plan.admissions[0].placement[0].node, n1[0]);
+}
+
+#[test]
+fn the_checker_notices_idle_gpus_and_reasons_the_snapshot_does_not_bear_out() {
+    // The invariants the property tests rely on can fail: a plan that leaves a runnable
+    // workload waiting beside free GPUs, with a made-up reason, is caught.
+    let (mut w, _) = two_owners();
+    w.submit("a1", "a", 1, GPU, &["h100"]);
+    let mut plan = w.plan();
+    let a = plan.admissions.pop().expect("admitted");
+    plan.waiting.push(Waiting {
+        workload: a.workload,
+        reason: Reason::QuotaLimitReached { team: 0, flavor: 0, used: 0.0, limit: 8.0, requested: 1.0 },
+        position: 1,
+        team_position: 1,
+        reserved_nodes: Vec::new(),
+    });
+    let wrong = violations(&w.s, &plan);
+    assert!(wrong.iter().any(|v| v.contains("could run now")), "{wrong:?}");
+    assert!(wrong.iter().any(|v| v.contains("does not bear out")), "{wrong:?}");
 }

@@ -1,6 +1,7 @@
 //! A small builder for hand-made snapshots.
 #![allow(dead_code)]
 
+pub mod arbitrary;
 pub mod rng;
 
 use std::collections::BTreeMap;
