@@ -32,6 +32,17 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_workload_summary))
 }
 
+/// `?dry_run=true`: every check of the write, and the answer it would give, with nothing
+/// written.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WriteParams {
+    /// Check the request and answer what it would do, without writing anything.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -141,18 +152,25 @@ async fn list_team_workloads(
 /// and pipelines. Each item is a workload as `PUT` takes it and must name itself in
 /// `metadata.name`. An invalid item fails the whole batch (422, fields as
 /// `/items/{i}/...`), and so does a name the team already uses (409); use `PUT` to change
-/// an existing workload.
+/// an existing workload. A workload that can never run as submitted (above a limit,
+/// non-preemptible above the guarantee, a shape no cluster could hold) is refused (422,
+/// naming the field to change). With `?dry_run=true` nothing is written.
 #[utoipa::path(post, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
-    params(("team" = String, Path, description = "Team name")),
+    params(("team" = String, Path, description = "Team name"), WriteParams),
     request_body = WorkloadBatch,
-    responses((status = 201, description = "Created, in the order given", body = WorkloadBatchCreated)))]
+    responses((status = 201, description = "Created, in the order given (with `dry_run`: as they would be)", body = WorkloadBatchCreated)))]
 async fn create_workloads(
     State(s): State<AppState>,
     ApiPath(team): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WriteParams>,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadBatch>,
 ) -> Result<(StatusCode, Json<WorkloadBatchCreated>), ApiError> {
-    let items = app::workload_create_batch(&s.db, &opctx, &team, &body).await?;
+    let items = if q.dry_run {
+        app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body).await?
+    } else {
+        app::workload_create_batch(&s.db, &opctx, &team, &body).await?
+    };
     Ok((StatusCode::CREATED, Json(WorkloadBatchCreated { items })))
 }
 
@@ -170,10 +188,18 @@ async fn get_workload(
 }
 
 /// Submit or replace a workload. A new workload starts in phase `Pending`.
+///
+/// A workload that can never run as submitted is refused (422, naming the field to
+/// change): above its team's or an ancestor's limit, non-preemptible above its team's
+/// guarantee, or — once every cluster its placement allows has reported its nodes — a
+/// shape none of them could hold even empty, or work none of them can run. With
+/// `?dry_run=true` every check runs and the answer is the one the write would give, with
+/// nothing written.
 #[utoipa::path(put, path = "/api/v1/teams/{team}/workloads/{name}", tag = "workloads",
     params(
         ("team" = String, Path, description = "Team name"),
         ("name" = String, Path, description = "Workload name (DNS-1123 label)"),
+        WriteParams,
         crate::openapi::IfMatchHeader),
     request_body = WorkloadApply,
     responses(
@@ -182,11 +208,16 @@ async fn get_workload(
 async fn put_workload(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<WriteParams>,
     Preconditions(if_match): Preconditions,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadApply>,
 ) -> Result<Response, ApiError> {
-    let (workload, outcome) = app::workload_apply(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?;
+    let (workload, outcome) = if q.dry_run {
+        app::workload_apply_dry_run(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?
+    } else {
+        app::workload_apply(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?
+    };
     Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
 }
 

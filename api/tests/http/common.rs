@@ -246,6 +246,11 @@ impl WorkloadBody {
         self
     }
 
+    pub fn preemptible(mut self, preemptible: bool) -> Self {
+        self.spec["preemptible"] = json!(preemptible);
+        self
+    }
+
     pub fn priority(mut self, priority: i64) -> Self {
         self.spec["priority"] = json!(priority);
         self

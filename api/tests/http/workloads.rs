@@ -333,3 +333,84 @@ async fn a_bad_batch_writes_nothing_and_names_the_item_at_fault(db: berth_store:
     reply.assert_problem(404, None);
     assert_eq!(s.table_counts().await, before, "nothing of a refused batch is written");
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: berth_store::PgPool) {
+    // nlp: guaranteed 8, limit 16, under research (guaranteed 16, no limit).
+    let s = Server::start(db).await;
+    s.seed().await;
+    let cluster = s.put_ok("/api/v1/clusters/sim-a", &crate::common::sim_cluster("h100"), 201).await;
+    let before = s.table_counts().await;
+    let refused = |reply: &crate::common::Reply, field: &str, words: &str| {
+        reply.assert_problem(422, Some(field));
+        assert!(reply.body.to_string().contains(words), "{}", reply.body);
+    };
+    let put = |name: &str, body: WorkloadBody| {
+        let path = format!("/api/v1/teams/{name}");
+        let body = body.json();
+        let s = &s;
+        async move { s.send(Method::PUT, &path, Some(&body), &[]).await }
+    };
+    // Above a limit: 2 × 10 GPUs in nlp, which may hold 16.
+    let r = put("nlp/workloads/big", WorkloadBody::new().count(2).gpus(10.0)).await;
+    refused(&r, "/spec/tasks/resources/gpus", "team nlp may hold at most 16");
+    // Non-preemptible above the team's guarantee (12 > 8): it may only run in-quota.
+    let r = put("nlp/workloads/firm", WorkloadBody::new().count(3).gpus(4.0).preemptible(false)).await;
+    refused(&r, "/spec/preemptible", "team nlp is guaranteed 8");
+    // Shapes are not judged before the cluster reported its nodes: a 12-GPU task passes
+    // the door (a dry run, so nothing is written)…
+    let r = s
+        .send(
+            Method::PUT,
+            "/api/v1/teams/research/workloads/wide?dry_run=true",
+            Some(&WorkloadBody::new().gpus(12.0).json()),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    // …and once it has (2 nodes of 8 GPUs), a task larger than every node, or more tasks
+    // than the cluster holds even empty, is refused.
+    let uid = cluster.body["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    let node = |name: &str| berth_store::cluster::ClusterNode {
+        name: name.into(),
+        flavor: Some("h100".into()),
+        gpus: 8,
+        unavailable_gpus: 0,
+        cpus: 64,
+        memory_mib: 512 * 1024,
+        block: None,
+        schedulable: true,
+    };
+    let mut tx = s.db.begin().await.unwrap();
+    berth_store::cluster::cluster_nodes_replace(&mut tx, berth_core::ClusterId(uid), &[node("n1"), node("n2")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    berth_app::feasibility::forget(&s.db); // as the controllers' next health pass would make it stale
+    let r = put("research/workloads/wide", WorkloadBody::new().gpus(12.0)).await;
+    refused(&r, "/spec/tasks/resources/gpus", "the largest node has 8 GPUs");
+    let r = put("research/workloads/many", WorkloadBody::new().count(3).gpus(8.0)).await;
+    refused(&r, "/spec/tasks/count", "holds more than 2 of them");
+    // A batch names the item at fault and writes nothing.
+    let items = json!({"items": [
+        {"metadata": {"name": "ok"}, "spec": WorkloadBody::new().json()["spec"]},
+        {"metadata": {"name": "firm"}, "spec": WorkloadBody::new().count(3).gpus(4.0).preemptible(false).json()["spec"]},
+    ]});
+    let r = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&items), &[]).await;
+    refused(&r, "/items/1/spec/preemptible", "team nlp is guaranteed 8");
+    // A dry run answers as the write would (201, the workload as it would be), and writes
+    // nothing; so does a dry batch.
+    let r = s
+        .send(Method::PUT, "/api/v1/teams/nlp/workloads/fine?dry_run=true", Some(&WorkloadBody::new().json()), &[])
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["status"]["phase"], "Pending");
+    assert_eq!(r.body["metadata"]["name"], "fine");
+    let items = json!({"items": [{"metadata": {"name": "ok"}, "spec": WorkloadBody::new().json()["spec"]}]});
+    let r = s.send(Method::POST, "/api/v1/teams/nlp/workloads?dry_run=true", Some(&items), &[]).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(s.table_counts().await, before, "refusals and dry runs write nothing");
+    s.get("/api/v1/teams/nlp/workloads/fine").await.assert_problem(404, None);
+    // What can run is accepted as before.
+    s.put_ok("/api/v1/teams/nlp/workloads/fine", &WorkloadBody::new().count(2).gpus(8.0).json(), 201).await;
+}

@@ -225,3 +225,105 @@ async fn wait_for_leader_other_than(b: &Berthd, not: &str, timeout: Duration) ->
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The scheduler's promises, tried through the HTTP API as a new site would set it up: a
+/// department whose limit equals its guarantee, two children of 4 each, a simulated
+/// cluster and a Kubernetes one. Everything goes through `berthd`'s API and its own
+/// controllers (cancel grace 1 s).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn through_the_api_a_department_at_its_limit_reclaims_impossible_work_is_refused_and_fractions_run_where_they_can(
+    db: PgPool,
+) {
+    use reqwest::Method;
+    let nodes = vec![FakeNode::gpu("kube-0", 8, "H100")];
+    let server = TestApiServer::start(Config { nodes, ..Config::default() }).await.expect("the test API server starts");
+    let dir = std::env::temp_dir().join(format!("berth-promises-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let b = Berthd::start_with(
+        &support::database_url(&db),
+        "promises",
+        &dir,
+        &[("BERTH_CREDENTIAL_TEST_KUBE_FILE", kubeconfig.as_str())],
+    );
+    let put = |path: String, body: serde_json::Value| {
+        let b = &b;
+        async move { b.call(Method::PUT, &path, Some(&body)).await }
+    };
+    let created = |(status, body): (u16, serde_json::Value)| assert!(status == 201, "{status}: {body}");
+    created(put("/api/v1/flavors/h100".into(), json!({"spec": {}})).await);
+    for (team, parent, guaranteed, limit) in [
+        ("mini", None, 8, Some(8)),
+        ("ma", Some("mini"), 4, None),
+        ("mb", Some("mini"), 4, None),
+        ("infer", None, 1, None),
+    ] {
+        let quota = json!({"flavor": "h100", "guaranteed": guaranteed, "limit": limit});
+        created(put(format!("/api/v1/teams/{team}"), json!({"spec": {"parent": parent, "quotas": [quota]}})).await);
+    }
+    let sim = json!({"spec": {"kind": "sim", "sim": {"time_scale": 1,
+        "node_groups": [{"name": "n", "count": 2, "flavor": "h100", "gpus_per_node": 8}]}}});
+    created(put("/api/v1/clusters/sim-a".into(), sim).await);
+    let kube = json!({"spec": {"kind": "kubernetes", "endpoint": server.url(),
+        "credentials_ref": "BERTH_CREDENTIAL_TEST_KUBE", "kubernetes": {"flavors": [{"flavor": "h100", "product": "H100"}]}}});
+    created(put("/api/v1/clusters/kube".into(), kube).await);
+    let training = |count: u32, gpus: f64, preemptible: bool| {
+        json!({"spec": {"kind": "training", "preemptible": preemptible, "sim": {"duration_seconds": 3600},
+            "tasks": {"count": count, "resources": {"flavors": ["h100"], "gpus": gpus}}}})
+    };
+    let phase = |team: &'static str, name: String| {
+        let b = &b;
+        async move {
+            let (_, w) = b.call(Method::GET, &format!("/api/v1/teams/{team}/workloads/{name}"), None).await;
+            (w["status"]["phase"].as_str().unwrap_or_default().to_owned(), w)
+        }
+    };
+    let wait_for = |team: &'static str, name: String, want: &'static str| {
+        let phase = &phase;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let (now, w) = phase(team, name.clone()).await;
+                if now == want {
+                    return w;
+                }
+                assert!(Instant::now() < deadline, "{team}/{name} is {now}, not {want}: {}", w["status"]);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // mb borrows the whole department: 8 × 1 GPU, all running.
+    for i in 0..8 {
+        created(put(format!("/api/v1/teams/mb/workloads/mb{i}"), training(1, 1.0, true)).await);
+    }
+    for i in 0..8 {
+        wait_for("mb", format!("mb{i}"), "Running").await;
+    }
+    // ma's non-preemptible 6 GPUs could only ever run within its guarantee of 4: refused.
+    let (status, problem) = put("/api/v1/teams/ma/workloads/firm".into(), training(1, 6.0, false)).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["errors"][0]["field"], "/spec/preemptible", "{problem}");
+    // ma's 4 GPUs within its guarantee: the department is at its limit, so mb's borrowed
+    // work is reclaimed and ma runs after one cycle and the grace period.
+    let asked = Instant::now();
+    created(put("/api/v1/teams/ma/workloads/ma1".into(), training(1, 4.0, true)).await);
+    wait_for("ma", "ma1".into(), "Running").await;
+    let took = asked.elapsed();
+    let mut running = 0;
+    for i in 0..8 {
+        running += usize::from(phase("mb", format!("mb{i}")).await.0 == "Running");
+    }
+    assert_eq!(running, 4, "mb keeps its own guarantee");
+    // Half a GPU of inference: Kubernetes would suit the kind, but cannot share a GPU, so
+    // it runs on the simulated cluster.
+    let half = json!({"spec": {"kind": "inference", "run": {"image": "busybox"}, "sim": {"duration_seconds": 3600},
+        "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 0.5}}}});
+    created(put("/api/v1/teams/infer/workloads/half".into(), half).await);
+    let w = wait_for("infer", "half".into(), "Running").await;
+    assert_eq!(w["status"]["admission"]["cluster"], "sim-a", "{}", w["status"]);
+    println!("ma ran {took:?} after it was submitted (cancel grace 1 s); mb kept 4 running; half a GPU ran on sim-a");
+    drop(b);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -82,6 +82,21 @@ impl Berthd {
         self.child.wait().expect("reaped");
     }
 
+    /// A request as a platform admin: the status and the JSON body (`null` if none).
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let issuer = berth_auth::BerthIssuer::new("berth", "berth", SECRET.as_bytes()).expect("secret");
+        let grant = berth_core::auth::Grant { role: berth_core::auth::Role::PlatformAdmin, team: None };
+        let token = issuer.mint("admin", vec![grant], Duration::from_secs(600), None).token;
+        let mut req =
+            reqwest::Client::new().request(method, format!("http://{}{path}", self.address)).bearer_auth(token);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let reply = req.send().await.expect("request");
+        let status = reply.status().as_u16();
+        (status, reply.json().await.unwrap_or_default())
+    }
+
     pub async fn controllers(&self) -> Value {
         let url = format!("http://{}/api/v1/controllers", self.address);
         let issuer = berth_auth::BerthIssuer::new("berth", "berth", SECRET.as_bytes()).expect("secret");

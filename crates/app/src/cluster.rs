@@ -58,6 +58,7 @@ pub async fn cluster_apply(
         let before = existing.as_ref().map(|c| c.metadata.generation);
         audit_apply(&mut tx, &opctx.actor, KIND, &cluster.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
+        crate::feasibility::forget(db);
         return Ok((cluster, applied));
     }
     Err(lost_create_race(KIND, name))
@@ -153,6 +154,7 @@ pub async fn cluster_delete(
     store::cluster_delete(&mut tx, ClusterId(cluster.metadata.uid)).await?;
     audit_delete(&mut tx, &opctx.actor, KIND, &cluster.metadata).await?;
     berth_store::commit(tx).await?;
+    crate::feasibility::forget(db);
     Ok(cluster)
 }
 

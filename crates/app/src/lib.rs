@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod context;
 pub mod controller;
 pub mod demo;
+pub mod feasibility;
 pub mod flavor;
 pub mod history;
 pub mod identity;

@@ -55,6 +55,7 @@ pub async fn team_apply(
         let before = existing.as_ref().map(|t| t.metadata.generation);
         audit_apply(&mut tx, &opctx.actor, KIND, &team.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
+        crate::feasibility::forget(db);
         return Ok((team, applied));
     }
     Err(lost_create_race(KIND, name))
@@ -191,6 +192,7 @@ pub async fn team_delete(
     store::team_delete(&mut tx, uid).await?;
     audit_delete(&mut tx, &opctx.actor, KIND, &team.metadata).await?;
     berth_store::commit(tx).await?;
+    crate::feasibility::forget(db);
     Ok(team)
 }
 

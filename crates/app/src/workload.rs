@@ -25,8 +25,9 @@ const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
 /// Creates or replaces a workload. A new workload starts `Pending`.
 ///
 /// # Errors
-/// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] for a bad body or
-/// an unknown flavor; [`Error::Conflict`] when the workload is being deleted or the body's
+/// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] for a bad body, an
+/// unknown flavor, or a workload that can never run as submitted
+/// ([`crate::feasibility`]); [`Error::Conflict`] when the workload is being deleted or the body's
 /// version is stale; [`Error::PreconditionFailed`]; store errors.
 pub async fn workload_apply(
     db: &PgPool,
@@ -37,8 +38,34 @@ pub async fn workload_apply(
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Workload> {
     opctx.access().write_workloads(team)?;
-    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match).await?;
+    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match, Write::Commit).await?;
     Ok((opctx.redactor().workload(workload), applied))
+}
+
+/// [`workload_apply`]'s every check, and the workload as it would be, without writing it
+/// (`?dry_run=true`).
+///
+/// # Errors
+/// As [`workload_apply`].
+pub async fn workload_apply_dry_run(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    input: &WorkloadApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Workload> {
+    opctx.access().write_workloads(team)?;
+    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match, Write::RollBack).await?;
+    Ok((opctx.redactor().workload(workload), applied))
+}
+
+/// Whether a write is kept, or only tried (a dry run: the same statements in a
+/// transaction that is rolled back, so the answer is exactly what the write would give).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Commit,
+    RollBack,
 }
 
 async fn apply(
@@ -48,6 +75,7 @@ async fn apply(
     name: &str,
     input: &WorkloadApply,
     if_match: Option<&IfMatch>,
+    write: Write,
 ) -> ApplyResult<Workload> {
     input.validate(team, name)?;
     let wanted = &input.spec.tasks.resources.flavors;
@@ -57,6 +85,7 @@ async fn apply(
         let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
         return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
     }
+    crate::feasibility::refuse_impossible(db, team, &[(String::new(), &input.spec)]).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let new = NewWorkload {
@@ -73,6 +102,7 @@ async fn apply(
     // exists, preconditions were given, or another writer won the name meanwhile) takes
     // the general path below, which locks the row and applies the declarative rules.
     if !lookup.exists
+        && write == Write::Commit
         && if_match.is_none()
         && input.metadata.resource_version.is_none()
         && let Some(w) =
@@ -111,7 +141,9 @@ async fn apply(
         }
         let before = existing.as_ref().map(|w| w.metadata.generation);
         audit_apply(&mut tx, actor, KIND, &workload.metadata, applied, before).await?;
-        berth_store::commit(tx).await?;
+        if write == Write::Commit {
+            berth_store::commit(tx).await?;
+        }
         return Ok((workload, applied));
     }
     Err(lost_create_race(KIND, name))
@@ -124,13 +156,37 @@ async fn apply(
 /// # Errors
 /// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] naming every broken
 /// field as `/items/{i}/...` (an item without a name, a repeated name, a `resource_version`,
-/// an unknown flavor); [`Error::Conflict`] naming the first item whose name is taken; store
+/// an unknown flavor, a workload that can never run); [`Error::Conflict`] naming the first item whose name is taken; store
 /// errors.
 pub async fn workload_create_batch(
     db: &PgPool,
     opctx: &OpContext,
     team: &str,
     batch: &WorkloadBatch,
+) -> Result<Vec<Workload>, Error> {
+    create_batch(db, opctx, team, batch, Write::Commit).await
+}
+
+/// [`workload_create_batch`]'s every check, and the workloads as they would be, without
+/// writing them (`?dry_run=true`).
+///
+/// # Errors
+/// As [`workload_create_batch`].
+pub async fn workload_create_batch_dry_run(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    batch: &WorkloadBatch,
+) -> Result<Vec<Workload>, Error> {
+    create_batch(db, opctx, team, batch, Write::RollBack).await
+}
+
+async fn create_batch(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    batch: &WorkloadBatch,
+    write: Write,
 ) -> Result<Vec<Workload>, Error> {
     opctx.access().write_workloads(team)?;
     let actor = &opctx.actor;
@@ -182,6 +238,9 @@ pub async fn workload_create_batch(
         });
         return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
     }
+    let specs: Vec<(String, &_)> =
+        items.iter().enumerate().map(|(i, item)| (format!("/items/{i}"), &item.spec)).collect();
+    crate::feasibility::refuse_impossible(db, team, &specs).await?;
     let empty = Labels::new();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let new: Vec<NewWorkload<'_>> = items
@@ -212,7 +271,9 @@ pub async fn workload_create_batch(
             None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
         });
     }
-    berth_store::commit(tx).await?;
+    if write == Write::Commit {
+        berth_store::commit(tx).await?;
+    }
     let redactor = opctx.redactor();
     Ok(created.into_iter().map(|w| redactor.workload(w)).collect())
 }

@@ -2,7 +2,6 @@
 //! workload's status carries (names, and a sentence a person can read).
 
 use berth_core::workload::PendingReason;
-use berth_sched::feasible::Impossible;
 use berth_sched::plan::{Miss, Reason};
 use berth_sched::snapshot::Snapshot;
 use serde_json::json;
@@ -124,7 +123,7 @@ pub fn pending_reason(
             ("ClustersCordoned", "every cluster the placement allows is cordoned or unreachable".to_owned(), json!({}))
         }
         Reason::Unschedulable { why } => {
-            let words: Vec<String> = why.iter().map(|i| impossible(s, i)).collect();
+            let words: Vec<String> = why.iter().map(|i| i.describe(s)).collect();
             let details: Vec<serde_json::Value> = why
                 .iter()
                 .map(|i| {
@@ -154,30 +153,4 @@ pub fn pending_reason(
         ),
     };
     PendingReason { code: code.into(), message, details: Some(details) }
-}
-
-/// Why a workload can never run in one flavor, in words.
-fn impossible(s: &Snapshot, why: &Impossible) -> String {
-    let team = |t: usize| s.teams[t].name.as_str();
-    let flavor = |f: usize| s.flavors[f].as_str();
-    match why {
-        Impossible::AboveLimit { flavor: f, team: t, limit, requested } => {
-            format!("{}: it asks for {requested} GPUs, and team {} may hold at most {limit}", flavor(*f), team(*t))
-        }
-        Impossible::AboveGuarantee { flavor: f, team: t, guaranteed, requested } => format!(
-            "{}: non-preemptible work runs only within the guarantee, and team {} is guaranteed {guaranteed}, not \
-             {requested}",
-            flavor(*f),
-            team(*t)
-        ),
-        Impossible::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, largest_node_gpus } => format!(
-            "{}: {tasks} tasks of {task_gpus} GPUs, but even empty no allowed cluster (or required topology block) \
-             holds more than {most_tasks} of them; the largest node has {largest_node_gpus} GPUs",
-            flavor(*f)
-        ),
-        Impossible::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
-        Impossible::NotCapable { flavor: f, missing } => {
-            format!("{}: the clusters with such nodes cannot run {missing}", flavor(*f))
-        }
-    }
 }

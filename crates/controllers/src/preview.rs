@@ -33,7 +33,7 @@ pub async fn quota_preview(
         .map(|f| Change::SetQuota {
             team: team.to_owned(),
             flavor: f.clone(),
-            quota: quotas.iter().find(|q| &q.flavor == f).map(snapshot::quota).unwrap_or_default(),
+            quota: quotas.iter().find(|q| &q.flavor == f).map(berth_sched::snapshot::Quota::from).unwrap_or_default(),
         })
         .collect();
     let result = what_if(&built.snapshot, &changes).map_err(|e| Error::Internal(e.to_string()))?;

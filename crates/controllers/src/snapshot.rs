@@ -7,6 +7,7 @@ use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::team::Team;
 use berth_core::workload::{PendingReason, Phase, TaskPlacement, Workload};
 use berth_core::{ClusterId, TeamId};
+pub use berth_sched::snapshot::hundredths;
 use berth_sched::snapshot::{self as s, MAX_GPUS_PER_NODE, ONE_GPU, Resources};
 use berth_store::cluster::ClusterNode;
 use chrono::{DateTime, Utc};
@@ -33,28 +34,8 @@ pub struct Built {
     pub unschedulable: Vec<(usize, PendingReason)>,
 }
 
-/// GPUs per task in hundredths.
-pub fn hundredths(gpus: f64) -> u32 {
-    (gpus * f64::from(ONE_GPU)).round() as u32
-}
-
-fn resources(w: &Workload) -> Resources {
-    let r = &w.spec.tasks.resources;
-    Resources {
-        count: w.spec.tasks.count,
-        gpus: hundredths(r.gpus),
-        cpus_milli: r.cpus.map_or(0, |c| (c * 1000.0).round() as u32),
-        memory_mib: r.memory_mib.unwrap_or(0),
-    }
-}
-
 fn seconds(t: DateTime<Utc>) -> i64 {
     t.timestamp()
-}
-
-/// A team's quota for one flavor as the scheduler sees it.
-pub fn quota(q: &berth_core::team::Quota) -> s::Quota {
-    s::Quota { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight }
 }
 
 pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
@@ -73,7 +54,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             let mut quotas = vec![s::Quota::default(); world.flavors.len()];
             for q in &t.spec.quotas {
                 if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
-                    quotas[f] = quota(q);
+                    quotas[f] = s::Quota::from(q);
                 }
             }
             s::Team {
@@ -100,19 +81,8 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         else {
             continue;
         };
-        let gpus = u32::try_from(n.gpus).unwrap_or(0).min(MAX_GPUS_PER_NODE);
         node_ix.insert((c, n.name.as_str()), nodes.len());
-        nodes.push(s::Node {
-            name: n.name.clone(),
-            cluster: c,
-            flavor: f,
-            gpus,
-            unavailable_gpus: u32::try_from(n.unavailable_gpus).unwrap_or(0).min(gpus),
-            cpus_milli: u32::try_from(n.cpus).unwrap_or(0).saturating_mul(1000),
-            memory_mib: u64::try_from(n.memory_mib).unwrap_or(0),
-            block: n.block.clone(),
-            cordoned: !n.schedulable,
-        });
+        nodes.push(node(n, c, f));
     }
 
     let mut running = Vec::new();
@@ -123,7 +93,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     for (i, w) in world.workloads.iter().enumerate() {
         let team = w.metadata.team.as_deref().and_then(|t| team_ix.get(t).copied());
         let Some(team) = team else { continue };
-        let tasks = resources(w);
+        let tasks = Resources::of(&w.spec);
         let phase = w.status.phase;
         if phase.holds_gpus() {
             let Some(a) = &w.status.admission else { continue };
@@ -170,20 +140,8 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 continue;
             }
             pending_ix.push(i);
-            pending.push(s::Pending {
-                id: w.metadata.uid.to_string(),
-                team,
-                kind: w.spec.kind,
-                priority: w.spec.priority,
-                preemptible: w.spec.preemptible,
-                submitted_at: seconds(w.status.submitted_at.unwrap_or(w.metadata.creation_timestamp)),
-                flavors,
-                tasks,
-                topology: w.spec.topology,
-                cluster_selector: w.spec.placement.cluster_selector.clone(),
-                backend_kinds: w.spec.placement.backend_kinds.clone(),
-                has_image: w.spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
-            });
+            let submitted_at = seconds(w.status.submitted_at.unwrap_or(w.metadata.creation_timestamp));
+            pending.push(s::Pending::of(w.metadata.uid.to_string(), team, flavors, &w.spec, submitted_at));
         }
     }
     make_room_for_running(&mut nodes, &running);
@@ -282,6 +240,21 @@ fn make_room_for_running(nodes: &mut [s::Node], running: &[s::Running]) {
             n.cordoned = true;
         }
     }
+}
+
+/// An inventory node as the scheduler sees it.
+pub fn node(n: &ClusterNode, cluster: usize, flavor: usize) -> s::Node {
+    s::Node::from_inventory(
+        &n.name,
+        cluster,
+        flavor,
+        n.gpus,
+        n.unavailable_gpus,
+        n.cpus,
+        n.memory_mib,
+        n.block.as_deref(),
+        n.schedulable,
+    )
 }
 
 /// Team uid by snapshot index.

@@ -131,7 +131,7 @@ pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Optio
 }
 
 /// The team and its ancestors, the team first.
-pub(crate) fn ancestors(s: &Snapshot) -> Vec<Vec<TeamIx>> {
+pub fn ancestors(s: &Snapshot) -> Vec<Vec<TeamIx>> {
     (0..s.teams.len()).map(|t| std::iter::successors(Some(t), |&a| s.teams[a].parent).collect()).collect()
 }
 

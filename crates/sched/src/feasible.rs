@@ -41,6 +41,32 @@ pub enum Impossible {
 }
 
 impl Impossible {
+    /// In words, naming the flavor and team as `s` does.
+    pub fn describe(&self, s: &Snapshot) -> String {
+        let team = |t: usize| s.teams[t].name.as_str();
+        let flavor = |f: usize| s.flavors[f].as_str();
+        match self {
+            Self::AboveLimit { flavor: f, team: t, limit, requested } => {
+                format!("{}: it asks for {requested} GPUs, and team {} may hold at most {limit}", flavor(*f), team(*t))
+            }
+            Self::AboveGuarantee { flavor: f, team: t, guaranteed, requested } => format!(
+                "{}: non-preemptible work runs only within the guarantee, and team {} is guaranteed {guaranteed}, \
+                 not {requested}",
+                flavor(*f),
+                team(*t)
+            ),
+            Self::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, largest_node_gpus } => format!(
+                "{}: {tasks} tasks of {task_gpus} GPUs, but even empty no allowed cluster (or required topology \
+                 block) holds more than {most_tasks} of them; the largest node has {largest_node_gpus} GPUs",
+                flavor(*f)
+            ),
+            Self::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
+            Self::NotCapable { flavor: f, missing } => {
+                format!("{}: the clusters with such nodes cannot run {missing}", flavor(*f))
+            }
+        }
+    }
+
     pub fn flavor(&self) -> FlavorIx {
         match self {
             Self::AboveLimit { flavor, .. }

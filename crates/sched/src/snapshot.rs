@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use berth_core::cluster::{ClusterKind, TIER_LABEL, TIERS};
-use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_core::workload::{TopologyPolicy, WorkloadKind, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
 /// One GPU, in the hundredths every amount is counted in.
@@ -58,6 +58,12 @@ pub struct Quota {
     pub weight: u32,
 }
 
+impl From<&berth_core::team::Quota> for Quota {
+    fn from(q: &berth_core::team::Quota) -> Self {
+        Self { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight }
+    }
+}
+
 impl Default for Quota {
     /// What a team has for a flavor it declares nothing for: nothing guaranteed, no limit,
     /// weight 1.
@@ -99,6 +105,37 @@ pub struct Node {
     pub cordoned: bool,
 }
 
+impl Node {
+    /// A node as a cluster's inventory reports it (the store's integers), clamped to what
+    /// a snapshot allows: at most [`MAX_GPUS_PER_NODE`] GPUs, no more unavailable than it
+    /// has; an unschedulable node is cordoned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_inventory(
+        name: &str,
+        cluster: ClusterIx,
+        flavor: FlavorIx,
+        gpus: i32,
+        unavailable_gpus: i32,
+        cpus: i32,
+        memory_mib: i64,
+        block: Option<&str>,
+        schedulable: bool,
+    ) -> Self {
+        let gpus = u32::try_from(gpus).unwrap_or(0).min(MAX_GPUS_PER_NODE);
+        Self {
+            name: name.to_owned(),
+            cluster,
+            flavor,
+            gpus,
+            unavailable_gpus: u32::try_from(unavailable_gpus).unwrap_or(0).min(gpus),
+            cpus_milli: u32::try_from(cpus).unwrap_or(0).saturating_mul(1000),
+            memory_mib: u64::try_from(memory_mib).unwrap_or(0),
+            block: block.map(str::to_owned),
+            cordoned: !schedulable,
+        }
+    }
+}
+
 /// What each of a workload's identical tasks needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resources {
@@ -109,7 +146,23 @@ pub struct Resources {
     pub memory_mib: u64,
 }
 
+/// GPUs (as a spec states them) in hundredths.
+pub fn hundredths(gpus: f64) -> u32 {
+    (gpus * f64::from(ONE_GPU)).round() as u32
+}
+
 impl Resources {
+    /// What each task of `spec` asks for.
+    pub fn of(spec: &WorkloadSpec) -> Self {
+        let r = &spec.tasks.resources;
+        Self {
+            count: spec.tasks.count,
+            gpus: hundredths(r.gpus),
+            cpus_milli: r.cpus.map_or(0, |c| (c * 1000.0).round() as u32),
+            memory_mib: r.memory_mib.unwrap_or(0),
+        }
+    }
+
     /// The whole workload's GPUs, in hundredths.
     pub fn total_gpus(&self) -> u32 {
         self.count * self.gpus
@@ -170,6 +223,24 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// `spec` waiting in `team` for one of `flavors` since `submitted_at`.
+    pub fn of(id: String, team: TeamIx, flavors: Vec<FlavorIx>, spec: &WorkloadSpec, submitted_at: i64) -> Self {
+        Self {
+            id,
+            team,
+            kind: spec.kind,
+            priority: spec.priority,
+            preemptible: spec.preemptible,
+            submitted_at,
+            flavors,
+            tasks: Resources::of(spec),
+            topology: spec.topology,
+            cluster_selector: spec.placement.cluster_selector.clone(),
+            backend_kinds: spec.placement.backend_kinds.clone(),
+            has_image: spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
+        }
+    }
+
     /// Whether `cluster` satisfies the workload's placement constraints and can run it.
     pub fn may_run_on(&self, cluster: &Cluster) -> bool {
         self.placement_allows(cluster) && self.missing_capability(cluster.kind).is_none()

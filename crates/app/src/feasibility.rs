@@ -1,0 +1,188 @@
+//! The door check: a workload that can never run as submitted is refused (422 naming the
+//! field to change) instead of waiting forever.
+//!
+//! It asks the scheduler's own test (`berth_sched::feasible`) on a snapshot of the teams,
+//! clusters and nodes, with the one workload pending and nothing running, so the door and
+//! the scheduler's `Unschedulable` never disagree. Refused only what is knowable at
+//! submission, in every flavor the workload accepts: above a limit of its team or an
+//! ancestor; non-preemptible above its team's guarantee; and, once every cluster its
+//! placement allows has reported its nodes, a shape no such cluster could hold even empty,
+//! or work no such cluster can run (a fraction of a GPU, no container image). A placement
+//! no cluster matches yet is accepted: the cluster may be registered next.
+//!
+//! The teams, clusters and nodes are read at most every [`FRESH_FOR`] per database, and
+//! anew after a team or cluster changes through this process; a refusal is always
+//! re-checked against a fresh read, so a stale read (another replica's change, a node
+//! inventory just reported) can let an impossible workload in — it then waits as
+//! `Unschedulable` — but never refuses a possible one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use berth_core::cluster::Cluster;
+use berth_core::team::Team;
+use berth_core::workload::WorkloadSpec;
+use berth_core::{ClusterId, Error, FieldError};
+use berth_sched::feasible::Impossible;
+use berth_sched::snapshot as s;
+use berth_store::PgPool;
+use berth_store::cluster::ClusterNode;
+
+/// How long a read of teams, clusters and nodes is used for accepting workloads.
+pub const FRESH_FOR: Duration = Duration::from_secs(5);
+
+/// What the check reads.
+struct Facts {
+    read_at: Instant,
+    flavors: Vec<String>,
+    teams: Vec<Team>,
+    clusters: Vec<Cluster>,
+    nodes: Vec<(ClusterId, ClusterNode)>,
+}
+
+/// The last read per database (tests and benchmarks run several in one process).
+static READS: Mutex<Option<HashMap<String, Arc<Facts>>>> = Mutex::new(None);
+
+fn database_key(db: &PgPool) -> String {
+    let o = db.connect_options();
+    format!("{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
+}
+
+async fn read(db: &PgPool) -> Result<Arc<Facts>, Error> {
+    let mut tx = berth_store::begin_snapshot(db).await?;
+    let facts = Facts {
+        read_at: Instant::now(),
+        flavors: berth_store::flavor::flavor_names(&mut *tx).await?,
+        teams: berth_store::team::team_list_all(&mut *tx).await?,
+        clusters: berth_store::cluster::cluster_list_all(&mut *tx).await?,
+        nodes: berth_store::cluster::cluster_nodes_list(&mut *tx).await?,
+    };
+    berth_store::commit(tx).await?;
+    let facts = Arc::new(facts);
+    READS.lock().expect("not poisoned").get_or_insert_with(HashMap::new).insert(database_key(db), facts.clone());
+    Ok(facts)
+}
+
+/// Drops the last read of `db`: teams or clusters changed here, so the next check reads
+/// them anew (other replicas' reads age out within [`FRESH_FOR`]).
+pub fn forget(db: &PgPool) {
+    if let Some(reads) = READS.lock().expect("not poisoned").as_mut() {
+        reads.remove(&database_key(db));
+    }
+}
+
+fn recent(db: &PgPool) -> Option<Arc<Facts>> {
+    let reads = READS.lock().expect("not poisoned");
+    reads.as_ref()?.get(&database_key(db)).filter(|f| f.read_at.elapsed() < FRESH_FOR).cloned()
+}
+
+/// Refuses `spec` in `team` when it can never run as submitted: [`Error::Invalid`] with
+/// one error per accepted flavor, each on the field to change, under `at` (`""` for a
+/// single workload, `/items/{i}` in a batch). `specs` are checked together, one read.
+///
+/// # Errors
+/// As described, and store errors.
+pub async fn refuse_impossible(db: &PgPool, team: &str, specs: &[(String, &WorkloadSpec)]) -> Result<(), Error> {
+    let facts = match recent(db) {
+        Some(facts) => facts,
+        None => read(db).await?,
+    };
+    if impossible(&facts, team, specs).is_empty() {
+        return Ok(());
+    }
+    // Never refuse on a stale read.
+    let facts = if facts.read_at.elapsed() < Duration::from_millis(100) { facts } else { read(db).await? };
+    let errors = impossible(&facts, team, specs);
+    if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
+}
+
+/// The field errors of every spec that can never run.
+fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> Vec<FieldError> {
+    let flavor_ix: HashMap<&str, usize> = facts.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
+    let team_ix: HashMap<&str, usize> =
+        facts.teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+    let Some(&t) = team_ix.get(team) else { return Vec::new() };
+    let mut snapshot = s::Snapshot { flavors: facts.flavors.clone(), ..s::Snapshot::default() };
+    for team in &facts.teams {
+        let mut quotas = vec![s::Quota::default(); facts.flavors.len()];
+        for q in &team.spec.quotas {
+            if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
+                quotas[f] = s::Quota::from(q);
+            }
+        }
+        let parent = team.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
+        snapshot.teams.push(s::Team { name: team.metadata.name.clone(), parent, quotas });
+    }
+    let cluster_ix: HashMap<ClusterId, usize> =
+        facts.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
+    for c in &facts.clusters {
+        // Cordons pass; what is checked is whether it could ever run.
+        let labels = c.metadata.labels.clone();
+        snapshot.clusters.push(s::Cluster {
+            name: c.metadata.name.clone(),
+            kind: c.spec.kind,
+            labels,
+            cordoned: false,
+        });
+    }
+    let mut reported = vec![false; facts.clusters.len()];
+    for (cluster, n) in &facts.nodes {
+        let (Some(&c), Some(&f)) = (cluster_ix.get(cluster), n.flavor.as_deref().and_then(|f| flavor_ix.get(f))) else {
+            continue;
+        };
+        reported[c] = true;
+        let node = s::Node::from_inventory(
+            &n.name,
+            c,
+            f,
+            n.gpus,
+            n.unavailable_gpus,
+            n.cpus,
+            n.memory_mib,
+            n.block.as_deref(),
+            true,
+        );
+        snapshot.nodes.push(node);
+    }
+    for (at, spec) in specs {
+        let flavors = spec.tasks.resources.flavors.iter().filter_map(|f| flavor_ix.get(f.as_str()).copied()).collect();
+        snapshot.pending.push(s::Pending::of(at.clone(), t, flavors, spec, 0));
+    }
+    let why = berth_sched::feasible::impossible(&snapshot, &berth_sched::cycle::ancestors(&snapshot));
+    let mut errors = Vec::new();
+    for ((at, _), (p, why)) in specs.iter().zip(snapshot.pending.iter().zip(why)) {
+        // Shapes and capabilities are known only once every cluster it may use reported.
+        let all_reported = snapshot.clusters.iter().zip(&reported).all(|(c, &r)| r || !p.placement_allows(c));
+        let knowable = |i: &Impossible| match i {
+            Impossible::AboveLimit { .. } | Impossible::AboveGuarantee { .. } => true,
+            Impossible::NoClusterHolds { .. } | Impossible::NotCapable { .. } => all_reported,
+            Impossible::NoNodes { .. } => false,
+        };
+        if p.flavors.is_empty() || why.len() < p.flavors.len() || !why.iter().all(knowable) {
+            continue;
+        }
+        for i in &why {
+            let message = format!("can never run as submitted: {}", i.describe(&snapshot));
+            errors.push(FieldError::new(format!("{at}{}", field(i)), message));
+        }
+    }
+    errors
+}
+
+/// The field to change for `why`.
+fn field(why: &Impossible) -> &'static str {
+    match why {
+        Impossible::AboveGuarantee { .. } => "/spec/preemptible",
+        Impossible::NotCapable { missing, .. } if missing.contains("image") => "/spec/run/image",
+        // Each task fits a node, but not as many tasks on any cluster (or block).
+        Impossible::NoClusterHolds { most_tasks, .. } if *most_tasks > 0 => "/spec/tasks/count",
+        // A task fits no node: its GPUs, or else its CPU cores or memory.
+        Impossible::NoClusterHolds { task_gpus, largest_node_gpus, .. }
+            if *task_gpus <= f64::from(*largest_node_gpus) =>
+        {
+            "/spec/tasks/resources"
+        }
+        _ => "/spec/tasks/resources/gpus",
+    }
+}
