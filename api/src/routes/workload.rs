@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use berth_app::workload as app;
 use berth_core::page::PageRequest;
 use berth_core::selector::LabelSelector;
@@ -158,7 +158,9 @@ async fn list_team_workloads(
 #[utoipa::path(post, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
     params(("team" = String, Path, description = "Team name"), WriteParams),
     request_body = WorkloadBatch,
-    responses((status = 201, description = "Created, in the order given (with `dry_run`: as they would be)", body = WorkloadBatchCreated)))]
+    responses(
+        (status = 201, description = "Created, in the order given", body = WorkloadBatchCreated),
+        (status = 200, description = "`dry_run`: as they would be created; nothing written", body = WorkloadBatchCreated)))]
 async fn create_workloads(
     State(s): State<AppState>,
     ApiPath(team): ApiPath<String>,
@@ -166,11 +168,11 @@ async fn create_workloads(
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadBatch>,
 ) -> Result<(StatusCode, Json<WorkloadBatchCreated>), ApiError> {
-    let items = if q.dry_run {
-        app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body).await?
-    } else {
-        app::workload_create_batch(&s.db, &opctx, &team, &body).await?
-    };
+    if q.dry_run {
+        let items = app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body).await?;
+        return Ok((StatusCode::OK, Json(WorkloadBatchCreated { items })));
+    }
+    let items = app::workload_create_batch(&s.db, &opctx, &team, &body).await?;
     Ok((StatusCode::CREATED, Json(WorkloadBatchCreated { items })))
 }
 
@@ -203,7 +205,7 @@ async fn get_workload(
         crate::openapi::IfMatchHeader),
     request_body = WorkloadApply,
     responses(
-        (status = 200, description = "Replaced, or unchanged", body = Workload, headers(("ETag" = String))),
+        (status = 200, description = "Replaced, or unchanged; with `dry_run`, the workload as it would be (nothing written, no ETag)", body = Workload, headers(("ETag" = String))),
         (status = 201, description = "Created", body = Workload, headers(("ETag" = String), ("Location" = String)))))]
 async fn put_workload(
     State(s): State<AppState>,
@@ -213,11 +215,13 @@ async fn put_workload(
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadApply>,
 ) -> Result<Response, ApiError> {
-    let (workload, outcome) = if q.dry_run {
-        app::workload_apply_dry_run(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?
-    } else {
-        app::workload_apply(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?
-    };
+    if q.dry_run {
+        // Nothing was created or changed: 200 and the workload as it would be, without
+        // an ETag or Location of something that does not exist.
+        let (workload, _) = app::workload_apply_dry_run(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?;
+        return Ok((StatusCode::OK, Json(workload)).into_response());
+    }
+    let (workload, outcome) = app::workload_apply(&s.db, &opctx, &team, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
 }
 

@@ -367,7 +367,7 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
             &[],
         )
         .await;
-    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.body);
     // …and once it has (2 nodes of 8 GPUs), a task larger than every node, or more tasks
     // than the cluster holds even empty, is refused.
     let uid = cluster.body["metadata"]["uid"].as_str().unwrap().parse().unwrap();
@@ -388,7 +388,7 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     tx.commit().await.unwrap();
     berth_app::feasibility::forget(&s.db); // as the controllers' next health pass would make it stale
     let r = put("research/workloads/wide", WorkloadBody::new().gpus(12.0)).await;
-    refused(&r, "/spec/tasks/resources/gpus", "the largest node has 8 GPUs");
+    refused(&r, "/spec/tasks/resources/gpus", "the largest node the placement allows has 8");
     let r = put("research/workloads/many", WorkloadBody::new().count(3).gpus(8.0)).await;
     refused(&r, "/spec/tasks/count", "holds more than 2 of them");
     // A batch names the item at fault and writes nothing.
@@ -398,17 +398,19 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     ]});
     let r = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&items), &[]).await;
     refused(&r, "/items/1/spec/preemptible", "team nlp is guaranteed 8");
-    // A dry run answers as the write would (201, the workload as it would be), and writes
-    // nothing; so does a dry batch.
+    // A dry run answers 200 with the workload as the write would make it, and writes
+    // nothing (no ETag or Location of something that does not exist); so does a dry batch.
     let r = s
         .send(Method::PUT, "/api/v1/teams/nlp/workloads/fine?dry_run=true", Some(&WorkloadBody::new().json()), &[])
         .await;
-    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["status"]["phase"], "Pending");
-    assert_eq!(r.body["metadata"]["name"], "fine");
+    assert_eq!((&r.body["metadata"]["name"], &r.body["metadata"]["generation"]), (&json!("fine"), &json!(1)));
+    assert!(r.headers.get("etag").is_none() && r.headers.get("location").is_none());
     let items = json!({"items": [{"metadata": {"name": "ok"}, "spec": WorkloadBody::new().json()["spec"]}]});
     let r = s.send(Method::POST, "/api/v1/teams/nlp/workloads?dry_run=true", Some(&items), &[]).await;
-    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.names(), ["ok"]);
     assert_eq!(s.table_counts().await, before, "refusals and dry runs write nothing");
     s.get("/api/v1/teams/nlp/workloads/fine").await.assert_problem(404, None);
     // What can run is accepted as before.

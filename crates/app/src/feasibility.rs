@@ -24,7 +24,7 @@ use berth_core::cluster::Cluster;
 use berth_core::team::Team;
 use berth_core::workload::WorkloadSpec;
 use berth_core::{ClusterId, Error, FieldError};
-use berth_sched::feasible::Impossible;
+use berth_sched::feasible::{Impossible, Shapes};
 use berth_sched::snapshot as s;
 use berth_store::PgPool;
 use berth_store::cluster::ClusterNode;
@@ -32,13 +32,17 @@ use berth_store::cluster::ClusterNode;
 /// How long a read of teams, clusters and nodes is used for accepting workloads.
 pub const FRESH_FOR: Duration = Duration::from_secs(5);
 
-/// What the check reads.
+/// What the check reads, as the scheduler's snapshot of the teams, clusters and nodes
+/// (nothing running or pending), built once per read.
 struct Facts {
     read_at: Instant,
-    flavors: Vec<String>,
-    teams: Vec<Team>,
-    clusters: Vec<Cluster>,
-    nodes: Vec<(ClusterId, ClusterNode)>,
+    snapshot: s::Snapshot,
+    shapes: Shapes,
+    ancestors: Vec<Vec<usize>>,
+    flavor_ix: HashMap<String, usize>,
+    team_ix: HashMap<String, usize>,
+    /// Per cluster: whether it has reported nodes.
+    reported: Vec<bool>,
 }
 
 /// The last read per database (tests and benchmarks run several in one process).
@@ -51,17 +55,59 @@ fn database_key(db: &PgPool) -> String {
 
 async fn read(db: &PgPool) -> Result<Arc<Facts>, Error> {
     let mut tx = berth_store::begin_snapshot(db).await?;
-    let facts = Facts {
-        read_at: Instant::now(),
-        flavors: berth_store::flavor::flavor_names(&mut *tx).await?,
-        teams: berth_store::team::team_list_all(&mut *tx).await?,
-        clusters: berth_store::cluster::cluster_list_all(&mut *tx).await?,
-        nodes: berth_store::cluster::cluster_nodes_list(&mut *tx).await?,
-    };
+    let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
+    let teams = berth_store::team::team_list_all(&mut *tx).await?;
+    let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
+    let nodes = berth_store::cluster::cluster_nodes_list(&mut *tx).await?;
     berth_store::commit(tx).await?;
-    let facts = Arc::new(facts);
+    let facts = Arc::new(Facts::build(flavors, &teams, &clusters, &nodes));
     READS.lock().expect("not poisoned").get_or_insert_with(HashMap::new).insert(database_key(db), facts.clone());
     Ok(facts)
+}
+
+impl Facts {
+    fn build(flavors: Vec<String>, teams: &[Team], clusters: &[Cluster], nodes: &[(ClusterId, ClusterNode)]) -> Self {
+        let flavor_ix: HashMap<String, usize> = flavors.iter().enumerate().map(|(i, f)| (f.clone(), i)).collect();
+        let team_ix: HashMap<String, usize> =
+            teams.iter().enumerate().map(|(i, t)| (t.metadata.name.clone(), i)).collect();
+        let mut snapshot = s::Snapshot { flavors, ..s::Snapshot::default() };
+        for team in teams {
+            let mut quotas = vec![s::Quota::default(); snapshot.flavors.len()];
+            for q in &team.spec.quotas {
+                if let Some(&f) = flavor_ix.get(&q.flavor) {
+                    quotas[f] = s::Quota::from(q);
+                }
+            }
+            let parent = team.spec.parent.as_ref().and_then(|p| team_ix.get(p).copied());
+            snapshot.teams.push(s::Team { name: team.metadata.name.clone(), parent, quotas });
+        }
+        let cluster_ix: HashMap<ClusterId, usize> =
+            clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
+        for c in clusters {
+            // Cordons pass; what is checked is whether it could ever run.
+            let labels = c.metadata.labels.clone();
+            snapshot.clusters.push(s::Cluster {
+                name: c.metadata.name.clone(),
+                kind: c.spec.kind,
+                labels,
+                cordoned: false,
+            });
+        }
+        let mut reported = vec![false; clusters.len()];
+        for (cluster, n) in nodes {
+            let (Some(&c), Some(&f)) = (cluster_ix.get(cluster), n.flavor.as_ref().and_then(|f| flavor_ix.get(f)))
+            else {
+                continue;
+            };
+            reported[c] = true;
+            let (gpus, unavailable, block) = (n.gpus, n.unavailable_gpus, n.block.as_deref());
+            let node = s::Node::from_inventory(&n.name, c, f, gpus, unavailable, n.cpus, n.memory_mib, block, true);
+            snapshot.nodes.push(node);
+        }
+        let shapes = Shapes::of(&snapshot);
+        let ancestors = berth_sched::cycle::ancestors(&snapshot);
+        Self { read_at: Instant::now(), snapshot, shapes, ancestors, flavor_ix, team_ix, reported }
+    }
 }
 
 /// Drops the last read of `db`: teams or clusters changed here, so the next check reads
@@ -77,83 +123,37 @@ fn recent(db: &PgPool) -> Option<Arc<Facts>> {
     reads.as_ref()?.get(&database_key(db)).filter(|f| f.read_at.elapsed() < FRESH_FOR).cloned()
 }
 
-/// Refuses `spec` in `team` when it can never run as submitted: [`Error::Invalid`] with
-/// one error per accepted flavor, each on the field to change, under `at` (`""` for a
-/// single workload, `/items/{i}` in a batch). `specs` are checked together, one read.
+/// Refuses `specs` (each with the prefix of its fields: `""` for a single workload,
+/// `/items/{i}` in a batch) in `team` when one can never run as submitted:
+/// [`Error::Invalid`] with one error per accepted flavor of each, on the field to change.
 ///
 /// # Errors
 /// As described, and store errors.
 pub async fn refuse_impossible(db: &PgPool, team: &str, specs: &[(String, &WorkloadSpec)]) -> Result<(), Error> {
-    let facts = match recent(db) {
-        Some(facts) => facts,
-        None => read(db).await?,
+    let (facts, read_now) = match recent(db) {
+        Some(facts) => (facts, false),
+        None => (read(db).await?, true),
     };
     if impossible(&facts, team, specs).is_empty() {
         return Ok(());
     }
-    // Never refuse on a stale read.
-    let facts = if facts.read_at.elapsed() < Duration::from_millis(100) { facts } else { read(db).await? };
+    // Never refuse on an earlier read.
+    let facts = if read_now { facts } else { read(db).await? };
     let errors = impossible(&facts, team, specs);
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 
 /// The field errors of every spec that can never run.
 fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> Vec<FieldError> {
-    let flavor_ix: HashMap<&str, usize> = facts.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
-    let team_ix: HashMap<&str, usize> =
-        facts.teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
-    let Some(&t) = team_ix.get(team) else { return Vec::new() };
-    let mut snapshot = s::Snapshot { flavors: facts.flavors.clone(), ..s::Snapshot::default() };
-    for team in &facts.teams {
-        let mut quotas = vec![s::Quota::default(); facts.flavors.len()];
-        for q in &team.spec.quotas {
-            if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
-                quotas[f] = s::Quota::from(q);
-            }
-        }
-        let parent = team.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
-        snapshot.teams.push(s::Team { name: team.metadata.name.clone(), parent, quotas });
-    }
-    let cluster_ix: HashMap<ClusterId, usize> =
-        facts.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
-    for c in &facts.clusters {
-        // Cordons pass; what is checked is whether it could ever run.
-        let labels = c.metadata.labels.clone();
-        snapshot.clusters.push(s::Cluster {
-            name: c.metadata.name.clone(),
-            kind: c.spec.kind,
-            labels,
-            cordoned: false,
-        });
-    }
-    let mut reported = vec![false; facts.clusters.len()];
-    for (cluster, n) in &facts.nodes {
-        let (Some(&c), Some(&f)) = (cluster_ix.get(cluster), n.flavor.as_deref().and_then(|f| flavor_ix.get(f))) else {
-            continue;
-        };
-        reported[c] = true;
-        let node = s::Node::from_inventory(
-            &n.name,
-            c,
-            f,
-            n.gpus,
-            n.unavailable_gpus,
-            n.cpus,
-            n.memory_mib,
-            n.block.as_deref(),
-            true,
-        );
-        snapshot.nodes.push(node);
-    }
-    for (at, spec) in specs {
-        let flavors = spec.tasks.resources.flavors.iter().filter_map(|f| flavor_ix.get(f.as_str()).copied()).collect();
-        snapshot.pending.push(s::Pending::of(at.clone(), t, flavors, spec, 0));
-    }
-    let why = berth_sched::feasible::impossible(&snapshot, &berth_sched::cycle::ancestors(&snapshot));
+    let Some(&t) = facts.team_ix.get(team) else { return Vec::new() };
+    let s = &facts.snapshot;
     let mut errors = Vec::new();
-    for ((at, _), (p, why)) in specs.iter().zip(snapshot.pending.iter().zip(why)) {
+    for (at, spec) in specs {
+        let flavors = spec.tasks.resources.flavors.iter().filter_map(|f| facts.flavor_ix.get(f).copied()).collect();
+        let p = s::Pending::of(at.clone(), t, flavors, spec, 0);
+        let why = berth_sched::feasible::impossible_for(s, &facts.shapes, &facts.ancestors, &p);
         // Shapes and capabilities are known only once every cluster it may use reported.
-        let all_reported = snapshot.clusters.iter().zip(&reported).all(|(c, &r)| r || !p.placement_allows(c));
+        let all_reported = s.clusters.iter().zip(&facts.reported).all(|(c, &r)| r || !p.placement_allows(c));
         let knowable = |i: &Impossible| match i {
             Impossible::AboveLimit { .. } | Impossible::AboveGuarantee { .. } => true,
             Impossible::NoClusterHolds { .. } | Impossible::NotCapable { .. } => all_reported,
@@ -163,7 +163,7 @@ fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> V
             continue;
         }
         for i in &why {
-            let message = format!("can never run as submitted: {}", i.describe(&snapshot));
+            let message = format!("can never run as submitted: {}", i.describe(s));
             errors.push(FieldError::new(format!("{at}{}", field(i)), message));
         }
     }

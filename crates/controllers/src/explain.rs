@@ -48,7 +48,7 @@ pub fn pending_reason(
         Reason::BorrowingPaused { flavor: f, workload } => (
             "BorrowingPaused",
             format!(
-                "borrowing {} is paused while {} waits for reclaimed capacity",
+                "borrowing {} is paused while {} waits for capacity to run within its quota",
                 flavor(*f),
                 pending_name(*workload)
             ),

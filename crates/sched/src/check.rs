@@ -202,6 +202,7 @@ fn idle_violations(
         }
         if let Some((f, amount)) = reservation(s, w) {
             own[p.team * flavors + f] += amount;
+            paused[p.team * flavors + f] |= !p.preemptible;
             for &a in &ancestors[p.team] {
                 subtree[a * flavors + f] += amount;
             }
@@ -260,12 +261,14 @@ fn reason_violations(s: &Snapshot, plan: &Plan, ancestors: &[Vec<usize>]) -> Vec
     let flavors = s.flavors.len();
     let impossible = crate::feasible::impossible(s, ancestors);
     let (share, _) = own_shares(s, &impossible);
-    let reclaiming: BTreeMap<PendingIx, FlavorIx> = plan
+    // Workloads that pause their team's borrowing: waiting for reclaim, or starving with
+    // nodes held and only allowed to run in-quota.
+    let pausing: BTreeMap<PendingIx, FlavorIx> = plan
         .waiting
         .iter()
         .filter_map(|w| match w.reason {
             Reason::WaitingForReclaim { flavor, .. } => Some((w.workload, flavor)),
-            _ => None,
+            _ => reservation(s, w).filter(|_| !s.pending[w.workload].preemptible).map(|(f, _)| (w.workload, f)),
         })
         .collect();
     let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
@@ -305,7 +308,7 @@ fn reason_violations(s: &Snapshot, plan: &Plan, ancestors: &[Vec<usize>]) -> Vec
             }
             Reason::BorrowingPaused { flavor, workload } => {
                 p.preemptible
-                    && reclaiming.get(workload) == Some(flavor)
+                    && pausing.get(workload) == Some(flavor)
                     && ancestors[p.team].contains(&s.pending[*workload].team)
             }
             Reason::NoClusterFits { attempts } => attempts.iter().all(|a| {

@@ -217,6 +217,10 @@ struct Cycle<'a> {
     reserved_quota: BTreeMap<PendingIx, FlavorIx>,
     /// Why a gang shape missed a pool, and the pool's version then.
     misses: HashMap<ShapeOnPool, (u64, Miss)>,
+    /// The pool's version when a gang shape last fitted it (so it still does).
+    fits: HashMap<ShapeOnPool, u64>,
+    /// Per flavor: nodes held for a workload were opened on a later pass.
+    reopened: Vec<bool>,
     /// Teams whose subtree usage preemption lowered since the last pass.
     lowered: BTreeSet<TeamIx>,
     pool_reserved: Vec<bool>,
@@ -231,8 +235,8 @@ struct Cycle<'a> {
     share: Vec<f64>,
     demand: Vec<f64>,
     /// Per `team * flavors + flavor`: a workload of the team waits for reclaim to run
-    /// in-quota, so the subtree may not borrow more in this cycle (that would use up the
-    /// guarantee the waiting workload counts on).
+    /// in-quota, or starves with nodes held, so the subtree may not borrow more in this
+    /// cycle (that would use up the quota the waiting workload counts on).
     paused: Vec<Option<PendingIx>>,
     /// Per running workload: preempted, or counted on by a waiting workload, in this plan.
     gone: Vec<bool>,
@@ -295,6 +299,8 @@ impl<'a> Cycle<'a> {
             held: BTreeMap::new(),
             reserved_quota: BTreeMap::new(),
             misses: HashMap::new(),
+            fits: HashMap::new(),
+            reopened: vec![false; flavors],
             lowered: BTreeSet::new(),
             pool_reserved: vec![false; pools.len()],
             running_used: used.clone(),
@@ -341,14 +347,17 @@ impl<'a> Cycle<'a> {
             }
         }
         // Preemptions lower the usage of the victims' teams, which can admit (or let reclaim
-        // for) work that an earlier visit found over quota: visit the rest again, in the
-        // same order, until nothing more is preempted.
-        while !self.lowered.is_empty() {
+        // for) work that an earlier visit found over quota; a workload admitted on a later
+        // pass opens the nodes it held, and one that no longer starves with nodes held lets
+        // its team borrow: visit the rest again, in the same order, until nothing changes.
+        while !self.lowered.is_empty() || self.reopened.contains(&true) {
             let lowered = std::mem::take(&mut self.lowered);
+            let reopened = std::mem::replace(&mut self.reopened, vec![false; self.flavors]);
             for (w, reason) in &mut waiting {
                 let t = s.pending[*w].team;
                 // Quota depends on the team's own subtree and on its ancestors' limits.
                 let affected = lowered.contains(&t)
+                    || s.pending[*w].flavors.iter().any(|&f| reopened[f])
                     || self.ancestors[t]
                         .iter()
                         .any(|&a| lowered.contains(&a) && s.teams[a].quotas.iter().any(|q| q.limit.is_some()));
@@ -386,11 +395,33 @@ impl<'a> Cycle<'a> {
     fn visit(&mut self, w: PendingIx, starving: bool) -> Option<Reason> {
         let s = self.s;
         let p = &s.pending[w];
-        // Visited again: its reservation's quota is its own to use.
+        // Visited again: its reservation's quota is its own to use…
         let reserved_in = self.reserved_quota.remove(&w);
+        let mut pausing = None;
         if let Some(f) = reserved_in {
             self.charge(p.team, f, -i64::from(p.tasks.total_gpus()));
+            let i = p.team * self.flavors + f;
+            if self.paused[i] == Some(w) {
+                self.paused[i] = None;
+                pausing = Some(i);
+            }
         }
+        let reason = self.admit_or_wait(w, starving, reserved_in);
+        // …and when it no longer holds them, the work it kept from borrowing is visited
+        // again.
+        if let Some(i) = pausing
+            && self.paused[i] != Some(w)
+        {
+            self.lowered.extend((0..s.teams.len()).filter(|&t| self.ancestors[t].contains(&p.team)));
+        }
+        reason
+    }
+
+    /// [`Self::visit`] with its reservation's quota given back: `reserved_in` is the flavor
+    /// it held quota in until this visit, if it did.
+    fn admit_or_wait(&mut self, w: PendingIx, starving: bool, reserved_in: Option<FlavorIx>) -> Option<Reason> {
+        let s = self.s;
+        let p = &s.pending[w];
         if self.impossible[w].len() == p.flavors.len() {
             return Some(crate::feasible::reason(&self.impossible[w]));
         }
@@ -401,17 +432,20 @@ impl<'a> Cycle<'a> {
         for f in possible {
             // Capacity is reported before quota: quota is the reason only where there is
             // room (so a full flavor says so, whatever the limits).
-            match self.best_cluster(w, f) {
-                Ok(c) => match self.quota(p, f, &[]) {
-                    Ok(in_quota) => {
+            let room = match self.quota(p, f, &[]) {
+                Ok(in_quota) => match self.best_cluster(w, f) {
+                    Ok(c) => {
                         self.admit(w, f, in_quota, c);
                         return None;
                     }
-                    Err(reason) => {
-                        quota_reason.get_or_insert(reason);
-                    }
+                    Err(misses) => Err(misses),
                 },
-                Err(misses) => attempts.push(FlavorAttempt { flavor: f, clusters: misses }),
+                Err(reason) => self.room(w, f).map(|()| {
+                    quota_reason.get_or_insert(reason);
+                }),
+            };
+            if let Err(misses) = room {
+                attempts.push(FlavorAttempt { flavor: f, clusters: misses });
             }
         }
         if let Some(reason) = self.preempt_for(w) {
@@ -540,6 +574,28 @@ impl<'a> Cycle<'a> {
         best.ok_or(misses)
     }
 
+    /// Whether some cluster `w` may use has room for it in flavor `f` now, or why each
+    /// misses: [`Self::best_cluster`] without choosing, stopping at the first that fits.
+    fn room(&mut self, w: PendingIx, f: FlavorIx) -> Result<(), Vec<ClusterMiss>> {
+        let p = &self.s.pending[w];
+        let r = &p.tasks;
+        let cacheable = !self.held.contains_key(&w);
+        let allowed: Vec<(ClusterIx, usize)> = self.allowed_pools(p, f).collect();
+        let mut misses = Vec::new();
+        for (c, pool) in allowed {
+            let key = (pool, r.count, r.gpus, r.cpus_milli, r.memory_mib, p.topology as u8);
+            if cacheable && !self.s.clusters[c].cordoned && self.fits.get(&key) == Some(&self.pools[pool].version) {
+                return Ok(());
+            }
+            let outcome = if self.s.clusters[c].cordoned { Err(Miss::Cordoned) } else { self.try_pool(w, pool) };
+            match outcome {
+                Ok(_) => return Ok(()),
+                Err(miss) => misses.push(ClusterMiss { cluster: c, miss }),
+            }
+        }
+        Err(misses)
+    }
+
     /// Nodes of `pool` that `w` may use: not held for another workload.
     fn open_nodes(&self, w: PendingIx, nodes: &[NodeIx]) -> Vec<NodeIx> {
         if self.held.is_empty() {
@@ -600,6 +656,9 @@ impl<'a> Cycle<'a> {
             }
             return Err(miss);
         };
+        if cacheable {
+            self.fits.insert(key, pool.version);
+        }
         let cluster = &self.s.clusters[pool.cluster];
         let key = (!topology_fit, placed.leftover, cluster.tier_rank(), p.backend_rank(cluster.kind), pool.cluster);
         Ok(Candidate { key, pool: pool_ix, placed, nodes })
@@ -635,8 +694,18 @@ impl<'a> Cycle<'a> {
     fn admit(&mut self, w: PendingIx, f: FlavorIx, in_quota: bool, c: Candidate) {
         let s = self.s;
         let p = &s.pending[w];
-        for n in self.held.remove(&w).unwrap_or_default() {
+        // Nodes it held (it starved or waited for victims, and is admitted on a later pass)
+        // are open again: whatever wants their flavor is visited again.
+        let released = self.held.remove(&w).unwrap_or_default();
+        for &n in &released {
             self.reserved_for[n] = None;
+            let node = &s.nodes[n];
+            if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
+                self.pools[pool].version += 1;
+            }
+        }
+        for &n in &released {
+            self.reopened[s.nodes[n].flavor] = true;
         }
         let placed = place(&mut self.states, &c.nodes, &p.tasks).expect("the chosen placement still fits");
         debug_assert_eq!(placed, c.placed);
@@ -663,13 +732,20 @@ impl<'a> Cycle<'a> {
     }
 
     /// Counts a starving workload's GPUs of `f` against its team and ancestors while its
-    /// nodes are held, so that work behind it cannot take the quota it needs either
-    /// (otherwise that work runs, the starving one is over quota again, loses its nodes,
-    /// and preempts the same work once more, every other cycle).
+    /// nodes are held, and pauses its team's borrowing if it may only run in-quota, so that
+    /// work behind it cannot take the quota it needs either (otherwise that work runs, the
+    /// starving one is over quota again, loses its nodes, and preempts the same work once
+    /// more, every other cycle).
     fn hold_quota(&mut self, w: PendingIx, f: FlavorIx) {
         let p = &self.s.pending[w];
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.reserved_quota.insert(w, f);
+        // A non-preemptible one runs only within the guarantee, which anything its team
+        // borrows now would use up next cycle. (What a preemptible one needs, its team's
+        // fair share and limits, borrowing already respects with its GPUs counted.)
+        if !p.preemptible {
+            self.paused[p.team * self.flavors + f].get_or_insert(w);
+        }
     }
 
     /// Finds the fewest, cheapest victims that let `w` run in-quota, preempts them and

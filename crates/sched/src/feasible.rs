@@ -35,8 +35,8 @@ pub enum Impossible {
     NoClusterHolds { flavor: FlavorIx, tasks: u32, task_gpus: f64, most_tasks: u32, largest_node_gpus: u32 },
     /// No cluster the placement allows has nodes of the flavor.
     NoNodes { flavor: FlavorIx },
-    /// The clusters the placement allows with nodes of the flavor cannot run it: they lack
-    /// `missing` (a capability of their kind of backend).
+    /// The clusters the placement allows with nodes of the flavor cannot run it: `missing`
+    /// says what of their kind of backend stands in the way.
     NotCapable { flavor: FlavorIx, missing: String },
 }
 
@@ -55,14 +55,28 @@ impl Impossible {
                 flavor(*f),
                 team(*t)
             ),
-            Self::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, largest_node_gpus } => format!(
+            Self::NoClusterHolds { flavor: f, task_gpus, largest_node_gpus, .. }
+                if *task_gpus > f64::from(*largest_node_gpus) =>
+            {
+                format!(
+                    "{}: a task asks for {task_gpus} GPUs, and the largest node the placement allows has \
+                     {largest_node_gpus}",
+                    flavor(*f)
+                )
+            }
+            Self::NoClusterHolds { flavor: f, most_tasks: 0, .. } => format!(
+                "{}: a task fits no node the placement allows, even an empty one (it asks for more CPU cores or \
+                 memory than any has)",
+                flavor(*f)
+            ),
+            Self::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, .. } => format!(
                 "{}: {tasks} tasks of {task_gpus} GPUs, but even empty no allowed cluster (or required topology \
-                 block) holds more than {most_tasks} of them; the largest node has {largest_node_gpus} GPUs",
+                 block) holds more than {most_tasks} of them",
                 flavor(*f)
             ),
             Self::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
             Self::NotCapable { flavor: f, missing } => {
-                format!("{}: the clusters with such nodes cannot run {missing}", flavor(*f))
+                format!("{}: the clusters with such nodes {missing}", flavor(*f))
             }
         }
     }
@@ -79,32 +93,30 @@ impl Impossible {
 }
 
 /// Nodes alike for this purpose (cluster, flavor, topology block, size), counted: what
-/// "could it ever fit" reads, once per cycle, so the test costs per pending workload the
-/// number of node shapes, not of nodes.
-struct Shapes<'s> {
-    groups: Vec<Shape<'s>>,
+/// "could it ever fit" reads, once per cycle (or per read of the door check), so the test
+/// costs per pending workload the number of node shapes, not of nodes.
+pub struct Shapes {
+    groups: Vec<Shape>,
 }
 
 /// Alike nodes: of one flavor, cluster and block, and of one size.
-struct Shape<'s> {
+struct Shape {
     flavor: FlavorIx,
     cluster: ClusterIx,
-    block: Option<&'s str>,
     /// One of them, with no GPU held by others (what could ever be free).
     node: Node,
     count: u32,
 }
 
-impl<'s> Shapes<'s> {
-    fn of(s: &'s Snapshot) -> Self {
+impl Shapes {
+    pub fn of(s: &Snapshot) -> Self {
         type Key<'k> = (FlavorIx, ClusterIx, Option<&'k str>, u32, u32, u64);
-        let mut groups: BTreeMap<Key<'s>, Shape<'s>> = BTreeMap::new();
+        let mut groups: BTreeMap<Key<'_>, Shape> = BTreeMap::new();
         for n in &s.nodes {
             let key = (n.flavor, n.cluster, n.block.as_deref(), n.gpus, n.cpus_milli, n.memory_mib);
             let shape = groups.entry(key).or_insert_with(|| Shape {
                 flavor: n.flavor,
                 cluster: n.cluster,
-                block: n.block.as_deref(),
                 node: Node { unavailable_gpus: 0, cordoned: false, ..n.clone() },
                 count: 0,
             });
@@ -118,16 +130,19 @@ impl<'s> Shapes<'s> {
 /// (empty when it is possible in all).
 pub fn impossible(s: &Snapshot, ancestors: &[Vec<TeamIx>]) -> Vec<Vec<Impossible>> {
     let shapes = Shapes::of(s);
-    s.pending
-        .iter()
-        .map(|p| p.flavors.iter().filter_map(|&f| impossible_in(s, &shapes, ancestors, p, f)).collect())
-        .collect()
+    s.pending.iter().map(|p| impossible_for(s, &shapes, ancestors, p)).collect()
+}
+
+/// Why `p` (of a team of `s`, pending or not) is impossible in each of its flavors where it
+/// is; `shapes` are `s`'s.
+pub fn impossible_for(s: &Snapshot, shapes: &Shapes, ancestors: &[Vec<TeamIx>], p: &Pending) -> Vec<Impossible> {
+    p.flavors.iter().filter_map(|&f| impossible_in(s, shapes, ancestors, p, f)).collect()
 }
 
 /// Why `p` can never run in flavor `f`, if it cannot.
 fn impossible_in(
     s: &Snapshot,
-    shapes: &Shapes<'_>,
+    shapes: &Shapes,
     ancestors: &[Vec<TeamIx>],
     p: &Pending,
     f: FlavorIx,
@@ -172,12 +187,13 @@ fn impossible_in(
         let node = &shape.node;
         let tasks = NodeState::new(node).capacity_when_empty(&p.tasks, node);
         largest_node_gpus = largest_node_gpus.max(node.gpus);
-        if required && shape.block.is_none() {
+        let block = shape.node.block.as_deref();
+        if required && block.is_none() {
             // Without a block, a node is a block of its own.
             let entry = room.entry((shape.cluster, Some(node.name.as_str()))).or_default();
             *entry = (*entry).max(u64::from(tasks));
         } else {
-            let key = (shape.cluster, if required { shape.block } else { None });
+            let key = (shape.cluster, if required { block } else { None });
             *room.entry(key).or_default() += u64::from(tasks) * u64::from(shape.count);
         }
     }

@@ -73,7 +73,8 @@ pub enum Reason {
     /// teams' share).
     FairShareReached { team: TeamIx, flavor: FlavorIx, used: f64, fair_share: f64, requested: f64 },
     /// It would borrow while `workload`, of its team (or a parent team), waits for reclaim
-    /// to run in-quota: borrowing now would use up the guarantee that workload counts on.
+    /// to run in-quota, or starves with nodes held for it: borrowing now would use up the
+    /// quota that workload counts on.
     BorrowingPaused { flavor: FlavorIx, workload: PendingIx },
     /// Quota allows it, but no allowed cluster has room; why, per flavor and cluster.
     NoClusterFits { attempts: Vec<FlavorAttempt> },

@@ -252,13 +252,14 @@ impl Pending {
             && self.cluster_selector.iter().all(|(k, v)| cluster.labels.get(k) == Some(v))
     }
 
-    /// What a cluster of `kind` lacks to run this workload, in words; `None` when it can.
+    /// Why a cluster of `kind` cannot run this workload, in words that follow "the
+    /// clusters"; `None` when it can.
     pub fn missing_capability(&self, kind: ClusterKind) -> Option<&'static str> {
         let can = kind.capabilities();
         if self.tasks.is_fractional() && !can.fractional_gpus {
-            Some("fractions of a GPU")
+            Some("cannot share a GPU, and it asks for a fraction of one")
         } else if can.requires_image && !self.has_image {
-            Some("a container image (spec.run.image)")
+            Some("run only containers, and it names no image (spec.run.image)")
         } else {
             None
         }

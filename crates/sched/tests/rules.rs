@@ -712,8 +712,8 @@ fn a_fraction_of_a_gpu_goes_only_where_the_backend_shares_gpus() {
     let plan = w2.plan();
     let missing =
         |what: &str| Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: what.into() }] };
-    assert_eq!(reason(&w2, &plan, "half"), &missing("fractions of a GPU"));
-    assert_eq!(reason(&w2, &plan, "no-image"), &missing("a container image (spec.run.image)"));
+    assert_eq!(reason(&w2, &plan, "half"), &missing("cannot share a GPU, and it asks for a fraction of one"));
+    assert_eq!(reason(&w2, &plan, "no-image"), &missing("run only containers, and it names no image (spec.run.image)"));
 }
 
 #[test]
@@ -809,4 +809,42 @@ fn the_checker_notices_idle_gpus_and_reasons_the_snapshot_does_not_bear_out() {
     let wrong = violations(&w.s, &plan);
     assert!(wrong.iter().any(|v| v.contains("could run now")), "{wrong:?}");
     assert!(wrong.iter().any(|v| v.contains("does not bear out")), "{wrong:?}");
+}
+
+#[test]
+fn a_starving_workload_pauses_its_teams_borrowing() {
+    // The second ping-pong the sweep found: t is guaranteed 8 and runs 5.5 GPUs. s (t,
+    // non-preemptible, 2 GPUs and 16 cores) starves: only n1 has the cores, and n1 is
+    // full, so n1 and 2 GPUs of t's quota are held for it. lo (t, 1 GPU, behind it) would
+    // borrow. Admitted, it took t to 8.5 with s's quota released next cycle, so s was
+    // above the guarantee, lost its reservation, and another of t's workloads preempted lo,
+    // which came back when s reserved again — every other cycle. Now t borrows nothing
+    // while s starves with nodes held, and the reason names s.
+    let mut w = World::new(&["h100"]);
+    w.team("t", None, &[("h100", 8, None, 1)]);
+    let c0 = w.cluster("c0", ClusterKind::Sim, &[]);
+    let c1 = w.cluster("c1", ClusterKind::Sim, &[]);
+    let n0 = w.nodes(c0, "h100", 1, 8, None);
+    let n1 = w.nodes(c1, "h100", 1, 4, None);
+    w.s.nodes[n0[0]].cpus_milli = 8_000;
+    w.run("half", "t", &n0, 3, GPU / 2, false, 0, 0);
+    w.run("full", "t", &n1, 4, GPU, false, 0, 0);
+    let s = w.submit("s", "t", 1, 2 * GPU, &["h100"]);
+    w.pending(s).preemptible = false;
+    w.pending(s).submitted_at = 0;
+    w.pending(s).tasks.cpus_milli = 16_000;
+    let lo = w.submit("lo", "t", 1, GPU, &["h100"]);
+    w.pending(lo).priority = -1;
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        let held = &plan.waiting.iter().find(|x| w.s.pending[x.workload].id == "s").unwrap().reserved_nodes;
+        assert_eq!(held, &n1);
+        assert!(
+            matches!(reason(&w, &plan, "lo"), Reason::BorrowingPaused { workload, .. } if w.s.pending[*workload].id == "s"),
+            "{:?}",
+            reason(&w, &plan, "lo")
+        );
+        w.carry_out(&plan);
+    }
 }
