@@ -244,6 +244,9 @@ struct Cycle<'a> {
     reclaimable: Vec<bool>,
     /// Per pending workload: why it can never run in each flavor where it cannot.
     impossible: Vec<Vec<Impossible>>,
+    /// GPU hundredths per `team * flavors + flavor`: what the team's subtree waits for at
+    /// the start of the cycle (in every acceptable flavor where it could run).
+    pending_subtree: Vec<u64>,
     plan: Plan,
 }
 
@@ -254,6 +257,14 @@ impl<'a> Cycle<'a> {
         let ancestors = ancestors(s);
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, demand) = own_shares(s, &impossible);
+        let mut pending_subtree = vec![0; s.teams.len() * flavors];
+        for (p, never) in s.pending.iter().zip(&impossible) {
+            for &f in p.flavors.iter().filter(|&&f| !never.iter().any(|i| i.flavor() == f)) {
+                for &a in &ancestors[p.team] {
+                    pending_subtree[a * flavors + f] += u64::from(p.tasks.total_gpus());
+                }
+            }
+        }
         let mut used = vec![0; s.teams.len() * flavors];
         let mut subtree_used = used.clone();
         for r in s.running.iter().filter(|r| !r.preempting) {
@@ -316,6 +327,7 @@ impl<'a> Cycle<'a> {
             reclaimable,
             paused: vec![None; s.teams.len() * flavors],
             impossible,
+            pending_subtree,
             plan: Plan::default(),
         }
     }
@@ -913,6 +925,28 @@ impl<'a> Cycle<'a> {
         })
     }
 
+    /// Whether `p` would still pass quota in `f` if its team's child teams ran what they
+    /// wait for within their own guarantees: those guarantees are the children's, so a
+    /// reservation must not count on the part they want (it would lose its quota as soon
+    /// as they run, and a child would preempt its own work for room the reservation holds,
+    /// every other cycle). A preemptible `p` may instead borrow within its team's fair
+    /// share, which children do not change.
+    fn quota_holds_when_children_run(&self, p: &Pending, f: FlavorIx) -> bool {
+        let i = |t: TeamIx| t * self.flavors + f;
+        let claimed: u64 = (0..self.s.teams.len())
+            .filter(|&c| self.s.teams[c].parent == Some(p.team))
+            .map(|c| {
+                let guaranteed = u64::from(self.s.teams[c].quotas[f].guaranteed * ONE_GPU);
+                let used = self.subtree_used[i(c)];
+                guaranteed.min(used + self.pending_subtree[i(c)]).saturating_sub(used)
+            })
+            .sum();
+        let requested = u64::from(p.tasks.total_gpus());
+        let guaranteed = u64::from(self.s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+        self.subtree_used[i(p.team)] + claimed + requested <= guaranteed
+            || (p.preemptible && gpus(self.used[i(p.team)] + requested) <= self.share[i(p.team)] + 1e-9)
+    }
+
     /// Holds nodes for a starving workload on the allowed pool with the most free room
     /// that could hold it once those nodes are empty; one reservation per pool.
     fn reserve(&mut self, w: PendingIx) {
@@ -920,7 +954,7 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         let mut best: Option<(u64, Vec<NodeIx>, usize, FlavorIx)> = None;
         for &f in &p.flavors {
-            if self.quota(p, f, &[]).is_err() {
+            if self.quota(p, f, &[]).is_err() || !self.quota_holds_when_children_run(p, f) {
                 continue;
             }
             for (c, pool_ix) in self.allowed_pools(p, f) {

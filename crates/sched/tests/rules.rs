@@ -848,3 +848,50 @@ fn a_starving_workload_pauses_its_teams_borrowing() {
         w.carry_out(&plan);
     }
 }
+
+#[test]
+fn a_starving_parent_workload_does_not_reserve_what_its_child_team_is_guaranteed() {
+    // The third ping-pong the sweep found. Department d (guaranteed 16) runs 1 GPU of its
+    // own; its child t (guaranteed 8) runs 6 and wants 3 more. p1 (t, priority 1, 2 GPUs,
+    // 48 cores: only n0 has them) preempts t's own r2 to run within t's guarantee. With r2
+    // gone, d's starving 8-GPU s looked within d's guarantee (1 + 6 + 8 <= 16) and took n0
+    // for its reservation; p1 could not start, r2 came back (t's own guarantee), s was
+    // above d's guarantee again, and p1 preempted r2 again, every other cycle. What t
+    // waits for within its guarantee is t's: s reserves nothing, and p1 runs.
+    let mut w = World::new(&["h100"]);
+    w.team("d", None, &[("h100", 16, None, 1)]);
+    w.team("t", Some("d"), &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let n0 = w.nodes(c, "h100", 1, 8, None);
+    let n2 = w.nodes(c, "h100", 1, 8, None);
+    w.s.nodes[n2[0]].cpus_milli = 32_000;
+    w.run("r3a", "t", &n0, 1, 2 * GPU, false, 0, 0);
+    w.run("r3b", "t", &n2, 1, 4 * GPU, false, 0, 0);
+    w.run("r2", "t", &n2, 1, GPU, false, 0, 0);
+    w.run("r0", "d", &n2, 1, GPU, false, 0, 0);
+    for r in &mut w.s.running {
+        r.preemptible = r.id == "r2";
+    }
+    let s = w.submit("s", "d", 1, 8 * GPU, &["h100"]);
+    w.pending(s).preemptible = false;
+    w.pending(s).submitted_at = 0;
+    let p1 = w.submit("p1", "t", 1, 2 * GPU, &["h100"]);
+    w.pending(p1).priority = 1;
+    w.pending(p1).preemptible = false;
+    w.pending(p1).tasks.cpus_milli = 48_000;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["r2"]);
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["p1"]);
+    assert_eq!(plan.admissions[0].placement[0].node, n0[0]);
+    let held = &plan.waiting.iter().find(|x| w.s.pending[x.workload].id == "s").unwrap().reserved_nodes;
+    assert!(held.is_empty(), "{held:?}");
+    w.carry_out(&plan);
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.preemptions.is_empty(), "{plan:?}");
+        w.carry_out(&plan);
+    }
+}
