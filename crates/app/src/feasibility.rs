@@ -174,7 +174,8 @@ fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> V
 fn field(why: &Impossible) -> &'static str {
     match why {
         Impossible::AboveGuarantee { .. } => "/spec/preemptible",
-        Impossible::NotCapable { missing, .. } if missing.contains("image") => "/spec/run/image",
+        Impossible::NotCapable { missing, .. } if missing.contains("spec.run.image") => "/spec/run/image",
+        Impossible::NotCapable { missing, .. } if missing.contains("spec.run.command") => "/spec/run/command",
         // Each task fits a node, but not as many tasks on any cluster (or block).
         Impossible::NoClusterHolds { most_tasks, .. } if *most_tasks > 0 => "/spec/tasks/count",
         // A task fits no node: its GPUs, or else its CPU cores or memory.

@@ -30,15 +30,18 @@ pub struct Capabilities {
     pub fractional_gpus: bool,
     /// Whether a workload must name a container image (`spec.run.image`).
     pub requires_image: bool,
+    /// Whether a workload must give what to run (`spec.run.script` or `spec.run.command`):
+    /// a Slurm job is a batch script.
+    pub requires_command: bool,
 }
 
 impl ClusterKind {
     /// What clusters of this kind can run.
     pub fn capabilities(self) -> Capabilities {
         match self {
-            Self::Slurm => Capabilities { fractional_gpus: false, requires_image: false },
-            Self::Kubernetes => Capabilities { fractional_gpus: false, requires_image: true },
-            Self::Sim => Capabilities { fractional_gpus: true, requires_image: false },
+            Self::Slurm => Capabilities { fractional_gpus: false, requires_image: false, requires_command: true },
+            Self::Kubernetes => Capabilities { fractional_gpus: false, requires_image: true, requires_command: false },
+            Self::Sim => Capabilities { fractional_gpus: true, requires_image: false, requires_command: false },
         }
     }
 

@@ -159,6 +159,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             cluster_selector,
             backend_kinds: Vec::new(),
             has_image: true,
+            has_command: true,
         });
     }
     s

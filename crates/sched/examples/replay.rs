@@ -387,6 +387,7 @@ fn berth_cycle(
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
                 has_image: true,
+                has_command: true,
             }
         })
         .collect();

@@ -220,6 +220,9 @@ pub struct Pending {
     /// Whether it names a container image (some backends run only containers).
     #[serde(default)]
     pub has_image: bool,
+    /// Whether it gives a script or a command (some backends run nothing else).
+    #[serde(default)]
+    pub has_command: bool,
 }
 
 impl Pending {
@@ -238,6 +241,7 @@ impl Pending {
             cluster_selector: spec.placement.cluster_selector.clone(),
             backend_kinds: spec.placement.backend_kinds.clone(),
             has_image: spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
+            has_command: spec.run.script.as_deref().is_some_and(|s| !s.is_empty()) || !spec.run.command.is_empty(),
         }
     }
 
@@ -260,6 +264,8 @@ impl Pending {
             Some("cannot share a GPU, and it asks for a fraction of one")
         } else if can.requires_image && !self.has_image {
             Some("run only containers, and it names no image (spec.run.image)")
+        } else if can.requires_command && !self.has_command {
+            Some("run only batch scripts, and it gives no script or command (spec.run.script, spec.run.command)")
         } else {
             None
         }

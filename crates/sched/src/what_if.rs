@@ -115,6 +115,7 @@ fn remove_cluster(s: &mut Snapshot, c: usize) -> Vec<String> {
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
                 has_image: true,
+                has_command: true,
             });
             continue;
         }

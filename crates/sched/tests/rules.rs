@@ -895,3 +895,32 @@ fn a_starving_parent_workload_does_not_reserve_what_its_child_team_is_guaranteed
         w.carry_out(&plan);
     }
 }
+
+#[test]
+fn work_without_a_script_or_command_never_goes_to_slurm() {
+    // Slurm suits training best, but a Slurm job is a batch script: a workload that gives
+    // neither script nor command was admitted there and failed BackendRejected. It goes
+    // where it can run; with Slurm alone it can never run, and says why.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    let slurm = w.cluster("slurm", ClusterKind::Slurm, &[]);
+    w.nodes(slurm, "h100", 1, 8, None);
+    let sim = w.cluster("sim", ClusterKind::Sim, &[]);
+    w.nodes(sim, "h100", 1, 8, None);
+    let script = w.submit("script", "a", 1, GPU, &["h100"]);
+    let bare = w.submit("bare", "a", 1, GPU, &["h100"]);
+    w.pending(bare).has_command = false;
+    let plan = w.plan();
+    let cluster_of =
+        |w: &World, id: &str| plan.admissions.iter().find(|a| w.s.pending[a.workload].id == id).unwrap().cluster;
+    assert_eq!((cluster_of(&w, "script"), cluster_of(&w, "bare")), (slurm, sim));
+
+    w.s.clusters[sim].kind = ClusterKind::Slurm;
+    w.pending(script).has_command = false;
+    let plan = w.plan();
+    let missing = "run only batch scripts, and it gives no script or command (spec.run.script, spec.run.command)";
+    assert_eq!(
+        reason(&w, &plan, "bare"),
+        &Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: missing.into() }] }
+    );
+}

@@ -515,15 +515,21 @@ pub async fn workload_names_taken(db: impl PgExecutor<'_>, team: &str, names: &[
 
 /// Every workload not yet finished (final ones are history), ordered by uid, as the
 /// scheduler reads them: `spec.run` keeps only its image, without the script, command and
-/// environment, which the scheduler never looks at and which make up nearly all of a large
-/// spec, so a scheduling pass does not carry every stored script.
+/// environment, which make up nearly all of a large spec, so a scheduling pass does not
+/// carry every stored script. What the scheduler needs of them — whether there is a
+/// script or a command at all (Slurm runs nothing else) — stays, as a `command` of the
+/// one placeholder word `(elided)`.
 ///
 /// # Errors
 /// As [`db_error`].
 pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object('image', spec #> '{run,image}')))
+        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object(
+                      'image', spec #> '{run,image}',
+                      'command', CASE WHEN coalesce(spec #>> '{run,script}', '') <> ''
+                                        OR coalesce(jsonb_array_length(spec #> '{run,command}'), 0) > 0
+                                      THEN '["(elided)"]'::jsonb END)))
                     AS "spec!: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at, deletion_timestamp
            FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')

@@ -145,6 +145,7 @@ struct PendingSpec {
     selector: Option<&'static str>,
     backend: Option<ClusterKind>,
     has_image: bool,
+    has_command: bool,
     topology: TopologyPolicy,
     tasks: Resources,
 }
@@ -155,7 +156,7 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
     (
         (any::<Index>(), select(vec![WorkloadKind::Training, WorkloadKind::Batch, WorkloadKind::Inference]), -2i32..3),
         (prop::bool::weighted(0.8), 0i64..7_200, 0u8..4, any::<bool>()),
-        (selector, backend, prop::bool::weighted(0.8)),
+        (selector, backend, prop::bool::weighted(0.8), prop::bool::weighted(0.9)),
         select(vec![TopologyPolicy::None, TopologyPolicy::Preferred, TopologyPolicy::Required]),
         resources(),
     )
@@ -163,7 +164,7 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
             |(
                 (team, kind, priority),
                 (preemptible, age, flavors, reversed),
-                (selector, backend, has_image),
+                (selector, backend, has_image, has_command),
                 topology,
                 tasks,
             )| PendingSpec {
@@ -177,6 +178,7 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
                 selector,
                 backend,
                 has_image,
+                has_command,
                 topology,
                 tasks,
             },
@@ -278,6 +280,7 @@ fn build(
             cluster_selector: p.selector.iter().map(|t| ("tier".to_string(), t.to_string())).collect(),
             backend_kinds: p.backend.into_iter().collect(),
             has_image: p.has_image,
+            has_command: p.has_command,
         });
     }
     s

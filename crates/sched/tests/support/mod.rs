@@ -133,6 +133,7 @@ impl World {
             cluster_selector: BTreeMap::new(),
             backend_kinds: Vec::new(),
             has_image: true,
+            has_command: true,
         });
         self.s.pending.len() - 1
     }
@@ -200,6 +201,7 @@ impl World {
                     cluster_selector: BTreeMap::new(),
                     backend_kinds: Vec::new(),
                     has_image: true,
+                    has_command: true,
                 });
             }
         }
