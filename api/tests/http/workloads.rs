@@ -340,6 +340,9 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     let s = Server::start(db).await;
     s.seed().await;
     let cluster = s.put_ok("/api/v1/clusters/sim-a", &crate::common::sim_cluster("h100"), 201).await;
+    let slurm = json!({"spec": {"kind": "slurm", "endpoint": "http://127.0.0.1:9", "credentials_ref": "BERTH_CREDENTIAL_SLURM_A",
+        "slurm": {"user": "berth", "partitions": [{"name": "gpu", "flavor": "h100"}]}}});
+    let slurm = s.put_ok("/api/v1/clusters/slurm-a", &slurm, 201).await;
     let before = s.table_counts().await;
     let refused = |reply: &crate::common::Reply, field: &str, words: &str| {
         reply.assert_problem(422, Some(field));
@@ -368,8 +371,8 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    // …and once it has (2 nodes of 8 GPUs), a task larger than every node, or more tasks
-    // than the cluster holds even empty, is refused.
+    // …and once every cluster has (2 nodes of 8 GPUs on sim-a, 1 on slurm-a), a task
+    // larger than every node, or more tasks than a cluster holds even empty, is refused.
     let uid = cluster.body["metadata"]["uid"].as_str().unwrap().parse().unwrap();
     let node = |name: &str| berth_store::cluster::ClusterNode {
         name: name.into(),
@@ -385,12 +388,23 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     berth_store::cluster::cluster_nodes_replace(&mut tx, berth_core::ClusterId(uid), &[node("n1"), node("n2")])
         .await
         .unwrap();
+    let uid = slurm.body["metadata"]["uid"].as_str().unwrap().parse().unwrap();
+    berth_store::cluster::cluster_nodes_replace(&mut tx, berth_core::ClusterId(uid), &[node("s1")]).await.unwrap();
     tx.commit().await.unwrap();
     berth_app::feasibility::forget(&s.db); // as the controllers' next health pass would make it stale
     let r = put("research/workloads/wide", WorkloadBody::new().gpus(12.0)).await;
     refused(&r, "/spec/tasks/resources/gpus", "the largest node the placement allows has 8");
     let r = put("research/workloads/many", WorkloadBody::new().count(3).gpus(8.0)).await;
     refused(&r, "/spec/tasks/count", "holds more than 2 of them");
+    // Slurm runs batch scripts only: a workload that may only go to Slurm (backend_kinds)
+    // and gives neither script nor command is refused once the Slurm cluster reported.
+    let mut bare = WorkloadBody::new().json();
+    bare["spec"]["placement"] = json!({"backend_kinds": ["slurm"]});
+    let r = s.send(Method::PUT, "/api/v1/teams/research/workloads/bare", Some(&bare), &[]).await;
+    refused(&r, "/spec/run/command", "run only batch scripts");
+    bare["spec"]["run"] = json!({"command": ["python", "train.py"]});
+    let r = s.send(Method::PUT, "/api/v1/teams/research/workloads/bare?dry_run=true", Some(&bare), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
     // A batch names the item at fault and writes nothing.
     let items = json!({"items": [
         {"metadata": {"name": "ok"}, "spec": WorkloadBody::new().json()["spec"]},
