@@ -97,6 +97,21 @@ impl Berthd {
         (status, reply.json().await.unwrap_or_default())
     }
 
+    /// Waits (a minute at most, asking every 100 ms) until the workload is in `phase`;
+    /// gives it back then.
+    pub async fn wait_for_phase(&self, team: &str, name: &str, phase: &str) -> Value {
+        let path = format!("/api/v1/teams/{team}/workloads/{name}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, w) = self.call(reqwest::Method::GET, &path, None).await;
+            if w["status"]["phase"] == phase {
+                return w;
+            }
+            assert!(Instant::now() < deadline, "{team}/{name} is not {phase}: {}", w["status"]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn controllers(&self) -> Value {
         let url = format!("http://{}/api/v1/controllers", self.address);
         let issuer = berth_auth::BerthIssuer::new("berth", "berth", SECRET.as_bytes()).expect("secret");

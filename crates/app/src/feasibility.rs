@@ -70,17 +70,8 @@ impl Facts {
         let flavor_ix: HashMap<String, usize> = flavors.iter().enumerate().map(|(i, f)| (f.clone(), i)).collect();
         let team_ix: HashMap<String, usize> =
             teams.iter().enumerate().map(|(i, t)| (t.metadata.name.clone(), i)).collect();
-        let mut snapshot = s::Snapshot { flavors, ..s::Snapshot::default() };
-        for team in teams {
-            let mut quotas = vec![s::Quota::default(); snapshot.flavors.len()];
-            for q in &team.spec.quotas {
-                if let Some(&f) = flavor_ix.get(&q.flavor) {
-                    quotas[f] = s::Quota::from(q);
-                }
-            }
-            let parent = team.spec.parent.as_ref().and_then(|p| team_ix.get(p).copied());
-            snapshot.teams.push(s::Team { name: team.metadata.name.clone(), parent, quotas });
-        }
+        let teams = s::Team::tree(teams, &flavors);
+        let mut snapshot = s::Snapshot { flavors, teams, ..s::Snapshot::default() };
         let cluster_ix: HashMap<ClusterId, usize> =
             clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
         for c in clusters {

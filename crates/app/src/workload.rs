@@ -37,9 +37,7 @@ pub async fn workload_apply(
     input: &WorkloadApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Workload> {
-    opctx.access().write_workloads(team)?;
-    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match, Write::Commit).await?;
-    Ok((opctx.redactor().workload(workload), applied))
+    apply(db, opctx, team, name, input, if_match, Write::Commit).await
 }
 
 /// [`workload_apply`]'s every check, and the workload as it would be, without writing it
@@ -55,9 +53,7 @@ pub async fn workload_apply_dry_run(
     input: &WorkloadApply,
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Workload> {
-    opctx.access().write_workloads(team)?;
-    let (workload, applied) = apply(db, &opctx.actor, team, name, input, if_match, Write::RollBack).await?;
-    Ok((opctx.redactor().workload(workload), applied))
+    apply(db, opctx, team, name, input, if_match, Write::RollBack).await
 }
 
 /// Whether a write is kept, or only tried (a dry run: the same statements in a
@@ -69,6 +65,20 @@ enum Write {
 }
 
 async fn apply(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    input: &WorkloadApply,
+    if_match: Option<&IfMatch>,
+    write: Write,
+) -> ApplyResult<Workload> {
+    opctx.access().write_workloads(team)?;
+    let (workload, applied) = write_workload(db, &opctx.actor, team, name, input, if_match, write).await?;
+    Ok((opctx.redactor().workload(workload), applied))
+}
+
+async fn write_workload(
     db: &PgPool,
     actor: &Actor,
     team: &str,

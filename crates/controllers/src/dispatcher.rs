@@ -19,8 +19,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::snapshot::hundredths;
 use crate::{Context, Transition, job_key};
+use berth_sched::snapshot::hundredths;
 
 /// Workloads claimed per transaction.
 const BATCH: i64 = 200;

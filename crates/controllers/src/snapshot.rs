@@ -7,7 +7,6 @@ use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::team::Team;
 use berth_core::workload::{PendingReason, Phase, TaskPlacement, Workload};
 use berth_core::{ClusterId, TeamId};
-pub use berth_sched::snapshot::hundredths;
 use berth_sched::snapshot::{self as s, MAX_GPUS_PER_NODE, ONE_GPU, Resources};
 use berth_store::cluster::ClusterNode;
 use chrono::{DateTime, Utc};
@@ -47,23 +46,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     let cluster_by_uid: HashMap<ClusterId, usize> =
         world.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
 
-    let teams = world
-        .teams
-        .iter()
-        .map(|t| {
-            let mut quotas = vec![s::Quota::default(); world.flavors.len()];
-            for q in &t.spec.quotas {
-                if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
-                    quotas[f] = s::Quota::from(q);
-                }
-            }
-            s::Team {
-                name: t.metadata.name.clone(),
-                parent: t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied()),
-                quotas,
-            }
-        })
-        .collect();
+    let teams = s::Team::tree(&world.teams, &world.flavors);
     let clusters = world
         .clusters
         .iter()
@@ -82,7 +65,18 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             continue;
         };
         node_ix.insert((c, n.name.as_str()), nodes.len());
-        nodes.push(node(n, c, f));
+        let (gpus, unavailable, block) = (n.gpus, n.unavailable_gpus, n.block.as_deref());
+        nodes.push(s::Node::from_inventory(
+            &n.name,
+            c,
+            f,
+            gpus,
+            unavailable,
+            n.cpus,
+            n.memory_mib,
+            block,
+            n.schedulable,
+        ));
     }
 
     let mut running = Vec::new();
@@ -240,21 +234,6 @@ fn make_room_for_running(nodes: &mut [s::Node], running: &[s::Running]) {
             n.cordoned = true;
         }
     }
-}
-
-/// An inventory node as the scheduler sees it.
-pub fn node(n: &ClusterNode, cluster: usize, flavor: usize) -> s::Node {
-    s::Node::from_inventory(
-        &n.name,
-        cluster,
-        flavor,
-        n.gpus,
-        n.unavailable_gpus,
-        n.cpus,
-        n.memory_mib,
-        n.block.as_deref(),
-        n.schedulable,
-    )
 }
 
 /// Team uid by snapshot index.

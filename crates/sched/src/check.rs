@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use berth_core::workload::TopologyPolicy;
 
-use crate::cycle::{ancestors, gpus, own_shares, pools};
+use crate::cycle::{Pool, ancestors, gpus, own_shares, pools};
 use crate::nodes::{NodeState, node_states, place};
 use crate::plan::{Miss, Plan, PreemptionCause, Reason, Waiting};
 use crate::snapshot::{FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
@@ -157,10 +157,48 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
         }
     }
 
-    out.extend(reclaim_violations(s, plan, &ancestors, &states, &subtree, &kept_running, &gone, &counted_on));
-    out.extend(idle_violations(s, plan, &ancestors, &states, &subtree, &kept_running));
-    out.extend(reason_violations(s, plan, &ancestors));
+    let known = Known::of(s, plan, ancestors, &states);
+    out.extend(reclaim_violations(s, plan, &known, &states, &subtree, &kept_running, &gone, &counted_on));
+    out.extend(idle_violations(s, plan, &known, &states, &subtree, &kept_running));
+    out.extend(reason_violations(s, plan, &known));
     out
+}
+
+/// What the checks of waiting workloads below read, worked out once per plan.
+struct Known {
+    ancestors: Vec<Vec<usize>>,
+    /// Per pending workload, as [`crate::feasible::impossible`].
+    impossible: Vec<Vec<crate::feasible::Impossible>>,
+    /// Every team's own fair share, per `team * flavors + flavor`.
+    share: Vec<f64>,
+    pools: Vec<Pool>,
+    pool_at: Vec<Option<usize>>,
+    /// The workload each held node is held for.
+    held: BTreeMap<NodeIx, PendingIx>,
+}
+
+impl Known {
+    fn of(s: &Snapshot, plan: &Plan, ancestors: Vec<Vec<usize>>, states: &[NodeState]) -> Self {
+        let impossible = crate::feasible::impossible(s, &ancestors);
+        let (share, _) = own_shares(s, &impossible);
+        let (pools, pool_at) = pools(s, states);
+        let held = plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
+        Self { ancestors, impossible, share, pools, pool_at, held }
+    }
+
+    /// Whether waiting `w` fits, given `states`, on the nodes of `pool` that are not held
+    /// for another workload (within one topology block when it requires one).
+    fn fits_on_open_nodes(&self, s: &Snapshot, states: &[NodeState], pool: &Pool, w: PendingIx) -> bool {
+        let p = &s.pending[w];
+        let open: Vec<NodeIx> =
+            pool.nodes.iter().copied().filter(|n| self.held.get(n).is_none_or(|&h| h == w)).collect();
+        let node_sets: Vec<Vec<NodeIx>> = if p.topology == TopologyPolicy::Required {
+            pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
+        } else {
+            vec![open]
+        };
+        node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks).is_some())
+    }
 }
 
 /// The quota a starving workload's reservation holds along with its nodes: (flavor,
@@ -177,15 +215,13 @@ fn reservation(s: &Snapshot, w: &Waiting) -> Option<(FlavorIx, u64)> {
 fn idle_violations(
     s: &Snapshot,
     plan: &Plan,
-    ancestors: &[Vec<usize>],
+    known: &Known,
     states: &[NodeState],
     subtree: &[u64],
     kept_running: &[u64],
 ) -> Vec<String> {
     let flavors = s.flavors.len();
-    let impossible = crate::feasible::impossible(s, ancestors);
-    let (share, _) = own_shares(s, &impossible);
-    let (pools, pool_at) = pools(s, states);
+    let Known { ancestors, impossible, share, pools, pool_at, .. } = known;
     // The team's own usage as the scheduler counts it against the fair share: what keeps
     // running, what is admitted, what waits for reclaim, and reservations.
     let mut own = kept_running.to_vec();
@@ -208,8 +244,6 @@ fn idle_violations(
             }
         }
     }
-    let held: BTreeMap<NodeIx, PendingIx> =
-        plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
     let mut out = Vec::new();
     for waiting in &plan.waiting {
         let w = waiting.workload;
@@ -235,14 +269,7 @@ fn idle_violations(
             }
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
-                let open: Vec<NodeIx> =
-                    pool.nodes.iter().copied().filter(|n| held.get(n).is_none_or(|&h| h == w)).collect();
-                let node_sets: Vec<Vec<NodeIx>> = if p.topology == TopologyPolicy::Required {
-                    pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
-                } else {
-                    vec![open]
-                };
-                if node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks).is_some()) {
+                if known.fits_on_open_nodes(s, states, pool, w) {
                     out.push(format!(
                         "pending {w} waits ({}) though it could run now on cluster {} in flavor {f}",
                         waiting.reason.code(),
@@ -257,10 +284,9 @@ fn idle_violations(
 
 /// Every waiting workload's reason holds in the snapshot: the numbers it names are the
 /// snapshot's, and what it says binds does.
-fn reason_violations(s: &Snapshot, plan: &Plan, ancestors: &[Vec<usize>]) -> Vec<String> {
+fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
     let flavors = s.flavors.len();
-    let impossible = crate::feasible::impossible(s, ancestors);
-    let (share, _) = own_shares(s, &impossible);
+    let Known { ancestors, impossible, share, .. } = known;
     // Workloads that pause their team's borrowing: waiting for reclaim, or starving with
     // nodes held and only allowed to run in-quota.
     let pausing: BTreeMap<PendingIx, FlavorIx> = plan
@@ -358,7 +384,7 @@ fn pool_has_nodes(s: &Snapshot, c: usize, f: FlavorIx) -> bool {
 fn reclaim_violations(
     s: &Snapshot,
     plan: &Plan,
-    ancestors: &[Vec<usize>],
+    known: &Known,
     states: &[NodeState],
     subtree: &[u64],
     kept_running: &[u64],
@@ -366,12 +392,7 @@ fn reclaim_violations(
     counted_on: &BTreeMap<RunningIx, PendingIx>,
 ) -> Vec<String> {
     let flavors = s.flavors.len();
-    let (share, _) = own_shares(s, &crate::feasible::impossible(s, ancestors));
-    let (pools, pool_at) = pools(s, states);
-    let mut held: BTreeMap<NodeIx, PendingIx> = BTreeMap::new();
-    for w in &plan.waiting {
-        held.extend(w.reserved_nodes.iter().map(|&n| (n, w.workload)));
-    }
+    let Known { ancestors, share, pools, pool_at, .. } = known;
     // A starving workload's reservation holds its quota too: that quota is not free for
     // anyone else.
     let reservation = |w: &Waiting| reservation(s, w);
@@ -402,8 +423,6 @@ fn reclaim_violations(
             }
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
-                let open: Vec<NodeIx> =
-                    pool.nodes.iter().copied().filter(|n| held.get(n).is_none_or(|&h| h == w)).collect();
                 let mut local: Vec<NodeState> = states.to_vec();
                 let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
                 // What releasing lowers each team's subtree by (an ancestor's limit may be
@@ -443,12 +462,7 @@ fn reclaim_violations(
                 if !within_limits {
                     continue;
                 }
-                let node_sets = if p.topology == TopologyPolicy::Required {
-                    pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
-                } else {
-                    vec![open]
-                };
-                if node_sets.iter().any(|nodes| place(&mut local.clone(), nodes, &p.tasks).is_some()) {
+                if known.fits_on_open_nodes(s, &local, pool, w) {
                     out.push(format!(
                         "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",
                         waiting.reason.code(),

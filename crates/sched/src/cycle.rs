@@ -247,6 +247,8 @@ struct Cycle<'a> {
     /// GPU hundredths per `team * flavors + flavor`: what the team's subtree waits for at
     /// the start of the cycle (in every acceptable flavor where it could run).
     pending_subtree: Vec<u64>,
+    /// Each team's child teams.
+    children: Vec<Vec<TeamIx>>,
     plan: Plan,
 }
 
@@ -257,6 +259,12 @@ impl<'a> Cycle<'a> {
         let ancestors = ancestors(s);
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, demand) = own_shares(s, &impossible);
+        let mut children = vec![Vec::new(); s.teams.len()];
+        for (t, team) in s.teams.iter().enumerate() {
+            if let Some(parent) = team.parent {
+                children[parent].push(t);
+            }
+        }
         let mut pending_subtree = vec![0; s.teams.len() * flavors];
         for (p, never) in s.pending.iter().zip(&impossible) {
             for &f in p.flavors.iter().filter(|&&f| !never.iter().any(|i| i.flavor() == f)) {
@@ -328,6 +336,7 @@ impl<'a> Cycle<'a> {
             paused: vec![None; s.teams.len() * flavors],
             impossible,
             pending_subtree,
+            children,
             plan: Plan::default(),
         }
     }
@@ -933,9 +942,9 @@ impl<'a> Cycle<'a> {
     /// share, which children do not change.
     fn quota_holds_when_children_run(&self, p: &Pending, f: FlavorIx) -> bool {
         let i = |t: TeamIx| t * self.flavors + f;
-        let claimed: u64 = (0..self.s.teams.len())
-            .filter(|&c| self.s.teams[c].parent == Some(p.team))
-            .map(|c| {
+        let claimed: u64 = self.children[p.team]
+            .iter()
+            .map(|&c| {
                 let guaranteed = u64::from(self.s.teams[c].quotas[f].guaranteed * ONE_GPU);
                 let used = self.subtree_used[i(c)];
                 guaranteed.min(used + self.pending_subtree[i(c)]).saturating_sub(used)

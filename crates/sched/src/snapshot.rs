@@ -6,7 +6,7 @@
 //! (a multiple of 100) or for a share of one GPU (1 to 99), and fractional tasks share a
 //! GPU up to 100.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use berth_core::cluster::{ClusterKind, TIER_LABEL, TIERS};
 use berth_core::workload::{TopologyPolicy, WorkloadKind, WorkloadSpec};
@@ -47,6 +47,30 @@ pub struct Team {
     pub parent: Option<TeamIx>,
     /// One entry per flavor, indexed like [`Snapshot::flavors`].
     pub quotas: Vec<Quota>,
+}
+
+impl Team {
+    /// The stored teams as the scheduler sees them, in the same order: parents by index,
+    /// one quota per flavor of `flavors` (a flavor a team declares nothing for gets
+    /// [`Quota::default`]; quotas of flavors not in `flavors` are left out).
+    pub fn tree(teams: &[berth_core::team::Team], flavors: &[String]) -> Vec<Self> {
+        let flavor_ix: HashMap<&str, usize> = flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
+        let team_ix: HashMap<&str, usize> =
+            teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+        teams
+            .iter()
+            .map(|t| {
+                let mut quotas = vec![Quota::default(); flavors.len()];
+                for q in &t.spec.quotas {
+                    if let Some(&f) = flavor_ix.get(q.flavor.as_str()) {
+                        quotas[f] = Quota::from(q);
+                    }
+                }
+                let parent = t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
+                Self { name: t.metadata.name.clone(), parent, quotas }
+            })
+            .collect()
+    }
 }
 
 /// A team's quota for one flavor, in whole GPUs.
