@@ -429,4 +429,13 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     s.get("/api/v1/teams/nlp/workloads/fine").await.assert_problem(404, None);
     // What can run is accepted as before.
     s.put_ok("/api/v1/teams/nlp/workloads/fine", &WorkloadBody::new().count(2).gpus(8.0).json(), 201).await;
+    // A member of nlp, which may not read its parent research, learns that an ancestor's
+    // limit binds, not the ancestor's name (the door's message named it at first).
+    let research = crate::common::TeamBody::new().quota("h100", 12, Some(12), 1).json();
+    s.put_ok("/api/v1/teams/research", &research, 200).await;
+    let alice = crate::common::token("alice", &[(berth_core::auth::Role::Member, Some("nlp"))]);
+    let body = WorkloadBody::new().count(2).gpus(7.0).json();
+    let r = s.send_as(Some(&alice), Method::PUT, "/api/v1/teams/nlp/workloads/wide-2", Some(&body)).await;
+    refused(&r, "/spec/tasks/resources/gpus", "an ancestor team may hold at most 12");
+    assert!(!r.body.to_string().contains("research"), "{}", r.body);
 }

@@ -29,6 +29,8 @@ use berth_sched::snapshot as s;
 use berth_store::PgPool;
 use berth_store::cluster::ClusterNode;
 
+use crate::context::OpContext;
+
 /// How long a read of teams, clusters and nodes is used for accepting workloads.
 pub const FRESH_FOR: Duration = Duration::from_secs(5);
 
@@ -116,11 +118,17 @@ fn recent(db: &PgPool) -> Option<Arc<Facts>> {
 
 /// Refuses `specs` (each with the prefix of its fields: `""` for a single workload,
 /// `/items/{i}` in a batch) in `team` when one can never run as submitted:
-/// [`Error::Invalid`] with one error per accepted flavor of each, on the field to change.
+/// [`Error::Invalid`] with one error per accepted flavor of each, on the field to change,
+/// naming only teams the caller may read (an ancestor's limit names "an ancestor team").
 ///
 /// # Errors
 /// As described, and store errors.
-pub async fn refuse_impossible(db: &PgPool, team: &str, specs: &[(String, &WorkloadSpec)]) -> Result<(), Error> {
+pub async fn refuse_impossible(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    specs: &[(String, &WorkloadSpec)],
+) -> Result<(), Error> {
     let (facts, read_now) = match recent(db) {
         Some(facts) => (facts, false),
         None => (read(db).await?, true),
@@ -130,7 +138,11 @@ pub async fn refuse_impossible(db: &PgPool, team: &str, specs: &[(String, &Workl
     }
     // Never refuse on an earlier read.
     let facts = if read_now { facts } else { read(db).await? };
-    let errors = impossible(&facts, team, specs);
+    let redactor = opctx.redactor();
+    let errors: Vec<FieldError> = impossible(&facts, team, specs)
+        .into_iter()
+        .map(|e| FieldError::new(e.field, redactor.text(&e.message)))
+        .collect();
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 

@@ -1,7 +1,7 @@
 //! Workload use cases.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
-use berth_core::event::{Actor, EventType};
+use berth_core::event::EventType;
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::workload::{
@@ -74,13 +74,13 @@ async fn apply(
     write: Write,
 ) -> ApplyResult<Workload> {
     opctx.access().write_workloads(team)?;
-    let (workload, applied) = write_workload(db, &opctx.actor, team, name, input, if_match, write).await?;
+    let (workload, applied) = write_workload(db, opctx, team, name, input, if_match, write).await?;
     Ok((opctx.redactor().workload(workload), applied))
 }
 
 async fn write_workload(
     db: &PgPool,
-    actor: &Actor,
+    opctx: &OpContext,
     team: &str,
     name: &str,
     input: &WorkloadApply,
@@ -95,7 +95,8 @@ async fn write_workload(
         let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
         return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
     }
-    crate::feasibility::refuse_impossible(db, team, &[(String::new(), &input.spec)]).await?;
+    crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
+    let actor = &opctx.actor;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let new = NewWorkload {
@@ -250,7 +251,7 @@ async fn create_batch(
     }
     let specs: Vec<(String, &_)> =
         items.iter().enumerate().map(|(i, item)| (format!("/items/{i}"), &item.spec)).collect();
-    crate::feasibility::refuse_impossible(db, team, &specs).await?;
+    crate::feasibility::refuse_impossible(db, opctx, team, &specs).await?;
     let empty = Labels::new();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let new: Vec<NewWorkload<'_>> = items
