@@ -157,7 +157,7 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
         }
     }
 
-    let known = Known::of(s, plan, ancestors, &states);
+    let known = Known::of(s, plan, ancestors, &states, &kept_subtree);
     out.extend(reclaim_violations(s, plan, &known, &states, &subtree, &kept_running, &gone, &counted_on));
     out.extend(idle_violations(s, plan, &known, &states, &subtree, &kept_running));
     out.extend(reason_violations(s, plan, &known));
@@ -175,15 +175,39 @@ struct Known {
     pool_at: Vec<Option<usize>>,
     /// The workload each held node is held for.
     held: BTreeMap<NodeIx, PendingIx>,
+    /// Workloads that may pause their team's borrowing, with the flavor: waiting for
+    /// reclaim, or starving with nodes held and either only allowed to run in-quota or
+    /// holding quota within the guarantee. (In-quota is judged against what keeps running,
+    /// the least the team used when the hold was made, so a hold the scheduler made within
+    /// the guarantee is always among them.)
+    pausing: BTreeMap<PendingIx, FlavorIx>,
 }
 
 impl Known {
-    fn of(s: &Snapshot, plan: &Plan, ancestors: Vec<Vec<usize>>, states: &[NodeState]) -> Self {
+    fn of(s: &Snapshot, plan: &Plan, ancestors: Vec<Vec<usize>>, states: &[NodeState], kept_subtree: &[u64]) -> Self {
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, _) = own_shares(s, &impossible);
         let (pools, pool_at) = pools(s, states);
         let held = plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
-        Self { ancestors, impossible, share, pools, pool_at, held }
+        let flavors = s.flavors.len();
+        let pausing = plan
+            .waiting
+            .iter()
+            .filter_map(|w| match w.reason {
+                Reason::WaitingForReclaim { flavor, .. } => Some((w.workload, flavor)),
+                _ => {
+                    let p = &s.pending[w.workload];
+                    reservation(s, w)
+                        .filter(|&(f, amount)| {
+                            !p.preemptible
+                                || kept_subtree[p.team * flavors + f] + amount
+                                    <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU)
+                        })
+                        .map(|(f, _)| (w.workload, f))
+                }
+            })
+            .collect();
+        Self { ancestors, impossible, share, pools, pool_at, held, pausing }
     }
 
     /// Whether waiting `w` fits, given `states`, on the nodes of `pool` that are not held
@@ -230,15 +254,16 @@ fn idle_violations(
         own[s.pending[a.workload].team * flavors + a.flavor] += u64::from(s.pending[a.workload].tasks.total_gpus());
     }
     let mut paused = vec![false; s.teams.len() * flavors];
+    for (&w, &f) in &known.pausing {
+        paused[s.pending[w].team * flavors + f] = true;
+    }
     for w in &plan.waiting {
         let p = &s.pending[w.workload];
         if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
             own[p.team * flavors + flavor] += u64::from(p.tasks.total_gpus());
-            paused[p.team * flavors + flavor] = true;
         }
         if let Some((f, amount)) = reservation(s, w) {
             own[p.team * flavors + f] += amount;
-            paused[p.team * flavors + f] |= !p.preemptible;
             for &a in &ancestors[p.team] {
                 subtree[a * flavors + f] += amount;
             }
@@ -286,17 +311,7 @@ fn idle_violations(
 /// snapshot's, and what it says binds does.
 fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
     let flavors = s.flavors.len();
-    let Known { ancestors, impossible, share, .. } = known;
-    // Workloads that pause their team's borrowing: waiting for reclaim, or starving with
-    // nodes held and only allowed to run in-quota.
-    let pausing: BTreeMap<PendingIx, FlavorIx> = plan
-        .waiting
-        .iter()
-        .filter_map(|w| match w.reason {
-            Reason::WaitingForReclaim { flavor, .. } => Some((w.workload, flavor)),
-            _ => reservation(s, w).filter(|_| !s.pending[w.workload].preemptible).map(|(f, _)| (w.workload, f)),
-        })
-        .collect();
+    let Known { ancestors, impossible, share, pausing, .. } = known;
     let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
     let mut out = Vec::new();
     for waiting in &plan.waiting {

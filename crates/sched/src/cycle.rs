@@ -753,18 +753,25 @@ impl<'a> Cycle<'a> {
     }
 
     /// Counts a starving workload's GPUs of `f` against its team and ancestors while its
-    /// nodes are held, and pauses its team's borrowing if it may only run in-quota, so that
+    /// nodes are held, and pauses its team's borrowing if it may only run in-quota or holds
+    /// quota within the guarantee, so that
     /// work behind it cannot take the quota it needs either (otherwise that work runs, the
     /// starving one is over quota again, loses its nodes, and preempts the same work once
     /// more, every other cycle).
     fn hold_quota(&mut self, w: PendingIx, f: FlavorIx) {
         let p = &self.s.pending[w];
+        let in_quota = self.within_guarantee(p, f);
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.reserved_quota.insert(w, f);
         // A non-preemptible one runs only within the guarantee, which anything its team
-        // borrows now would use up next cycle. (What a preemptible one needs, its team's
-        // fair share and limits, borrowing already respects with its GPUs counted.)
-        if !p.preemptible {
+        // borrows now would use up next cycle; so would a preemptible one that holds quota
+        // within the guarantee (borrowed work admitted beside it would count against it
+        // next cycle, take it over the guarantee and, beyond its fair share, lose it the
+        // hold: seen as a requeued victim coming back borrowed while its preemptor waits,
+        // and being preempted again every other cycle).
+        // What a preemptible one holds beyond the guarantee, its team's fair share and
+        // limits, borrowing already respects with its GPUs counted.
+        if !p.preemptible || in_quota {
             self.paused[p.team * self.flavors + f].get_or_insert(w);
         }
     }

@@ -897,6 +897,54 @@ fn a_starving_parent_workload_does_not_reserve_what_its_child_team_is_guaranteed
 }
 
 #[test]
+fn a_starving_workload_holding_quota_within_the_guarantee_pauses_its_teams_borrowing() {
+    // The fourth ping-pong the sweep found (replayed whole by plan_properties from
+    // tests/ping_pongs): t's non-preemptible np preempted t's low-priority v to run within
+    // t's guarantee; next cycle t's starving, preemptible s held spot nodes and quota
+    // within the guarantee, so np was above it and waited, and the requeued v came back
+    // borrowed beside s's hold. With v running, s was beyond the guarantee, lost its hold
+    // to another team's starving work, np preempted v again — every other cycle. Here: t
+    // is guaranteed 8 and runs 4 (non-preemptible) on the spot node s needs; s holds that
+    // node and 4 GPUs of quota (8 of 8), np waits for the guarantee, and v may not borrow
+    // while s holds quota within it, though n1 has room.
+    let mut w = World::new(&["h100"]);
+    w.team("t", None, &[("h100", 8, None, 1)]);
+    w.team("o", None, &[("h100", 8, None, 1)]);
+    let spot = w.cluster("spot", ClusterKind::Sim, &[("tier", "spot")]);
+    let c1 = w.cluster("c1", ClusterKind::Sim, &[]);
+    let n0 = w.nodes(spot, "h100", 1, 4, None);
+    w.nodes(c1, "h100", 1, 8, None);
+    w.run("busy", "t", &n0, 1, 4 * GPU, false, 0, 0);
+    w.s.running[0].preemptible = false;
+    let s = w.submit("s", "t", 1, 4 * GPU, &["h100"]);
+    w.pending(s).submitted_at = 0;
+    w.pending(s).cluster_selector.insert("tier".into(), "spot".into());
+    let np = w.submit("np", "t", 1, 3 * GPU, &["h100"]);
+    w.pending(np).preemptible = false;
+    let v = w.submit("v", "t", 1, 3 * GPU, &["h100"]);
+    w.pending(v).priority = -2;
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        let held = &plan.waiting.iter().find(|x| x.workload == s).unwrap().reserved_nodes;
+        assert_eq!(held, &n0);
+        assert!(
+            matches!(reason(&w, &plan, "np"), Reason::GuaranteeExceeded { used: 8.0, guaranteed: 8.0, .. }),
+            "{:?}",
+            reason(&w, &plan, "np")
+        );
+        assert_eq!(reason(&w, &plan, "v"), &Reason::BorrowingPaused { flavor: 0, workload: s });
+        w.carry_out(&plan);
+    }
+    // The busy work ends: s runs on its node, np within the guarantee (7 of 8), and v,
+    // no longer kept from borrowing, beyond it.
+    w.s.running.retain(|r| r.id != "busy");
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["s", "np", "v"]);
+    assert_eq!(plan.admissions.iter().map(|a| a.borrowed).collect::<Vec<_>>(), [false, false, true]);
+}
+
+#[test]
 fn work_without_a_script_or_command_never_goes_to_slurm() {
     // Slurm suits training best, but a Slurm job is a batch script: a workload that gives
     // neither script nor command was admitted there and failed BackendRejected. It goes
