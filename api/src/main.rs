@@ -342,6 +342,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 orphan_grace: Duration::from_secs(args.orphan_grace_seconds),
                 ..berth_controllers::Config::default()
             },
+            // Set by the lease for each term.
+            epoch: None,
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))

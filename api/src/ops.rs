@@ -51,12 +51,19 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// The process can serve: the database answers.
+/// How long readiness waits for the database: a load balancer must hear "not ready"
+/// promptly, not after the pool's connect retries (5 s).
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The process can serve: the database answers (within half a second).
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
     (status = 200, description = "Ready", body = String),
     (status = 503, description = "Database unreachable", body = crate::problem::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
-    berth_store::ping(&s.db).await?;
+    match tokio::time::timeout(READY_WITHIN, berth_store::ping(&s.db)).await {
+        Ok(answer) => answer?,
+        Err(_) => return Err(berth_core::Error::Unavailable("the database did not answer in time".into()).into()),
+    }
     Ok("ready")
 }
 

@@ -462,6 +462,7 @@ pub async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_cont
         db: s.db.clone(),
         backends: std::sync::Arc::new(berth_adapters::Registry::new(None)),
         config: berth_controllers::Config::default(),
+        epoch: None,
     };
     berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");
     ctx

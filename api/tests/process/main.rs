@@ -1,5 +1,8 @@
 //! Tests of real berthd processes: crashes at random points (on sim, Slurm and Kubernetes
-//! clusters), and two replicas on one database. They need Postgres (DATABASE_URL, as scripts/test sets up).
+//! clusters), two replicas on one database, the leader's database connection killed, and
+//! a Postgres server of the test's own restarted and stopped. Each fault test prints a
+//! `FAULT |` row of the fault table. They need Postgres (DATABASE_URL, as scripts/test sets
+//! up, and its server binaries for the restart test).
 
 mod support;
 
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 use berth_adapters::slurm::dev::DevCluster;
 use berth_k8s_test_server::{Config, FakeNode, TestApiServer};
 use berth_store::PgPool;
-use serde_json::json;
+use serde_json::{Value, json};
 use support::{Berthd, Lcg};
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -46,6 +49,12 @@ async fn killing_berthd_during_a_burst_loses_and_duplicates_nothing(db: PgPool) 
     println!("after 6 kills: {phases:?}, {admissions} admissions, {jobs} backend jobs");
     assert_eq!(phases.iter().map(|(_, n)| n).sum::<i64>(), 500, "no workload lost");
     assert!(admissions >= 500 && jobs >= 500);
+    support::FaultRow {
+        fault: "berthd killed -9 ×6 during a burst",
+        acknowledged: 500,
+        ..support::FaultRow::default()
+    }
+    .print();
     berthd.kill();
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -152,7 +161,7 @@ async fn killing_berthd_mid_submit_to_kubernetes_leaves_exactly_one_job_per_atte
 async fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_dies(db: PgPool) {
     let url = support::database_url(&db);
     let dir = std::env::temp_dir().join(format!("berth-replicas-{}", uuid::Uuid::now_v7()));
-    support::seed(&db).await;
+    let world = support::seed(&db).await;
     let first = Berthd::start(&url, "replica-1", &dir);
     let leader = wait_for_leader(&first, Duration::from_secs(30)).await;
     assert_eq!(leader, "replica-1");
@@ -203,6 +212,15 @@ async fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_dies(db: PgP
     .unwrap();
     assert_eq!(dispatched_twice, 0, "an attempt left Admitted twice");
     support::check_jobs(&db, &dir).await;
+    support::check_history(&db, &world).await;
+    let workloads: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads").fetch_one(&db).await.unwrap();
+    assert_eq!(workloads, 200, "no workload lost");
+    support::FaultRow {
+        fault: "leader killed -9, standby takes over",
+        acknowledged: 200,
+        ..support::FaultRow::default()
+    }
+    .print();
     second.kill();
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -302,4 +320,265 @@ async fn through_the_api_a_department_at_its_limit_reclaims_impossible_work_is_r
     println!("ma ran {took:?} after it was submitted (cancel grace 1 s); mb kept 4 running; half a GPU ran on sim-a");
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Kills the leader's database connection 10 times while 400 workloads flow through
+/// `replicas` berthds sharing one database and one set of simulated clusters, then checks
+/// from the event history and the clusters' journals that no limit or capacity was ever
+/// exceeded, that every attempt reached a backend at most once, and that no two attempts
+/// of a workload ran at the same time.
+async fn connection_kills(db: PgPool, replicas: usize, fault: &'static str) {
+    const WORKLOADS: usize = 400;
+    let url = support::database_url(&db);
+    let dir = std::env::temp_dir().join(format!("berth-conn-kill-{}", uuid::Uuid::now_v7()));
+    let world = support::seed(&db).await;
+    let berthds: Vec<Berthd> = (1..=replicas).map(|i| Berthd::start(&url, &format!("conn-{i}"), &dir)).collect();
+    wait_for_leader(&berthds[0], Duration::from_secs(30)).await;
+    let submitter = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            let mut rng = Lcg(11);
+            for i in 0..WORKLOADS {
+                support::submit(&db, &mut rng, i).await;
+                // Paced, so the work spans the kills below.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let mut rng = Lcg(5);
+    for _ in 0..10 {
+        // A random point in the flow (the kill itself is what is under test), once there
+        // is a leader again.
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(600))).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !support::kill_leader_connection(&db).await {
+            assert!(Instant::now() < deadline, "no leader 30 s after the last kill");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    submitter.await.unwrap();
+    support::wait_all_final(&db, Duration::from_secs(300)).await;
+
+    support::check_history(&db, &world).await;
+    let jobs = support::check_jobs(&db, &dir).await;
+    let workloads: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads").fetch_one(&db).await.unwrap();
+    assert_eq!(workloads, WORKLOADS as i64, "no workload lost");
+    let preempted: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE reason = 'Preempted'").fetch_one(&db).await.unwrap();
+    let leaders: i64 = sqlx::query_scalar("SELECT epoch FROM controller_leader").fetch_one(&db).await.unwrap();
+    println!(
+        "{replicas} replica(s): 10 leader connections killed, lease epoch {leaders}, {jobs} backend jobs, {preempted} preemptions"
+    );
+    support::FaultRow { fault, acknowledged: WORKLOADS, ..support::FaultRow::default() }.print();
+    drop(berthds);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn killing_the_leaders_database_connection_with_two_replicas_breaks_no_promise(db: PgPool) {
+    connection_kills(db, 2, "leader's database connection killed ×10, two replicas").await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn killing_the_leaders_database_connection_with_one_replica_breaks_no_promise(db: PgPool) {
+    connection_kills(db, 1, "leader's database connection killed ×10, one replica").await;
+}
+
+/// A PUT of a workload as a platform admin, retried while the answer is 503: the statuses
+/// seen, whether every 503 carried Retry-After, and whether it was acknowledged at last.
+async fn put_until_acknowledged(
+    client: &reqwest::Client,
+    b: &str,
+    token: &str,
+    name: &str,
+    body: &Value,
+) -> Vec<(u16, bool)> {
+    let mut seen = Vec::new();
+    loop {
+        let reply = client
+            .put(format!("http://{b}/api/v1/teams/a/workloads/{name}"))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .expect("berthd answers during the outage");
+        let status = reply.status().as_u16();
+        let retry_after = reply.headers().get("retry-after").is_some();
+        seen.push((status, retry_after));
+        if status != 503 {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
+    let pg = support::PgServer::start();
+    let db = berth_store::connect(&pg.url, 4).await.unwrap();
+    berth_store::migrate(&db).await.unwrap();
+    let world = support::seed(&db).await;
+    let dir = std::env::temp_dir().join(format!("berth-pg-outage-{}", uuid::Uuid::now_v7()));
+    let berthd = Berthd::start(&pg.url, "pg-outage", &dir);
+    let address = berthd.address.clone();
+    let token = berthd.admin_token();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (address, token, stop) = (address.clone(), token.clone(), stop.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let body = json!({"spec": {"kind": "training", "resumable": true,
+                    "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}},
+                    "sim": {"duration_seconds": 60}}});
+                let mut seen = Vec::new();
+                let mut acknowledged = Vec::new();
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let name = format!("c{c}-{i}");
+                    let statuses = put_until_acknowledged(&client, &address, &token, &name, &body).await;
+                    if statuses.last().is_some_and(|(s, _)| (200..300).contains(s)) {
+                        acknowledged.push(name);
+                    }
+                    seen.extend(statuses);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (seen, acknowledged)
+            })
+        })
+        .collect();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let ready = |client: reqwest::Client, address: String| async move {
+        let started = Instant::now();
+        let status = client.get(format!("http://{address}/readyz")).send().await.map(|r| r.status().as_u16());
+        (status.unwrap_or(0), started.elapsed())
+    };
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A restart: every session is terminated, the server is back at once.
+    pg.down();
+    pg.up();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A 10 s stop: readiness says so within a second, every time it is asked.
+    pg.down();
+    let stopped = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while stopped.elapsed() < Duration::from_secs(10) {
+        let (status, took) = ready(client.clone(), address.clone()).await;
+        assert_eq!(status, 503, "readyz during the outage");
+        assert!(took < Duration::from_secs(1), "readyz took {took:?} during the outage");
+        slowest = slowest.max(took);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pg.up();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ready(client.clone(), address.clone()).await.0 != 200 {
+        assert!(Instant::now() < deadline, "not ready again 30 s after Postgres came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recovered = stopped.elapsed() - Duration::from_secs(10);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = Vec::new();
+    let mut acknowledged = Vec::new();
+    for c in clients {
+        let (s, a) = c.await.unwrap();
+        seen.extend(s);
+        acknowledged.extend(a);
+    }
+    let unavailable = seen.iter().filter(|(s, _)| *s == 503).count();
+    let server_errors = seen.iter().filter(|(s, _)| *s >= 500 && *s != 503).count();
+    let unexpected: Vec<&(u16, bool)> = seen.iter().filter(|(s, _)| !matches!(s, 200 | 201 | 503)).collect();
+    assert!(unexpected.is_empty(), "clients saw {unexpected:?}");
+    assert!(seen.iter().all(|(s, retry_after)| *s != 503 || *retry_after), "a 503 without Retry-After");
+    assert!(unavailable > 0, "the outage was seen by the clients");
+
+    support::wait_all_final(&db, Duration::from_secs(240)).await;
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM workloads").fetch_all(&db).await.unwrap();
+    let lost = acknowledged.iter().filter(|n| !names.contains(n)).count();
+    assert_eq!(lost, 0, "acknowledged workloads are all there");
+    support::check_history(&db, &world).await;
+    let jobs = support::check_jobs(&db, &dir).await;
+    println!(
+        "{} PUTs, {} acknowledged, {unavailable} answered 503; readyz at most {slowest:?} during the stop; ready again {recovered:?} after Postgres; {jobs} backend jobs",
+        seen.len(),
+        acknowledged.len()
+    );
+    support::FaultRow {
+        fault: "Postgres restart, then stopped for 10 s",
+        acknowledged: acknowledged.len(),
+        lost,
+        server_errors,
+        unavailable,
+        ..support::FaultRow::default()
+    }
+    .print();
+    drop(berthd);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
+    // Cluster west stops answering for 6 s while 300 workloads flow: its pending work moves
+    // to east, its running work is Unknown until it answers again, and work being preempted
+    // there stays Preempting (its GPUs held) and ends as the preemption would.
+    const WORKLOADS: usize = 300;
+    let url = support::database_url(&db);
+    let dir = std::env::temp_dir().join(format!("berth-outage-{}", uuid::Uuid::now_v7()));
+    let world = support::seed(&db).await;
+    let berthd = Berthd::start(&url, "outage", &dir);
+    let submitter = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            let mut rng = Lcg(23);
+            for i in 0..WORKLOADS {
+                support::submit(&db, &mut rng, i).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let west = |unreachable: bool| {
+        json!({"spec": {"kind": "sim", "sim": {"time_scale": 1000, "job_failure_probability": 0.05, "seed": 7,
+            "unreachable": unreachable,
+            "node_groups": [{"name": "n", "count": 2, "flavor": "h100", "gpus_per_node": 8}]}}})
+    };
+    let apply = |body: Value| {
+        let db = db.clone();
+        async move {
+            let input = serde_json::from_value(body).unwrap();
+            berth_app::cluster::cluster_apply(&db, &support::actor(), "west", &input, None).await.unwrap();
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    apply(west(true)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    apply(west(false)).await;
+    submitter.await.unwrap();
+    support::wait_all_final(&db, Duration::from_secs(300)).await;
+
+    support::check_history(&db, &world).await;
+    support::check_jobs(&db, &dir).await;
+    let workloads: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads").fetch_one(&db).await.unwrap();
+    assert_eq!(workloads, WORKLOADS as i64, "no workload lost");
+    let outcomes: Vec<(String, i64)> =
+        sqlx::query_as("SELECT coalesce(status ->> 'reason', phase), count(*) FROM workloads GROUP BY 1 ORDER BY 1")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    let unknown: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE reason = 'Unknown'").fetch_one(&db).await.unwrap();
+    println!("after a 6 s outage of west: {outcomes:?}; {unknown} went Unknown");
+    assert!(
+        outcomes.iter().all(|(reason, _)| reason != "CancelledOnBackend"),
+        "Berth's own cancels read as cancelled outside Berth: {outcomes:?}"
+    );
+    support::FaultRow {
+        fault: "cluster west unreachable for 6 s",
+        acknowledged: WORKLOADS,
+        ..support::FaultRow::default()
+    }
+    .print();
+    drop(berthd);
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -82,13 +82,18 @@ impl Berthd {
         self.child.wait().expect("reaped");
     }
 
-    /// A request as a platform admin: the status and the JSON body (`null` if none).
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+    /// A platform admin's token for this berthd (ten minutes).
+    pub fn admin_token(&self) -> String {
         let issuer = berth_auth::BerthIssuer::new("berth", "berth", SECRET.as_bytes()).expect("secret");
         let grant = berth_core::auth::Grant { role: berth_core::auth::Role::PlatformAdmin, team: None };
-        let token = issuer.mint("admin", vec![grant], Duration::from_secs(600), None).token;
-        let mut req =
-            reqwest::Client::new().request(method, format!("http://{}{path}", self.address)).bearer_auth(token);
+        issuer.mint("admin", vec![grant], Duration::from_secs(600), None).token
+    }
+
+    /// A request as a platform admin: the status and the JSON body (`null` if none).
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut req = reqwest::Client::new()
+            .request(method, format!("http://{}{path}", self.address))
+            .bearer_auth(self.admin_token());
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -354,4 +359,154 @@ pub async fn kill_during_burst(
     adopted += berthd.adopted.load(Ordering::Relaxed);
     berthd.kill();
     adopted
+}
+
+/// The leader's lock connection is terminated (`pg_terminate_backend`), as a network fault
+/// or an operator would; returns whether there was one to kill. Only this test database's
+/// lock is looked at (other tests run beside it on the same server).
+pub async fn kill_leader_connection(db: &PgPool) -> bool {
+    let key = berth_store::controller::LEADER_LOCK_KEY;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks
+         WHERE locktype = 'advisory' AND granted AND objsubid = 1
+           AND classid = $1::bigint::oid AND objid = $2::bigint::oid
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(key >> 32)
+    .bind(key & 0xFFFF_FFFF)
+    .fetch_all(db)
+    .await
+    .unwrap();
+    killed.contains(&true)
+}
+
+/// One row of the fault table: what was acknowledged, and what broke (all zero, or the
+/// test has failed before it prints).
+#[derive(Default)]
+pub struct FaultRow {
+    pub fault: &'static str,
+    pub acknowledged: usize,
+    pub lost: usize,
+    pub duplicated: usize,
+    pub overlapping: usize,
+    pub limit_violations: usize,
+    pub server_errors: usize,
+    pub unavailable: usize,
+}
+
+impl FaultRow {
+    pub fn print(&self) {
+        println!(
+            "FAULT | {} | acknowledged {} | lost {} | duplicated {} | overlapping attempts {} | limit violations {} | 5xx {} | 503 {}",
+            self.fault,
+            self.acknowledged,
+            self.lost,
+            self.duplicated,
+            self.overlapping,
+            self.limit_violations,
+            self.server_errors,
+            self.unavailable
+        );
+    }
+}
+
+/// A Postgres server of the test's own (so it can be stopped and restarted without
+/// disturbing the tests beside it): initdb into a temporary directory, trust auth for
+/// role `berth`, a free port on 127.0.0.1. As root, it runs as the `postgres` user.
+pub struct PgServer {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    pub url: String,
+}
+
+impl PgServer {
+    pub fn start() -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries in /usr/lib/postgresql (scripts/local-postgres installs them)")
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("pg_ctl").exists())
+            .max()
+            .expect("pg_ctl");
+        let dir = std::env::temp_dir().join(format!("berth-pg-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let status = Command::new("chown").args(["postgres:postgres"]).arg(&dir).status().unwrap();
+            assert!(status.success());
+        }
+        let data = dir.join("data");
+        let out = as_postgres(Command::new(bin.join("initdb")).arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "berth",
+            "--no-sync",
+        ]));
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = Self { dir, bin, port, url: format!("postgres://berth@127.0.0.1:{port}/postgres") };
+        server.up();
+        server
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn up(&self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.display()
+        );
+        let out = as_postgres(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .arg("-l")
+                .arg(self.dir.join("log"))
+                .args(["-w", "-o", &options, "start"]),
+        );
+        assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    /// Stops the server (`-m fast`: sessions are terminated, as in a restart or failover).
+    pub fn down(&self) {
+        let out = as_postgres(
+            Command::new(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-w", "-m", "fast", "stop"]),
+        );
+        assert!(out.status.success(), "pg_ctl stop: {}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = as_postgres(Command::new(self.bin.join("pg_ctl")).arg("-D").arg(self.dir.join("data")).args([
+            "-w",
+            "-m",
+            "immediate",
+            "stop",
+        ]));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// Runs `command` (as the `postgres` user when this process is root: the server refuses
+/// to run as root).
+fn as_postgres(command: &mut Command) -> std::process::Output {
+    let command = if is_root() {
+        let mut wrapped = Command::new("runuser");
+        wrapped.args(["-u", "postgres", "--"]).arg(command.get_program()).args(command.get_args());
+        wrapped
+    } else {
+        std::mem::replace(command, Command::new("true"))
+    };
+    let mut command = command;
+    command.stdin(Stdio::null()).output().expect("runs")
 }

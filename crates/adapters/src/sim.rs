@@ -13,12 +13,17 @@
 //! - With a journal file, every submission, cancel and node fault is appended before the
 //!   call returns, and reopening the journal rebuilds the same cluster: a simulated
 //!   cluster outlives the berthd process that drives it, as a real one would.
+//! - One cluster for every process that opens its journal: each call takes an exclusive
+//!   lock on the file, first replays what other processes appended, then acts and appends,
+//!   so two berthd replicas sharing a sim state directory see one cluster (as they would
+//!   see one Slurm). Entry times never go backwards in the file (each is at least the
+//!   last one), and every process reads the same clock (one host).
 //! - `submit` of a key that exists returns the existing job.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,7 +69,43 @@ struct State {
     queue: Vec<usize>,
     /// Candidate end times of running jobs; stale entries are skipped.
     ends: BinaryHeap<Reverse<(i64, usize)>>,
-    journal: Option<File>,
+    journal: Option<Journal>,
+    /// The latest time the state was advanced to (an entry's, or a call's).
+    time: i64,
+}
+
+/// The journal file and how much of it this process has replayed.
+struct Journal {
+    file: File,
+    path: PathBuf,
+    replayed: u64,
+}
+
+impl Journal {
+    /// The complete entries appended since the last read. A line without its newline at
+    /// the end is a write torn by a killed process (no one else writes while the caller
+    /// holds the lock): it is ended with a newline so it stays one skipped line.
+    fn read_new(&mut self) -> std::io::Result<Vec<Entry>> {
+        let mut bytes = Vec::new();
+        self.file.seek(SeekFrom::Start(self.replayed))?;
+        self.file.read_to_end(&mut bytes)?;
+        if bytes.last().is_some_and(|&b| b != b'\n') {
+            self.file.write_all(b"\n")?;
+            bytes.push(b'\n');
+        }
+        self.replayed += bytes.len() as u64;
+        Ok(bytes.split(|&b| b == b'\n').filter_map(|l| serde_json::from_slice::<Entry>(l).ok()).collect())
+    }
+
+    fn append(&mut self, entry: &Entry) -> std::io::Result<()> {
+        let mut line = serde_json::to_string(entry).expect("journal entry serializes");
+        line.push('\n');
+        // One write per entry (the file is opened to append): a killed process leaves
+        // whole lines, or a torn last one.
+        self.file.write_all(line.as_bytes())?;
+        self.replayed += line.len() as u64;
+        Ok(())
+    }
 }
 
 struct Node {
@@ -120,14 +161,8 @@ impl SimCluster {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(io)?;
             }
-            if path.exists() {
-                let lines = BufReader::new(File::open(&path).map_err(io)?).lines();
-                // A process killed mid-write may leave a torn last line: it never took effect.
-                for entry in lines.map_while(Result::ok).filter_map(|l| serde_json::from_str::<Entry>(&l).ok()) {
-                    state.replay(entry);
-                }
-            }
-            state.journal = Some(OpenOptions::new().create(true).append(true).open(&path).map_err(io)?);
+            let file = OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(io)?;
+            state.journal = Some(Journal { file, path: path.clone(), replayed: 0 });
         }
         let sim = Self { clock, state: Mutex::new(state) };
         sim.configure(spec);
@@ -137,9 +172,7 @@ impl SimCluster {
     /// Applies a changed spec: node faults and recoveries take effect now; time scale,
     /// failure probability and seed apply to jobs submitted from now on.
     pub fn configure(&self, spec: &SimSpec) {
-        let now = self.clock.now_ms();
-        let mut s = self.lock();
-        s.advance(now);
+        let (mut s, now) = self.lock();
         s.config = spec.clone();
         let failed: BTreeSet<&String> = spec.failed_nodes.iter().collect();
         let changes: Vec<Entry> = s
@@ -160,15 +193,31 @@ impl SimCluster {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("sim state lock")
+    /// The state, caught up with the journal (other processes' entries replayed) and
+    /// advanced to now, with the journal locked until the guard is dropped; and now.
+    fn lock(&self) -> (Locked<'_>, i64) {
+        let mut s = self.state.lock().expect("sim state lock");
+        let mut new = Vec::new();
+        if let Some(j) = &mut s.journal {
+            if let Err(e) = j.file.lock() {
+                tracing::error!(error = %e, path = %j.path.display(), "sim journal lock failed");
+            }
+            new = j.read_new().unwrap_or_else(|e| {
+                tracing::error!(error = %e, path = %j.path.display(), "sim journal read failed");
+                Vec::new()
+            });
+        }
+        for entry in new {
+            s.replay(entry);
+        }
+        let now = self.clock.now_ms().max(s.time);
+        s.advance(now);
+        (Locked(s), now)
     }
 
     /// The state now, or an error when the simulated backend is down.
-    fn reach(&self) -> Result<(std::sync::MutexGuard<'_, State>, i64), BackendError> {
-        let now = self.clock.now_ms();
-        let mut s = self.lock();
-        s.advance(now);
+    fn reach(&self) -> Result<(Locked<'_>, i64), BackendError> {
+        let (s, now) = self.lock();
         if s.config.unreachable {
             return Err(BackendError::Unreachable("simulated outage (spec.sim.unreachable)".into()));
         }
@@ -177,10 +226,32 @@ impl SimCluster {
 
     /// Every job the cluster ever accepted, whatever its state (for tests and benchmarks).
     pub fn all_jobs(&self) -> Vec<JobStatus> {
-        let now = self.clock.now_ms();
-        let mut s = self.lock();
-        s.advance(now);
+        let (s, _) = self.lock();
         (0..s.jobs.len()).map(|j| s.status(j)).collect()
+    }
+}
+
+/// The state, with its journal file locked until drop.
+struct Locked<'a>(std::sync::MutexGuard<'a, State>);
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.0
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if let Some(j) = &self.0.journal {
+            let _ = j.file.unlock();
+        }
     }
 }
 
@@ -211,17 +282,15 @@ impl State {
             queue: Vec::new(),
             ends: BinaryHeap::new(),
             journal: None,
+            time: i64::MIN,
         }
     }
 
     fn record(&mut self, entry: &Entry) {
-        if let Some(f) = &mut self.journal {
-            let mut line = serde_json::to_string(entry).expect("journal entry serializes");
-            line.push('\n');
-            // One write per entry: a killed process leaves whole lines, or a torn last one.
-            if let Err(e) = f.write_all(line.as_bytes()) {
-                tracing::error!(error = %e, "sim journal write failed");
-            }
+        if let Some(j) = &mut self.journal
+            && let Err(e) = j.append(entry)
+        {
+            tracing::error!(error = %e, path = %j.path.display(), "sim journal write failed");
         }
     }
 
@@ -292,6 +361,7 @@ impl State {
     /// Ends every job whose time has come, in time order, starting queued jobs as room
     /// frees up.
     fn advance(&mut self, now: i64) {
+        self.time = self.time.max(now);
         while let Some(&Reverse((t, j))) = self.ends.peek() {
             if t > now {
                 break;
@@ -673,6 +743,34 @@ mod tests {
         assert_ne!(a, run(8).await, "another seed, other failures");
         let rate = a.iter().filter(|&&x| x).count() as f64 / a.len() as f64;
         assert!((0.2..0.4).contains(&rate), "failure rate {rate}");
+    }
+
+    #[tokio::test]
+    async fn two_processes_on_one_journal_see_one_cluster() {
+        // Two berthd replicas share a sim state directory: what one submits or cancels the
+        // other sees, a key submitted by both is one job, and the node room is shared.
+        let dir = std::env::temp_dir().join(format!("berth-sim-{}", Uuid::now_v7()));
+        let path = dir.join("c.jsonl");
+        let s = spec(1);
+        let clock = Arc::new(AtomicI64::new(1_000_000));
+        let one = SimCluster::open(&s, Some(path.clone()), Clock::Manual(clock.clone())).unwrap();
+        let two = SimCluster::open(&s, Some(path.clone()), Clock::Manual(clock.clone())).unwrap();
+        let (a, b) = (job(1, 6, 10.0), job(1, 4, 10.0));
+        assert_eq!(one.submit(&a).await.unwrap().state, JobState::Running);
+        assert_eq!(two.job(a.key).await.unwrap().map(|j| j.state), Some(JobState::Running), "seen by the other");
+        assert_eq!(two.submit(&a).await.unwrap().job_id, "sim-1", "one job per key across processes");
+        assert_eq!(two.submit(&b).await.unwrap().state, JobState::Queued, "the node's room is shared");
+        assert_eq!(two.inventory().await.unwrap().nodes[0].gpus_used, 600);
+        two.cancel(a.key, Duration::ZERO).await.unwrap();
+        assert_eq!(one.job(a.key).await.unwrap().unwrap().state, JobState::Cancelled);
+        assert_eq!(one.job(b.key).await.unwrap().unwrap().state, JobState::Running);
+        assert_eq!(one.jobs().await.unwrap(), two.jobs().await.unwrap());
+        // A torn line (a process killed mid-write) is skipped, and what follows is read.
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"op\":\"subm").unwrap();
+        let c = job(1, 2, 10.0);
+        one.submit(&c).await.unwrap();
+        assert!(two.job(c.key).await.unwrap().is_some());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[tokio::test]

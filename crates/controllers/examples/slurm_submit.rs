@@ -352,6 +352,7 @@ async fn through_berth(
         db: berth_store::connect(&scratch.url, 16).await?,
         backends: Arc::new(backends),
         config: Config::default(),
+        epoch: None,
     };
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");
     // Until the cluster's first inventory is in (it lists every job slurmctld remembers,

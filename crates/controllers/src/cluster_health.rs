@@ -4,7 +4,8 @@
 //! the scheduler gives it nothing new, its not-yet-started work (`Admitted`, `Dispatched`)
 //! is requeued so it can be placed elsewhere, its running work becomes `Unknown`, and work
 //! `Unknown` longer than `unknown_timeout` is requeued (resumable) or failed. A successful
-//! refresh makes it `Healthy` again; status sync then settles the `Unknown` work.
+//! refresh makes it `Healthy` again; status sync then settles the `Unknown` work. Work
+//! being preempted stays `Preempting`: the preemption executor sees it through the outage.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,7 +60,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
             Ok(inventory) => {
                 let nodes = nodes(&inventory);
                 if stored.get(&uid).map_or(&[][..], Vec::as_slice) != nodes.as_slice() {
-                    let mut tx = berth_store::begin(&ctx.db).await?;
+                    let mut tx = ctx.begin().await?;
                     berth_store::cluster::cluster_nodes_replace(&mut tx, uid, &nodes).await?;
                     berth_store::commit(tx).await?;
                     status.inventories_changed += 1;
@@ -99,7 +100,9 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
             ClusterHealth::Unknown => {}
         }
         if next != cluster.status {
-            berth_store::cluster::cluster_write_status(&ctx.db, uid, &next).await?;
+            let mut tx = ctx.begin().await?;
+            berth_store::cluster::cluster_write_status(&mut *tx, uid, &next).await?;
+            berth_store::commit(tx).await?;
         }
     }
     if !unreachable.is_empty() {
@@ -124,7 +127,7 @@ fn on_unreachable(ctx: &Context, w: &Workload, status: &mut ClusterHealthStatus)
             status.replaced += 1;
             Some(requeued(w, "ClusterUnreachable", format!("cluster {cluster} is unreachable; placing it again")))
         }
-        Phase::Running | Phase::Preempting => {
+        Phase::Running => {
             status.unknown += 1;
             Some(WorkloadStatus {
                 phase: Phase::Unknown,

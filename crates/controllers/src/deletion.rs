@@ -68,7 +68,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
         }
     }
     crate::commit(ctx, &transitions).await?;
-    let mut tx = berth_store::begin(&ctx.db).await?;
+    let mut tx = ctx.begin().await?;
     for (w, message) in remove {
         let uid = WorkloadId(w.metadata.uid);
         if berth_store::workload::workload_delete_at_version(&mut tx, uid, version(w)?).await? {

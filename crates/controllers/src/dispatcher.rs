@@ -104,7 +104,7 @@ struct Batch {
 /// Claims the next batch of admitted workloads (none but those in `skip`) and commits a
 /// dispatch intent for each that is to be submitted; `None` when none is left.
 async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Option<Batch>, Error> {
-    let mut tx = berth_store::begin(&ctx.db).await?;
+    let mut tx = ctx.begin().await?;
     let claimed = berth_store::workload::workload_claim(&mut tx, Phase::Admitted, skip, BATCH).await?;
     if claimed.is_empty() {
         return Ok(None);
@@ -155,7 +155,10 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
     }
     let announced: Vec<(Uuid, u32)> =
         batch.to_submit.iter().map(|(i, _)| (claimed[*i].metadata.uid, claimed[*i].status.attempt)).collect();
-    berth_store::dispatch::dispatch_intents_record(&ctx.db, &announced).await?;
+    // Committed before any submission (and fenced: a deposed leader submits nothing).
+    let mut intents_tx = ctx.begin().await?;
+    berth_store::dispatch::dispatch_intents_record(&mut *intents_tx, &announced).await?;
+    berth_store::commit(intents_tx).await?;
     batch.claimed = claimed;
     Ok(Some(batch))
 }

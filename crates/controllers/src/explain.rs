@@ -4,14 +4,17 @@
 use berth_core::workload::PendingReason;
 use berth_sched::plan::{Miss, Reason};
 use berth_sched::snapshot::Snapshot;
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::json;
 
-/// `running_name(i)` names the workload behind `snapshot.running[i]` (`team/name`);
-/// `pending_name(i)` the one behind `snapshot.pending[i]`.
+/// `running_name(i)` names the workload behind `snapshot.running[i]` (`team/name`), and
+/// `stops_by(i)` says when its grace period ends at the latest; `pending_name(i)` names
+/// the one behind `snapshot.pending[i]`.
 pub fn pending_reason(
     s: &Snapshot,
     reason: &Reason,
     running_name: impl Fn(usize) -> String,
+    stops_by: impl Fn(usize) -> DateTime<Utc>,
     pending_name: impl Fn(usize) -> String,
 ) -> PendingReason {
     let team = |t: usize| s.teams[t].name.as_str();
@@ -107,11 +110,23 @@ pub fn pending_reason(
             ("NoClusterFits", format!("no cluster has room: {}", summary.join("; ")), json!({"attempts": per_flavor}))
         }
         Reason::WaitingForReclaim { cluster: c, flavor: f, victims } => {
+            // Their GPUs stay theirs until the backend says they stopped.
+            let by = victims.iter().map(|&v| stops_by(v)).max().map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
             let victims: Vec<String> = victims.iter().map(|&v| running_name(v)).collect();
+            let count = match victims.len() {
+                1 => "1 workload".to_owned(),
+                n => format!("{n} workloads"),
+            };
             (
                 "WaitingForReclaim",
-                format!("waiting for {} to stop on {}/{}", victims.join(", "), cluster(*c), flavor(*f)),
-                json!({"cluster": cluster(*c), "flavor": flavor(*f), "victims": victims}),
+                format!(
+                    "waiting for {count} to stop on {}/{} ({}); grace ends at {}",
+                    cluster(*c),
+                    flavor(*f),
+                    victims.join(", "),
+                    by.as_deref().unwrap_or("-")
+                ),
+                json!({"cluster": cluster(*c), "flavor": flavor(*f), "victims": victims, "grace_ends_at": by}),
             )
         }
         Reason::TopologyUnsatisfiable { flavor: f } => (

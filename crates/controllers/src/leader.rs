@@ -1,11 +1,26 @@
-//! Leadership: only one replica runs the controllers. The leader holds a Postgres session
-//! advisory lock on a connection of its own and renews its record every second over that
-//! connection. If the connection breaks (the process died, the network failed) Postgres
-//! frees the lock at once and a standby, which tries every second, takes over; a leader
-//! whose renewal fails stops its controllers before anyone else can have the lock for
-//! long. Even two overlapping leaders cannot dispatch a workload twice: the dispatcher
-//! claims rows with `FOR UPDATE SKIP LOCKED` and looks up the job of any attempt with a
-//! dispatch intent left over before submitting.
+//! Leadership: only one replica runs the controllers, and only the current leader's writes
+//! land.
+//!
+//! - **Lock.** The leader holds a Postgres session advisory lock on a connection of its
+//!   own. If the connection breaks (the process died, the network failed, someone ran
+//!   `pg_terminate_backend`) Postgres frees the lock at once and a standby, which tries
+//!   every second, gets it.
+//! - **Epoch.** Having the lock, a replica takes the lease: it increments the lease row's
+//!   `epoch` (`leader_take`), after locking the row `FOR UPDATE`, which waits until every
+//!   transaction still fenced with the old epoch has ended. Its controllers then run with
+//!   that epoch in their [`Context`].
+//! - **Fencing.** Every controller write begins with [`Context::begin`], which checks in
+//!   the same transaction that the epoch is still the lease's and keeps a `FOR KEY SHARE`
+//!   lock on the row until it commits (the Chubby sequencer, or Kubernetes' lease with a
+//!   resourceVersion precondition). So the old leader — which keeps running its
+//!   controllers until its next renewal fails, up to a couple of seconds — cannot write
+//!   once the new one has taken the lease: its writes fail. Backend submissions happen
+//!   inside the dispatcher's fenced claim, so a deposed leader submits nothing new.
+//!   (Cancels are not fenced: each is one the new leader would send too, and repeating it
+//!   is harmless.)
+//! - **Renewal.** Every second the leader renews the lease of its epoch over the lock
+//!   connection (an update of `renewed_at` only, which does not wait for fenced writes);
+//!   when that fails or finds another epoch it stops its controllers.
 
 use std::time::Duration;
 
@@ -50,9 +65,14 @@ async fn acquire(ctx: &Context) -> Result<Option<PgConnection>, Error> {
 
 async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut watch::Receiver<bool>) {
     let since = chrono::Utc::now();
-    if berth_store::controller::leader_record(&mut conn, holder, since).await.is_err() {
-        return;
-    }
+    let epoch = match berth_store::controller::leader_take(&mut conn, holder, since).await {
+        Ok(epoch) => epoch,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not take the lease");
+            return;
+        }
+    };
+    tracing::info!(holder, epoch, "took the lease");
     // The controllers get a pool of their own for this term, closed when it ends:
     // stopping them aborts each pass wherever it is, which can leave a connection inside
     // a transaction, and such a connection must never go back to the pool the API
@@ -60,17 +80,16 @@ async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut wa
     // abandoned transaction and were rolled back with it).
     let pool =
         PgPoolOptions::new().max_connections(TERM_POOL_SIZE).connect_lazy_with((*ctx.db.connect_options()).clone());
-    let term = Context { db: pool.clone(), ..ctx.clone() };
+    let term = Context { db: pool.clone(), epoch: Some(epoch), ..ctx.clone() };
     let mut controllers = crate::runner::start(&term, holder);
     loop {
         tokio::select! {
             _ = stop.changed() => break,
             () = tokio::time::sleep(RENEW) => {}
         }
-        let renewed =
-            tokio::time::timeout(RENEW * 2, berth_store::controller::leader_record(&mut conn, holder, since)).await;
-        if !matches!(renewed, Ok(Ok(()))) {
-            tracing::error!("lost the leader lease (renewal failed); stopping the controllers");
+        let renewed = tokio::time::timeout(RENEW * 2, berth_store::controller::leader_renew(&mut conn, epoch)).await;
+        if !matches!(renewed, Ok(Ok(true))) {
+            tracing::error!(epoch, "lost the leader lease (renewal failed); stopping the controllers");
             break;
         }
     }

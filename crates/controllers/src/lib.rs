@@ -15,7 +15,9 @@
 //! - [`cluster_health`]: inventory refresh, unreachable clusters, re-placement.
 //!
 //! Every workload write is a compare-and-set on the version the reconciler read, and every
-//! transition is recorded as an event.
+//! transition is recorded as an event. Every controller write goes through
+//! [`Context::begin`], which fences it with the lease's epoch ([`leader`]): a replica that
+//! lost the lease cannot write.
 
 pub mod cluster_health;
 pub mod deletion;
@@ -90,6 +92,25 @@ pub struct Context {
     pub db: PgPool,
     pub backends: Arc<Registry>,
     pub config: Config,
+    /// The lease epoch every write is fenced with; `None` outside a lease (a test or a
+    /// tool driving the reconcilers by hand, alone on its database).
+    pub epoch: Option<i64>,
+}
+
+impl Context {
+    /// Begins a transaction for a controller write, fenced with the lease's epoch: it fails
+    /// (`Unavailable`) if another replica has taken the lease, and while it is open no
+    /// other replica can take it.
+    ///
+    /// # Errors
+    /// Store errors; `Unavailable` when deposed.
+    pub async fn begin(&self) -> Result<berth_store::Tx<'static>, Error> {
+        let mut tx = berth_store::begin(&self.db).await?;
+        if let Some(epoch) = self.epoch {
+            berth_store::controller::leader_fence(&mut tx, epoch).await?;
+        }
+        Ok(tx)
+    }
 }
 
 /// The backend of a cluster that is worth calling: `None` while the cluster is
@@ -213,7 +234,7 @@ async fn commit(ctx: &Context, transitions: &[Transition<'_>]) -> Result<usize, 
     if transitions.is_empty() {
         return Ok(0);
     }
-    let mut tx = berth_store::begin(&ctx.db).await?;
+    let mut tx = ctx.begin().await?;
     let written = write(&mut tx, transitions).await?;
     berth_store::commit(tx).await?;
     Ok(written)

@@ -32,8 +32,10 @@ impl crate::runner::Report for OrphanStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let mut status = OrphanStatus::default();
-    berth_store::dispatch::dispatch_intents_prune(&ctx.db).await?;
-    berth_store::usage::usage_prune(&ctx.db, Utc::now() - USAGE_RETENTION).await?;
+    let mut tx = ctx.begin().await?;
+    berth_store::dispatch::dispatch_intents_prune(&mut *tx).await?;
+    berth_store::usage::usage_prune(&mut *tx, Utc::now() - USAGE_RETENTION).await?;
+    berth_store::commit(tx).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let now = Utc::now();
     for cluster in &clusters {

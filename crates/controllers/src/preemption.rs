@@ -1,14 +1,20 @@
 //! The preemption executor: a workload the scheduler marked `Preempting` has its job
 //! cancelled with a grace period (to checkpoint); once the job is gone it is requeued
 //! (resumable, or it never started) with attempt + 1 and its original submit time, or
-//! else failed (`Preempted`).
+//! else failed (`Preempted`). Until then it holds its GPUs (the scheduler counts them).
+//!
+//! While its cluster does not answer, the workload stays `Preempting` (its job may still
+//! run, so its GPUs stay held) with `unknown_since` set; when the cluster answers again
+//! the preemption goes on, and if it stays unreachable for `unknown_timeout` the
+//! preemption ends as if the job had stopped. Either way it ends in the preemption's
+//! outcome, never as a job cancelled outside Berth.
 
 use std::collections::HashMap;
 
 use berth_adapters::{JobKey, JobStatus};
 use berth_core::Error;
-use berth_core::workload::{Phase, Workload};
-use chrono::Utc;
+use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::{Context, Transition, finished, job_key, requeued};
@@ -19,6 +25,8 @@ pub struct PreemptionStatus {
     pub cancels_sent: usize,
     pub requeued: usize,
     pub failed: usize,
+    /// On a cluster that does not answer.
+    pub unreachable: usize,
 }
 
 impl crate::runner::Report for PreemptionStatus {
@@ -43,35 +51,68 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
     for w in preempting {
         let Some(a) = &w.status.admission else { continue };
         let Some(cluster) = clusters.iter().find(|c| c.metadata.name == a.cluster) else { continue };
-        let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
-        if !jobs_of.contains_key(a.cluster.as_str()) {
-            let jobs = backend.jobs_recent().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
-            jobs_of.insert(&a.cluster, jobs);
-        }
-        let Some(jobs) = &jobs_of[a.cluster.as_str()] else { continue };
         let message = w.status.message.clone().unwrap_or_else(|| "preempted".into());
+        let jobs = match crate::reachable_backend(ctx, cluster) {
+            Some(backend) => {
+                if !jobs_of.contains_key(a.cluster.as_str()) {
+                    let jobs = backend.jobs_recent().await.ok().map(|j| j.into_iter().map(|j| (j.key, j)).collect());
+                    jobs_of.insert(&a.cluster, jobs);
+                }
+                jobs_of[a.cluster.as_str()].as_ref().map(|jobs| (backend, jobs))
+            }
+            None => None,
+        };
+        let Some((backend, jobs)) = jobs else {
+            status.unreachable += 1;
+            let now = Utc::now();
+            let since = w.status.unknown_since.unwrap_or(now);
+            if w.status.unknown_since.is_none() {
+                let status = WorkloadStatus { unknown_since: Some(now), ..w.status.clone() };
+                transitions.push(Transition { workload: w, status });
+            } else if (now - since).to_std().unwrap_or_default() >= ctx.config.unknown_timeout {
+                let why = format!("{message}; cluster {} stayed unreachable", a.cluster);
+                transitions.push(outcome(w, w.status.started_at.is_some(), why, now, &mut status));
+            }
+            continue;
+        };
         match jobs.get(&job_key(w)) {
             Some(job) if !job.state.is_final() => {
-                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await {
-                    status.cancels_sent += 1;
-                    transitions.push(t);
+                let asked = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await;
+                status.cancels_sent += usize::from(asked.is_some());
+                // The cluster answers: an outage, if there was one, is over.
+                let next =
+                    asked.map(|t| t.status).or_else(|| w.status.unknown_since.is_some().then(|| w.status.clone()));
+                if let Some(mut next) = next {
+                    next.unknown_since = None;
+                    transitions.push(Transition { workload: w, status: next });
                 }
             }
-            Some(job) if job.started_at.is_some() && !w.spec.resumable => {
-                status.failed += 1;
+            Some(job) => {
                 let at = job.finished_at.unwrap_or_else(Utc::now);
-                transitions.push(Transition {
-                    workload: w,
-                    status: finished(w, Phase::Failed, "Preempted", format!("{message}; not resumable"), None, at),
-                });
+                transitions.push(outcome(w, job.started_at.is_some(), message, at, &mut status));
             }
-            _ => {
-                status.requeued += 1;
-                transitions
-                    .push(Transition { workload: w, status: requeued(w, "Preempted", format!("{message}; requeued")) });
-            }
+            None => transitions.push(outcome(w, false, message, Utc::now(), &mut status)),
         }
     }
     crate::commit(ctx, &transitions).await?;
     Ok(status)
+}
+
+/// How a preemption ends once the job is gone (or given up on at `at`): failed if the job
+/// had started and the workload cannot resume, requeued otherwise.
+fn outcome<'a>(
+    w: &'a Workload,
+    started: bool,
+    message: String,
+    at: DateTime<Utc>,
+    status: &mut PreemptionStatus,
+) -> Transition<'a> {
+    let next = if started && !w.spec.resumable {
+        status.failed += 1;
+        finished(w, Phase::Failed, "Preempted", format!("{message}; not resumable"), None, at)
+    } else {
+        status.requeued += 1;
+        requeued(w, "Preempted", format!("{message}; requeued"))
+    };
+    Transition { workload: w, status: next }
 }

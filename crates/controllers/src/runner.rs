@@ -148,7 +148,7 @@ async fn run_loop(
                 "runs": runs, "errors": errors,
                 "last_pass_ms": started.elapsed().as_secs_f64() * 1000.0, "last": last,
             });
-            if berth_store::controller::controller_status_write(&ctx.db, name, &holder, &report).await.is_ok() {
+            if save_status(&ctx, name, &holder, &report).await.is_ok() {
                 last_saved = Some(Instant::now());
             }
         }
@@ -169,6 +169,13 @@ async fn run_loop(
             tokio::time::sleep(min_gap - since).await;
         }
     }
+}
+
+/// Stores a controller's report (fenced like every controller write).
+async fn save_status(ctx: &Context, name: &str, holder: &str, report: &serde_json::Value) -> Result<(), Error> {
+    let mut tx = ctx.begin().await?;
+    berth_store::controller::controller_status_write(&mut *tx, name, holder, report).await?;
+    berth_store::commit(tx).await
 }
 
 #[cfg(test)]

@@ -71,6 +71,10 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let name = |w: &Workload| format!("{}/{}", w.metadata.team.as_deref().unwrap_or_default(), w.metadata.name);
     let running_name = |i: usize| name(&world.workloads[built.running[i]]);
     let pending_name = |i: usize| name(&world.workloads[built.pending[i]]);
+    // A victim's grace period runs from its cancel (sent after this cycle if not yet).
+    let grace = chrono::Duration::from_std(ctx.config.cancel_grace).unwrap_or_default();
+    let now = chrono::Utc::now();
+    let stops_by = |i: usize| world.workloads[built.running[i]].status.cancel_requested_at.unwrap_or(now) + grace;
 
     let mut writes = Vec::new();
     let mut events = Vec::new();
@@ -148,7 +152,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     };
     for wt in &plan.waiting {
         let w = &world.workloads[built.pending[wt.workload]];
-        let reason = crate::explain::pending_reason(s, &wt.reason, running_name, pending_name);
+        let reason = crate::explain::pending_reason(s, &wt.reason, running_name, stops_by, pending_name);
         explain(w, reason, Some(QueuePosition { global: wt.position, team: wt.team_position }))?;
     }
     for (i, reason) in &built.unschedulable {
@@ -168,7 +172,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     status.teams_updated = team_writes.len();
 
-    let mut tx = berth_store::begin(&ctx.db).await?;
+    let mut tx = ctx.begin().await?;
     let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
     status.stale = writes.len() - written.len();
     let written: std::collections::HashSet<_> = written.into_iter().collect();

@@ -106,19 +106,42 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
         }
     }
 
-    // Quota: usage after the plan (running and not preempted, plus admitted).
+    // Quota, twice: as things run right after the plan (everything running, stopping or
+    // preempted still holds its GPUs, plus what is admitted), and once what is told to
+    // stop is gone (what keeps running, plus admitted work and work waiting for victims).
     let ancestors = ancestors(s);
-    let mut subtree = vec![0u64; s.teams.len() * flavors];
-    let mut kept_running = vec![0u64; s.teams.len() * flavors];
+    let zeros = vec![0u64; s.teams.len() * flavors];
+    let (mut subtree, mut kept_running, mut in_quota_own) = (zeros.clone(), zeros.clone(), zeros.clone());
+    let (mut holding, mut holding_own, mut in_quota_admitted) = (zeros.clone(), zeros.clone(), zeros);
     let mut admitted_into = vec![false; s.teams.len() * flavors];
-    let mut in_quota_own = vec![0u64; s.teams.len() * flavors];
-    for r in s.running.iter().enumerate().filter(|&(v, _)| !gone(v)).map(|(_, r)| r) {
-        kept_running[r.team * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+    let mut admitted_now = admitted_into.clone();
+    for (v, r) in s.running.iter().enumerate() {
+        let amount = u64::from(r.tasks.total_gpus());
+        holding_own[r.team * flavors + r.flavor] += amount;
+        if !gone(v) {
+            kept_running[r.team * flavors + r.flavor] += amount;
+        }
         for &a in &ancestors[r.team] {
-            subtree[a * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+            holding[a * flavors + r.flavor] += amount;
+            if !gone(v) {
+                subtree[a * flavors + r.flavor] += amount;
+            }
         }
     }
     let kept_subtree = subtree.clone();
+    let running_subtree = holding.clone();
+    for a in &plan.admissions {
+        let p = &s.pending[a.workload];
+        let amount = u64::from(p.tasks.total_gpus());
+        holding_own[p.team * flavors + a.flavor] += amount;
+        if !a.borrowed {
+            in_quota_admitted[p.team * flavors + a.flavor] += amount;
+        }
+        for &t in &ancestors[p.team] {
+            holding[t * flavors + a.flavor] += amount;
+            admitted_now[t * flavors + a.flavor] = true;
+        }
+    }
     // Admitted work, and work waiting for reclaim (it counts on its GPUs): (pending,
     // flavor, in-quota).
     let admitted = plan.admissions.iter().map(|a| (a.workload, a.flavor, !a.borrowed));
@@ -146,7 +169,23 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
             {
                 out.push(format!("team {t} holds {} GPUs of flavor {f}, above its limit {limit}", gpus(subtree[i])));
             }
+            if let Some(limit) = team.quotas[f].limit
+                && admitted_now[i]
+                && holding[i] > u64::from(limit * ONE_GPU)
+            {
+                out.push(format!(
+                    "team {t} runs {} GPUs of flavor {f} while preempted work stops, above its limit {limit}",
+                    gpus(holding[i])
+                ));
+            }
             let guaranteed = u64::from(team.quotas[f].guaranteed * ONE_GPU);
+            if in_quota_admitted[i] > 0 && running_subtree[i] + in_quota_admitted[i] > guaranteed {
+                out.push(format!(
+                    "team {t} runs {} GPUs of flavor {f} in-quota while preempted work stops, above its guarantee {}",
+                    gpus(running_subtree[i] + in_quota_admitted[i]),
+                    team.quotas[f].guaranteed
+                ));
+            }
             if in_quota_own[i] > 0 && kept_subtree[i] + in_quota_own[i] > guaranteed {
                 out.push(format!(
                     "team {t} runs {} GPUs of flavor {f} in-quota (with what keeps running), above its guarantee {}",
@@ -158,8 +197,18 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     }
 
     let known = Known::of(s, plan, ancestors, &states, &kept_subtree);
-    out.extend(reclaim_violations(s, plan, &known, &states, &subtree, &kept_running, &gone, &counted_on));
-    out.extend(idle_violations(s, plan, &known, &states, &subtree, &kept_running));
+    // The scheduler's view of quota: what holds GPUs now, plus what waits for victims.
+    for w in &plan.waiting {
+        if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
+            let p = &s.pending[w.workload];
+            holding_own[p.team * flavors + flavor] += u64::from(p.tasks.total_gpus());
+            for &a in &known.ancestors[p.team] {
+                holding[a * flavors + flavor] += u64::from(p.tasks.total_gpus());
+            }
+        }
+    }
+    out.extend(reclaim_violations(s, plan, &known, &states, &holding, &kept_running, &gone, &counted_on));
+    out.extend(idle_violations(s, plan, &known, &states, &holding, &holding_own));
     out.extend(reason_violations(s, plan, &known));
     out
 }
@@ -241,27 +290,22 @@ fn idle_violations(
     plan: &Plan,
     known: &Known,
     states: &[NodeState],
-    subtree: &[u64],
-    kept_running: &[u64],
+    holding: &[u64],
+    holding_own: &[u64],
 ) -> Vec<String> {
     let flavors = s.flavors.len();
     let Known { ancestors, impossible, share, pools, pool_at, .. } = known;
-    // The team's own usage as the scheduler counts it against the fair share: what keeps
-    // running, what is admitted, what waits for reclaim, and reservations.
-    let mut own = kept_running.to_vec();
-    let mut subtree = subtree.to_vec();
-    for a in &plan.admissions {
-        own[s.pending[a.workload].team * flavors + a.flavor] += u64::from(s.pending[a.workload].tasks.total_gpus());
-    }
+    // Usage as the scheduler counts it, per subtree and the team's own (against the fair
+    // share): what holds GPUs now (stopping work too), what is admitted, what waits for
+    // reclaim, and reservations.
+    let mut own = holding_own.to_vec();
+    let mut subtree = holding.to_vec();
     let mut paused = vec![false; s.teams.len() * flavors];
     for (&w, &f) in &known.pausing {
         paused[s.pending[w].team * flavors + f] = true;
     }
     for w in &plan.waiting {
         let p = &s.pending[w.workload];
-        if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
-            own[p.team * flavors + flavor] += u64::from(p.tasks.total_gpus());
-        }
         if let Some((f, amount)) = reservation(s, w) {
             own[p.team * flavors + f] += amount;
             for &a in &ancestors[p.team] {
@@ -431,11 +475,6 @@ fn reclaim_violations(
             }
         }
         for &f in &p.flavors {
-            let in_quota =
-                subtree[p.team * flavors + f] + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
-            if !in_quota {
-                continue;
-            }
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
                 let mut local: Vec<NodeState> = states.to_vec();
@@ -443,10 +482,11 @@ fn reclaim_violations(
                 // What releasing lowers each team's subtree by (an ancestor's limit may be
                 // what blocks it).
                 let mut freed = vec![0u64; s.teams.len()];
+                let mut stopped = vec![0u64; s.teams.len()];
                 for &v in &pool.running {
                     let r = &s.running[v];
                     let releasable = if r.preempting {
-                        !counted_on.contains_key(&v)
+                        !counted_on.contains_key(&v) && crate::cycle::could_preempt(p, r, true)
                     } else if !gone(v) && r.preemptible && r.borrowed && r.team != p.team {
                         let i = r.team * flavors + f;
                         let left = kept_running[i] - taken.get(&r.team).copied().unwrap_or(0);
@@ -462,18 +502,23 @@ fn reclaim_violations(
                         for t in &r.placement {
                             local[t.node].give(&r.tasks, t.device);
                         }
-                        if !r.preempting {
-                            for &a in &ancestors[r.team] {
-                                freed[a] += u64::from(r.tasks.total_gpus());
+                        for &a in &ancestors[r.team] {
+                            freed[a] += u64::from(r.tasks.total_gpus());
+                            if r.preempting {
+                                stopped[a] += u64::from(r.tasks.total_gpus());
                             }
                         }
                     }
                 }
-                let within_limits = ancestors[p.team].iter().all(|&a| {
-                    s.teams[a].quotas[f]
-                        .limit
-                        .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
-                });
+                // Within the team's own guarantee once the stopping work here is gone.
+                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested
+                    <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+                let within_limits = in_quota
+                    && ancestors[p.team].iter().all(|&a| {
+                        s.teams[a].quotas[f]
+                            .limit
+                            .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
+                    });
                 if !within_limits {
                     continue;
                 }

@@ -14,10 +14,12 @@
 //!    Its reason names quota only where some flavor has room, and cordoned clusters
 //!    before anything else about room.
 //! 4. A workload that does not fit may preempt, only to run in-quota: first what is
-//!    already stopping, then borrowed work of other teams above their fair share, then
-//!    lower-priority preemptible work of its own team; cheapest first (lowest priority,
-//!    most recently started), and only as many as needed. It then waits for its victims,
-//!    with the nodes it will use held for it.
+//!    already stopping (and it could have preempted itself), then borrowed work of other
+//!    teams above their fair share, then lower-priority preemptible work of its own team;
+//!    cheapest first (lowest priority, most recently started), and only as many as
+//!    needed. It then waits for its victims, with the nodes it will use and its quota held
+//!    for it; the victims keep their GPUs and quota until they are gone from the
+//!    snapshot, so nothing is admitted into them during their grace period.
 //! 5. A starving workload (pending longer than the snapshot's starvation time) that still
 //!    does not fit gets nodes reserved: nothing behind it in the order is placed on them,
 //!    so that work cannot delay it (backfill elsewhere goes on), and its GPUs count against
@@ -36,7 +38,7 @@ use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
 };
 use crate::snapshot::{
-    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, RunningIx, Snapshot,
+    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, Running, RunningIx, Snapshot,
     TaskPlacement, TeamIx,
 };
 
@@ -221,15 +223,19 @@ struct Cycle<'a> {
     fits: HashMap<ShapeOnPool, u64>,
     /// Per flavor: nodes held for a workload were opened on a later pass.
     reopened: Vec<bool>,
-    /// Teams whose subtree usage preemption lowered since the last pass.
+    /// Teams whose subtree usage went down since the last pass (a reservation let go).
     lowered: BTreeSet<TeamIx>,
     pool_reserved: Vec<bool>,
     ancestors: Vec<Vec<TeamIx>>,
-    /// GPU hundredths per `team * flavors + flavor`: the team's own workloads (running and
-    /// not stopping, admitted, or waiting for victims)…
+    /// GPU hundredths per `team * flavors + flavor`: the team's own workloads (running,
+    /// stopping or preempted in this plan, admitted, waiting for victims, or starving with
+    /// quota held)…
     used: Vec<u64>,
     /// …the same for the team's whole subtree…
     subtree_used: Vec<u64>,
+    /// …the part of that which is stopping or preempted in this plan (gone once its
+    /// backend confirms)…
+    subtree_stopping: Vec<u64>,
     /// …and only what runs (and is not preempted), which decides who is above its share.
     running_used: Vec<u64>,
     share: Vec<f64>,
@@ -273,13 +279,23 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
+        // Work being preempted runs until its backend says it stopped: its GPUs count
+        // against its team and ancestors until it is gone from the snapshot.
         let mut used = vec![0; s.teams.len() * flavors];
         let mut subtree_used = used.clone();
-        for r in s.running.iter().filter(|r| !r.preempting) {
+        let mut subtree_stopping = used.clone();
+        let mut running_used = used.clone();
+        for r in &s.running {
             let amount = u64::from(r.tasks.total_gpus());
             used[r.team * flavors + r.flavor] += amount;
+            if !r.preempting {
+                running_used[r.team * flavors + r.flavor] += amount;
+            }
             for &a in &ancestors[r.team] {
                 subtree_used[a * flavors + r.flavor] += amount;
+                if r.preempting {
+                    subtree_stopping[a * flavors + r.flavor] += amount;
+                }
             }
         }
         let mut pools = pools;
@@ -288,7 +304,7 @@ impl<'a> Cycle<'a> {
             .iter()
             .map(|r| {
                 let i = r.team * flavors + r.flavor;
-                !r.preempting && r.preemptible && r.borrowed && gpus(used[i]) > share[i] + 1e-9
+                !r.preempting && r.preemptible && r.borrowed && gpus(running_used[i]) > share[i] + 1e-9
             })
             .collect();
         for pool in &mut pools {
@@ -322,7 +338,8 @@ impl<'a> Cycle<'a> {
             reopened: vec![false; flavors],
             lowered: BTreeSet::new(),
             pool_reserved: vec![false; pools.len()],
-            running_used: used.clone(),
+            running_used,
+            subtree_stopping,
             states,
             pools,
             pool_at,
@@ -367,10 +384,10 @@ impl<'a> Cycle<'a> {
                 heap.push(Reverse((self.team_key(t, w), t)));
             }
         }
-        // Preemptions lower the usage of the victims' teams, which can admit (or let reclaim
-        // for) work that an earlier visit found over quota; a workload admitted on a later
-        // pass opens the nodes it held, and one that no longer starves with nodes held lets
-        // its team borrow: visit the rest again, in the same order, until nothing changes.
+        // A workload admitted on a later pass opens the nodes it held, and one that no
+        // longer starves with nodes held gives back its quota and lets its team borrow:
+        // visit the rest again, in the same order, until nothing changes. (Preemption frees
+        // nothing within a plan: victims hold their GPUs until they are gone.)
         while !self.lowered.is_empty() || self.reopened.contains(&true) {
             let lowered = std::mem::take(&mut self.lowered);
             let reopened = std::mem::replace(&mut self.reopened, vec![false; self.flavors]);
@@ -503,7 +520,7 @@ impl<'a> Cycle<'a> {
             victims
                 .iter()
                 .map(|&v| &self.s.running[v])
-                .filter(|v| !v.preempting && v.flavor == f && self.ancestors[v.team].contains(&a))
+                .filter(|v| v.flavor == f && self.ancestors[v.team].contains(&a))
                 .map(|v| u64::from(v.tasks.total_gpus()))
                 .sum()
         };
@@ -551,11 +568,13 @@ impl<'a> Cycle<'a> {
         Ok(in_quota)
     }
 
-    /// Whether `p` fits in its team's own guarantee of `f` (limits aside).
+    /// Whether `p` fits in its team's own guarantee of `f` (limits aside) once the work
+    /// being stopped is gone.
     fn within_guarantee(&self, p: &Pending, f: FlavorIx) -> bool {
         let requested = u64::from(p.tasks.total_gpus());
         let guaranteed = u64::from(self.s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
-        self.subtree_used[p.team * self.flavors + f] + requested <= guaranteed
+        let i = p.team * self.flavors + f;
+        self.subtree_used[i] - self.subtree_stopping[i] + requested <= guaranteed
     }
 
     /// Clusters `p` may use for flavor `f`, with their pool.
@@ -816,12 +835,12 @@ impl<'a> Cycle<'a> {
                 pool.reclaimable -= amount;
             }
             *pool.own.get_mut(&victim.team).expect("counted") -= amount;
-            self.lowered.extend(&self.ancestors[victim.team]);
-            let i = victim.team * self.flavors + victim.flavor;
-            self.used[i] -= amount;
-            self.running_used[i] -= amount;
+            // It keeps its GPUs (and its quota) through its grace period, so nothing is
+            // unblocked by it in this plan; it no longer counts as running above its
+            // team's share.
+            self.running_used[victim.team * self.flavors + victim.flavor] -= amount;
             for &a in &self.ancestors[victim.team] {
-                self.subtree_used[a * self.flavors + victim.flavor] -= amount;
+                self.subtree_stopping[a * self.flavors + victim.flavor] += amount;
             }
             let cause = if victim.team == p.team {
                 PreemptionCause::Priority { workload: w }
@@ -848,8 +867,12 @@ impl<'a> Cycle<'a> {
             return None;
         }
         let mut candidates: Vec<RunningIx> = Vec::new();
-        // Already stopping: free to count on.
-        candidates.extend(pool.stopping_list.iter().filter(|&&v| !self.gone[v]));
+        // Already stopping: free to count on, for a workload that could have preempted it
+        // (so work told to stop for one workload is not taken by another, which would leave
+        // the first to preempt again while the victims come back).
+        candidates.extend(
+            pool.stopping_list.iter().filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
+        );
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).
             candidates.extend(pool.reclaim_list.iter().filter(|&&v| !self.gone[v] && s.running[v].team != p.team));
@@ -1038,8 +1061,12 @@ impl<'a> Cycle<'a> {
     }
 
     fn shares(&self) -> Vec<TeamShare> {
-        // What runs and is not preempted, plus what this plan admits (not what waits).
-        let mut used = self.running_used.clone();
+        // What runs (stopping work too, until it has stopped), plus what this plan admits
+        // (not what waits).
+        let mut used = vec![0; self.s.teams.len() * self.flavors];
+        for r in &self.s.running {
+            used[r.team * self.flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+        }
         for a in &self.plan.admissions {
             used[self.s.pending[a.workload].team * self.flavors + a.flavor] +=
                 u64::from(self.s.pending[a.workload].tasks.total_gpus());
@@ -1065,6 +1092,12 @@ impl<'a> Cycle<'a> {
         }
         out
     }
+}
+
+/// Whether `p` may preempt `r`: lower-priority preemptible work of its own team, or (when
+/// `p` is within its team's guarantee) borrowed preemptible work of another team.
+pub(crate) fn could_preempt(p: &Pending, r: &Running, in_quota: bool) -> bool {
+    r.preemptible && if r.team == p.team { r.priority < p.priority } else { in_quota && r.borrowed }
 }
 
 /// Places without keeping the placement.

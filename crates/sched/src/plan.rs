@@ -158,7 +158,8 @@ pub struct TeamShare {
     pub limit: Option<f64>,
     /// What the team's own workloads should hold.
     pub fair_share: f64,
-    /// What they hold after this plan (running, not preempted, plus admitted).
+    /// What they hold after this plan: running (and stopping, until it has stopped) plus
+    /// admitted.
     pub used: f64,
     /// What they want: running plus pending.
     pub demand: f64,

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use berth_sched::check::violations;
 use berth_sched::plan::{Plan, PreemptionCause};
@@ -38,18 +38,19 @@ proptest! {
     }
 
     #[test]
-    fn cycles_carried_out_never_ping_pong(s in snapshots()) {
-        closed_system(s)?;
+    fn cycles_carried_out_never_ping_pong(s in snapshots(), grace in 0..3i64) {
+        closed_system(s, grace)?;
     }
 }
 
 /// A closed system (no arrivals, no completions) starting from `s`, over 16 cycles a
-/// minute apart: plans are carried out, stopped work is requeued. Every cycle's plan holds
-/// the invariants, no two workloads preempt each other, and preemption dies out (none in
-/// the last 4 cycles). A workload that would start to starve during those 16 minutes
+/// minute apart: plans are carried out, preempted work stops `grace` cycles later (it runs
+/// out its grace period meanwhile) and is requeued. Every cycle's plan holds the
+/// invariants, no two workloads preempt each other, and preemption dies out (none in the
+/// last 4 cycles). A workload that would start to starve during those 16 minutes
 /// starves from the start: that is an event from outside, like an arrival. A failure comes
 /// with each cycle's preemptions, admissions and reasons.
-fn closed_system(mut s: Snapshot) -> Result<(), TestCaseError> {
+fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
     const CYCLES: i64 = 16;
     for p in &mut s.pending {
         let waited = s.now - p.submitted_at;
@@ -60,6 +61,7 @@ fn closed_system(mut s: Snapshot) -> Result<(), TestCaseError> {
     let mut w = World { s };
     let mut pairs = BTreeSet::new();
     let mut quiet = 0;
+    let mut preempted_in: BTreeMap<String, i64> = BTreeMap::new();
     let mut log = String::new();
     for cycle in 0..CYCLES {
         let plan = schedule(&w.s).unwrap();
@@ -73,11 +75,12 @@ fn closed_system(mut s: Snapshot) -> Result<(), TestCaseError> {
                 !pairs.contains(&(cause.clone(), victim.clone())),
                 "{victim} and {cause} preempt each other\n{log}"
             );
+            preempted_in.insert(victim.clone(), cycle);
             pairs.insert((victim, cause));
         }
         quiet = if plan.preemptions.is_empty() { quiet + 1 } else { 0 };
         w.carry_out(&plan);
-        w.finish_stopping(true);
+        w.finish_stopping_where(|r| preempted_in.get(&r.id).is_none_or(|&at| cycle - at >= grace), true);
     }
     prop_assert!(quiet >= 4, "still preempting after 12 cycles\n{log}");
     Ok(())
@@ -115,17 +118,19 @@ fn trace(w: &World, plan: &Plan, cycle: i64) -> String {
     out
 }
 
-/// The closed systems in which sweeps found a ping-pong, kept as snapshots (a proptest
-/// seed names a different case once the strategies change): each still settles.
+/// The closed systems in which sweeps found a ping-pong, kept as snapshots with the grace
+/// period their victims took (a proptest seed names a different case once the strategies
+/// change): each still settles.
 #[test]
 fn closed_systems_that_once_ping_ponged_settle() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ping_pongs");
     let mut replayed = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let s: Snapshot = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let case: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let s: Snapshot = serde_json::from_value(case["snapshot"].clone()).unwrap();
         s.validate().unwrap();
-        if let Err(e) = closed_system(s) {
+        if let Err(e) = closed_system(s, case["grace"].as_i64().unwrap()) {
             panic!("{}: {e}", path.display());
         }
         replayed += 1;

@@ -945,6 +945,49 @@ fn a_starving_workload_holding_quota_within_the_guarantee_pauses_its_teams_borro
 }
 
 #[test]
+fn work_being_preempted_holds_its_quota_until_it_has_stopped() {
+    // The fault-injection finding: department d may hold 16 (its guarantee); mb borrows
+    // ma's idle 8 and runs 16. ma asks for its 8: mb's borrowed job is preempted, and
+    // while it runs out its grace period it still holds 8 of d's 16 — so neither ma's job
+    // nor mb's next one may start until the backend says it stopped (before, both could:
+    // d ran 24 GPUs for the whole grace period).
+    let mut w = World::new(&["h100"]);
+    w.team("d", None, &[("h100", 16, Some(16), 1)]);
+    w.team("ma", Some("d"), &[("h100", 8, None, 1)]);
+    w.team("mb", Some("d"), &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 4, 8, None);
+    w.run("mb0", "mb", &nodes[..1], 1, 8 * GPU, false, 0, 0);
+    w.run("mb1", "mb", &nodes[1..2], 1, 8 * GPU, true, 0, 0);
+    let ma = w.submit("ma", "ma", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["mb1"]);
+    w.carry_out(&plan);
+    w.submit("mb2", "mb", 1, 4 * GPU, &["h100"]);
+    for _ in 0..3 {
+        // mb1 is still stopping: two nodes are free, but d's 16 are all held.
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        let mb1 = w.s.running.iter().position(|r| r.id == "mb1").unwrap();
+        assert!(
+            matches!(reason(&w, &plan, "ma"), Reason::WaitingForReclaim { victims, .. } if victims == &[mb1]),
+            "{:?}",
+            reason(&w, &plan, "ma")
+        );
+        assert!(
+            matches!(reason(&w, &plan, "mb2"), Reason::QuotaLimitReached { used, limit: 16.0, .. } if *used > 16.0),
+            "{:?}",
+            reason(&w, &plan, "mb2")
+        );
+        w.carry_out(&plan);
+    }
+    w.finish_stopping(false);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["ma"]);
+    assert_eq!(plan.admissions[0].workload, ma);
+}
+
+#[test]
 fn work_without_a_script_or_command_never_goes_to_slurm() {
     // Slurm suits training best, but a Slurm job is a batch script: a workload that gives
     // neither script nor command was admitted there and failed BackendRejected. It goes

@@ -2,7 +2,7 @@
 
 use berth_core::Error;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
+use sqlx::{Acquire, PgConnection, PgExecutor};
 
 use crate::db_error;
 
@@ -33,21 +33,63 @@ pub async fn leader_unlock(db: impl PgExecutor<'_>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Records who leads (on taking the lock) or that it still does (each renewal).
+/// Takes the lease for `holder` on the lock's connection: increments the epoch and returns
+/// it. The row is locked `FOR UPDATE` first, which waits until every transaction that
+/// checked the old epoch ([`leader_fence`] takes `FOR KEY SHARE`) has ended; after this
+/// commits, no write fenced with an older epoch can commit.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn leader_record(db: impl PgExecutor<'_>, holder: &str, since: DateTime<Utc>) -> Result<(), Error> {
-    sqlx::query!(
-        r#"INSERT INTO controller_leader (id, holder, since, renewed_at) VALUES (true, $1, $2, now())
-           ON CONFLICT (id) DO UPDATE SET holder = $1, since = $2, renewed_at = now()"#,
+pub async fn leader_take(conn: &mut PgConnection, holder: &str, since: DateTime<Utc>) -> Result<i64, Error> {
+    let mut tx = conn.begin().await.map_err(db_error)?;
+    sqlx::query!("SELECT epoch FROM controller_leader WHERE id FOR UPDATE")
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    let epoch = sqlx::query_scalar!(
+        r#"INSERT INTO controller_leader (id, holder, since, renewed_at, epoch) VALUES (true, $1, $2, now(), 1)
+           ON CONFLICT (id) DO UPDATE SET holder = $1, since = $2, renewed_at = now(), epoch = controller_leader.epoch + 1
+           RETURNING epoch"#,
         holder,
         since
     )
-    .execute(db)
+    .fetch_one(&mut *tx)
     .await
     .map_err(db_error)?;
-    Ok(())
+    tx.commit().await.map_err(db_error)?;
+    Ok(epoch)
+}
+
+/// Renews the lease of `epoch`; `false` when another leader has taken it since. (A plain
+/// update of a non-key column: it does not wait for the fenced transactions' key-share
+/// locks.)
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn leader_renew(db: impl PgExecutor<'_>, epoch: i64) -> Result<bool, Error> {
+    let done = sqlx::query!("UPDATE controller_leader SET renewed_at = now() WHERE id AND epoch = $1", epoch)
+        .execute(db)
+        .await
+        .map_err(db_error)?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Fences the transaction `tx` with `epoch`: fails unless `epoch` is still the lease's, and
+/// keeps a key-share lock on the lease row until `tx` ends, so a new leader cannot take the
+/// lease while the write is in flight.
+///
+/// # Errors
+/// `Unavailable` when another leader holds the lease now; else as [`db_error`].
+pub async fn leader_fence(tx: &mut crate::Tx<'_>, epoch: i64) -> Result<(), Error> {
+    let current = sqlx::query_scalar!("SELECT epoch FROM controller_leader WHERE id FOR KEY SHARE")
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_error)?;
+    if current == Some(epoch) {
+        Ok(())
+    } else {
+        Err(Error::Unavailable(format!("deposed: this replica led in epoch {epoch}, the lease is now at {current:?}")))
+    }
 }
 
 /// The recorded leader: holder, since, last renewal.

@@ -95,6 +95,10 @@ pub fn db_error(e: sqlx::Error) -> Error {
                     Error::Internal(format!("a value was rejected by the database: {e}"))
                 }
                 Some("40001" | "40P01" | "55P03" | "57014" | "53300") => Error::Unavailable(e.to_string()),
+                // The server is shutting down, restarting, or starting up; the connection
+                // broke (class 08).
+                Some("57P01" | "57P02" | "57P03") => Error::Unavailable(e.to_string()),
+                Some(code) if code.starts_with("08") => Error::Unavailable(e.to_string()),
                 _ => Error::Internal(e.to_string()),
             }
         }

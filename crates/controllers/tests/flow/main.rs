@@ -332,3 +332,99 @@ async fn a_department_at_its_limit_reclaims_for_a_child_within_its_guarantee(db:
     }
     assert_eq!(running, 4, "mb keeps its own guarantee");
 }
+
+/// b2 borrows, a1 reclaims it: b2 is `Preempting` with its cancel sent when its cluster
+/// stops answering. Returns the plane with a1 waiting.
+async fn preempting_when_the_cluster_goes_down(p: &Plane) {
+    p.team("a", None, 8, None).await;
+    p.team("b", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("b", "b1", 1, 8.0, json!({"resumable": true})).await;
+    p.submit("b", "b2", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    assert!(p.workload("b", "b2").await.status.admission.unwrap().borrowed);
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let b2 = p.workload("b", "b2").await;
+    assert_eq!(b2.status.phase, Phase::Preempting);
+    assert!(b2.status.cancel_requested_at.is_some());
+    p.cluster("sim-a", 2, json!({"unreachable": true})).await;
+    for _ in 0..3 {
+        p.step().await;
+    }
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_preempted_workload_whose_cluster_goes_down_is_still_requeued_when_it_answers_again(db: berth_store::PgPool) {
+    // The fault-injection finding: b2 went Preempting → Unknown during the outage, and once
+    // the cluster answered, its job (cancelled by Berth) read as cancelled outside Berth:
+    // Failed, CancelledOnBackend.
+    let mut p = Plane::new(db).await;
+    p.ctx.config.unknown_timeout = std::time::Duration::from_secs(3600);
+    preempting_when_the_cluster_goes_down(&p).await;
+    let b2 = p.workload("b", "b2").await;
+    assert_eq!(b2.status.phase, Phase::Preempting, "its preemption goes on through the outage");
+    assert!(b2.status.unknown_since.is_some());
+    assert_eq!(p.phase("a", "a1").await, Phase::Pending, "b2 may still run: its GPUs stay held");
+    // The grace period ends during the outage; then the cluster answers again.
+    p.advance(30);
+    p.step().await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.settle().await;
+    let b2 = p.workload("b", "b2").await;
+    assert_eq!(
+        (b2.status.phase, b2.status.attempt, b2.status.reason.as_deref()),
+        (Phase::Pending, 1, Some("Preempted"))
+    );
+    assert_eq!(p.phase("a", "a1").await, Phase::Running);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_preempted_workload_whose_cluster_stays_down_ends_as_the_preemption_would(db: berth_store::PgPool) {
+    // unknown_timeout is zero here: the preemption ends at the next pass after the cluster
+    // was found unreachable, requeued (b2 is resumable), never CancelledOnBackend.
+    let p = Plane::new(db).await;
+    preempting_when_the_cluster_goes_down(&p).await;
+    let b2 = p.workload("b", "b2").await;
+    assert_eq!(
+        (b2.status.phase, b2.status.attempt, b2.status.reason.as_deref()),
+        (Phase::Pending, 1, Some("Preempted"))
+    );
+    assert!(b2.status.message.unwrap().contains("stayed unreachable"));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_flight(db: berth_store::PgPool) {
+    // The fault-injection finding: when the leader's lock connection was killed, a standby
+    // took over while the old leader's controllers still wrote for up to 0.8 s. Now a new
+    // leader's epoch waits for the writes fenced with the old one, and later ones fail.
+    use berth_store::controller::{leader_renew, leader_take};
+    use sqlx::ConnectOptions;
+    let options = db.connect_options();
+    let p = Plane::new(db).await;
+    let mut old_conn = options.connect().await.unwrap();
+    let old_epoch = leader_take(&mut old_conn, "old", chrono::Utc::now()).await.unwrap();
+    let old = berth_controllers::Context { epoch: Some(old_epoch), ..p.ctx.clone() };
+    let in_flight = old.begin().await.expect("the leader writes");
+
+    let mut new_conn = options.connect().await.unwrap();
+    let taking = tokio::spawn(async move {
+        let epoch = leader_take(&mut new_conn, "new", chrono::Utc::now()).await.unwrap();
+        (epoch, new_conn)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!taking.is_finished(), "the lease is not taken while a write of the old epoch is in flight");
+    berth_store::commit(in_flight).await.expect("the write in flight lands");
+    let (new_epoch, _new_conn) = taking.await.unwrap();
+    assert_eq!(new_epoch, old_epoch + 1);
+
+    let Err(e) = old.begin().await else { panic!("a deposed leader's write began") };
+    assert!(matches!(e, berth_core::Error::Unavailable(ref m) if m.contains("deposed")), "{e}");
+    assert!(!leader_renew(&mut old_conn, old_epoch).await.unwrap(), "the old lease cannot be renewed");
+    let new = berth_controllers::Context { epoch: Some(new_epoch), ..p.ctx.clone() };
+    // A whole pass of the new leader's controllers writes.
+    p.team("a", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    cluster_health::reconcile(&new).await.unwrap();
+    assert!(cluster_health::reconcile(&old).await.is_err(), "the old leader's status write fails");
+}

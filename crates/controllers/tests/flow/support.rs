@@ -26,7 +26,8 @@ impl Plane {
         let clock = Arc::new(AtomicI64::new(chrono::Utc::now().timestamp_millis()));
         let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
         let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
-        let plane = Self { ctx: Context { db, backends, config }, clock, actor: OpContext::system("test") };
+        let plane =
+            Self { ctx: Context { db, backends, config, epoch: None }, clock, actor: OpContext::system("test") };
         plane.flavor("h100").await;
         plane
     }

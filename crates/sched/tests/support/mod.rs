@@ -182,8 +182,14 @@ impl World {
 
     /// Stopping work is gone; with `requeue`, it comes back as pending.
     pub fn finish_stopping(&mut self, requeue: bool) {
+        self.finish_stopping_where(|_| true, requeue);
+    }
+
+    /// [`Self::finish_stopping`] for the stopping work `done` picks; the rest keeps running
+    /// out its grace period.
+    pub fn finish_stopping_where(&mut self, done: impl Fn(&Running) -> bool, requeue: bool) {
         let (stopped, running): (Vec<Running>, Vec<Running>) =
-            std::mem::take(&mut self.s.running).into_iter().partition(|r| r.preempting);
+            std::mem::take(&mut self.s.running).into_iter().partition(|r| r.preempting && done(r));
         self.s.running = running;
         if requeue {
             for r in stopped {
