@@ -62,8 +62,15 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
         let spec = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": guarantee}]}});
         berth_app::team::team_apply(db, &actor, &format!("team-{t}"), &parse(spec), None).await?;
     }
-    let ctx =
-        Context { db: db.clone(), backends: Arc::new(Registry::new(None)), config: Config::default(), epoch: None };
+    // The controllers run under a lease, as in berthd: every write is fenced with its epoch.
+    let mut lease = db.acquire().await?.detach();
+    let epoch = berth_store::controller::leader_take(&mut lease, "bench", chrono::Utc::now()).await?;
+    let ctx = Context {
+        db: db.clone(),
+        backends: Arc::new(Registry::new(None)),
+        config: Config::default(),
+        epoch: Some(epoch),
+    };
     // Record the inventories before the burst.
     berth_controllers::cluster_health::reconcile(&ctx).await?;
     let mut controllers: Option<tokio::task::JoinSet<()>> =

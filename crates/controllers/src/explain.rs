@@ -57,6 +57,14 @@ pub fn pending_reason(
             ),
             json!({"flavor": flavor(*f), "waiting_workload": pending_name(*workload)}),
         ),
+        Reason::WaitingForPreemptor { workload } => (
+            "WaitingForPreemptor",
+            format!(
+                "preempted for {}, which has not started yet: this workload comes back after it",
+                pending_name(*workload)
+            ),
+            json!({"waiting_workload": pending_name(*workload)}),
+        ),
         Reason::NoClusterFits { attempts } => {
             let per_flavor: Vec<_> = attempts
                 .iter()

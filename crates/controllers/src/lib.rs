@@ -136,12 +136,13 @@ pub fn job_key(w: &Workload) -> JobKey {
 }
 
 /// Back to `Pending` for another attempt, keeping the original submit time (its place in
-/// the queue).
+/// the queue) and the workload it was preempted for, if it was.
 fn requeued(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
     WorkloadStatus {
         phase: Phase::Pending,
         attempt: w.status.attempt + 1,
         submitted_at: w.status.submitted_at,
+        preempted_for: w.status.preempted_for,
         reason: Some(reason.into()),
         message: Some(message),
         ..WorkloadStatus::default()

@@ -108,6 +108,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             admission: Some(admission),
             pending_reason: None,
             queue_position: None,
+            preempted_for: None,
             reason: None,
             message: Some(message),
             ..w.status.clone()
@@ -135,10 +136,12 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             message: message.clone(),
             details: Some(json!({"for": by, "cause": p.cause})),
         });
+        let preemptor = &world.workloads[built.pending[p.cause.workload()]];
         let next = WorkloadStatus {
             phase: Phase::Preempting,
             reason: Some("Preempted".into()),
             message: Some(message),
+            preempted_for: Some(preemptor.metadata.uid),
             ..w.status.clone()
         };
         writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });

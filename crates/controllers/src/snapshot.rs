@@ -139,21 +139,26 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         }
     }
     make_room_for_running(&mut nodes, &running);
-    Built {
-        snapshot: s::Snapshot {
-            now: seconds(world.now),
-            starvation_after_seconds,
-            flavors: world.flavors.clone(),
-            teams,
-            clusters,
-            nodes,
-            running,
-            pending,
-        },
-        running: running_ix,
-        pending: pending_ix,
-        unschedulable,
-    }
+    let mut snapshot = s::Snapshot {
+        now: seconds(world.now),
+        starvation_after_seconds,
+        flavors: world.flavors.clone(),
+        teams,
+        clusters,
+        nodes,
+        running,
+        pending,
+    };
+    // A requeued victim waits for the workload it was preempted for.
+    let preemptor_of: HashMap<String, String> = pending_ix
+        .iter()
+        .filter_map(|&i| {
+            let w = &world.workloads[i];
+            w.status.preempted_for.map(|by| (w.metadata.uid.to_string(), by.to_string()))
+        })
+        .collect();
+    snapshot.link_preemptors(&preemptor_of);
+    Built { snapshot, running: running_ix, pending: pending_ix, unschedulable }
 }
 
 /// Maps a running workload's stored placement to node indices. A node the inventory no

@@ -346,9 +346,14 @@ pub struct WorkloadStatus {
     /// When Berth asked the backend to stop the job (preemption or deletion).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested_at: Option<DateTime<Utc>>,
-    /// When the workload became `Unknown` (its cluster stopped answering).
+    /// When the workload became `Unknown` (its cluster stopped answering), or its cluster
+    /// stopped answering while it was being preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown_since: Option<DateTime<Utc>>,
+    /// The uid of the workload this one was last preempted for: while that one waits, this
+    /// one is not admitted again (it would take what that one needs and be preempted again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_for: Option<uuid::Uuid>,
 }
 
 /// Pending workloads in queue order (`GET /api/v1/queue`).

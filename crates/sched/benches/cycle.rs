@@ -160,6 +160,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             backend_kinds: Vec::new(),
             has_image: true,
             has_command: true,
+            preempted_for: None,
         });
     }
     s

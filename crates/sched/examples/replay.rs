@@ -16,7 +16,7 @@
 //! (keeping their submission time). Trace: Jeon et al., USENIX ATC'19 (CC-BY-4.0).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::process::ExitCode;
 
 use berth_core::cluster::ClusterKind;
@@ -271,6 +271,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
     let mut now = origin;
     let mut last = origin;
     let mut fair: Vec<f64> = vec![0.0; teams.len()];
+    let mut preemptor_of = HashMap::new();
     let mut changed;
     while next_arrival < jobs.len() || !queue.is_empty() || !active.is_empty() {
         // Time passes: account for what ran, and who should have had what.
@@ -310,9 +311,17 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
         if changed {
             out.cycles += 1;
             let started = match policy {
-                Policy::Berth => {
-                    berth_cycle(&mut s, now, jobs, &mut queue, &mut active, &mut remaining, &mut out, &mut fair)
-                }
+                Policy::Berth => berth_cycle(
+                    &mut s,
+                    now,
+                    jobs,
+                    &mut queue,
+                    &mut active,
+                    &mut remaining,
+                    &mut out,
+                    &mut fair,
+                    &mut preemptor_of,
+                ),
                 Policy::Fifo => fifo_cycle(&s, now, jobs, &mut queue, &active),
             };
             for a in started {
@@ -349,6 +358,7 @@ fn berth_cycle(
     remaining: &mut [i64],
     out: &mut Outcome,
     fair: &mut [f64],
+    preemptor_of: &mut HashMap<String, String>,
 ) -> Vec<Active> {
     s.now = now;
     s.running = active
@@ -388,9 +398,11 @@ fn berth_cycle(
                 backend_kinds: Vec::new(),
                 has_image: true,
                 has_command: true,
+                preempted_for: None,
             }
         })
         .collect();
+    s.link_preemptors(preemptor_of);
     let plan = schedule(s).expect("a valid snapshot");
     let broken = violations(s, &plan);
     if !broken.is_empty() && out.violations == 0 {
@@ -404,6 +416,9 @@ fn berth_cycle(
     let mut stopped: Vec<usize> = plan.preemptions.iter().map(|p| p.victim).collect();
     stopped.sort_unstable();
     out.preemptions += stopped.len();
+    for p in &plan.preemptions {
+        preemptor_of.insert(active[p.victim].job.to_string(), queue[p.cause.workload()].to_string());
+    }
     for &v in stopped.iter().rev() {
         let a = active.remove(v);
         remaining[a.job] -= now - a.started;
@@ -426,7 +441,7 @@ fn berth_cycle(
         .collect();
     admitted.sort_unstable();
     for &w in admitted.iter().rev() {
-        queue.remove(w);
+        preemptor_of.remove(&queue.remove(w).to_string());
     }
     started
 }

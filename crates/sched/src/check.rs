@@ -332,7 +332,9 @@ fn idle_violations(
             let may_borrow = p.preemptible
                 && gpus(own_used + requested) <= share[i] + 1e-9
                 && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
-            if matches!(waiting.reason, Reason::WaitingForReclaim { .. }) || !within_limits || !(in_quota || may_borrow)
+            if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
+                || !within_limits
+                || !(in_quota || may_borrow)
             {
                 continue;
             }
@@ -419,6 +421,9 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
             }
             Reason::PlacementMatchesNoCluster => possible.iter().all(|&f| allowed(f).next().is_none()),
             Reason::Unschedulable { why } => possible.is_empty() && why == &impossible[w],
+            Reason::WaitingForPreemptor { workload } => {
+                p.preempted_for == Some(*workload) && !plan.admissions.iter().any(|a| a.workload == *workload)
+            }
             Reason::WaitingForReclaim { cluster, flavor, victims } => {
                 possible.contains(flavor)
                     && !victims.is_empty()
@@ -464,7 +469,10 @@ fn reclaim_violations(
         }
     }
     let mut out = Vec::new();
-    for waiting in plan.waiting.iter().filter(|w| !matches!(w.reason, Reason::WaitingForReclaim { .. })) {
+    // (One waiting for its preemptor waits by rule, whatever room there is.)
+    let by_rule =
+        |w: &&Waiting| matches!(w.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. });
+    for waiting in plan.waiting.iter().filter(|w| !by_rule(w)) {
         let w = waiting.workload;
         let p = &s.pending[w];
         let requested = u64::from(p.tasks.total_gpus());

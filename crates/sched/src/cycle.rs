@@ -19,7 +19,9 @@
 //!    cheapest first (lowest priority, most recently started), and only as many as
 //!    needed. It then waits for its victims, with the nodes it will use and its quota held
 //!    for it; the victims keep their GPUs and quota until they are gone from the
-//!    snapshot, so nothing is admitted into them during their grace period.
+//!    snapshot, so nothing is admitted into them during their grace period. A victim,
+//!    requeued, waits until the workload it was preempted for has started
+//!    ([`Pending::preempted_for`]).
 //! 5. A starving workload (pending longer than the snapshot's starvation time) that still
 //!    does not fit gets nodes reserved: nothing behind it in the order is placed on them,
 //!    so that work cannot delay it (backfill elsewhere goes on), and its GPUs count against
@@ -248,6 +250,8 @@ struct Cycle<'a> {
     gone: Vec<bool>,
     /// Per running workload: borrowed, preemptible, of a team above its share at the start.
     reclaimable: Vec<bool>,
+    /// Per pending workload: admitted in this plan.
+    admitted: Vec<bool>,
     /// Per pending workload: why it can never run in each flavor where it cannot.
     impossible: Vec<Vec<Impossible>>,
     /// GPU hundredths per `team * flavors + flavor`: what the team's subtree waits for at
@@ -350,6 +354,7 @@ impl<'a> Cycle<'a> {
             demand,
             gone: vec![false; s.running.len()],
             reclaimable,
+            admitted: vec![false; s.pending.len()],
             paused: vec![None; s.teams.len() * flavors],
             impossible,
             pending_subtree,
@@ -388,13 +393,19 @@ impl<'a> Cycle<'a> {
         // longer starves with nodes held gives back its quota and lets its team borrow:
         // visit the rest again, in the same order, until nothing changes. (Preemption frees
         // nothing within a plan: victims hold their GPUs until they are gone.)
-        while !self.lowered.is_empty() || self.reopened.contains(&true) {
+        // So does a workload admitted after one that was preempted for it was visited.
+        let preemptor_started = |reason: &Option<Reason>, admitted: &[bool]| matches!(reason, Some(Reason::WaitingForPreemptor { workload }) if admitted[*workload]);
+        while !self.lowered.is_empty()
+            || self.reopened.contains(&true)
+            || waiting.iter().any(|(_, r)| preemptor_started(r, &self.admitted))
+        {
             let lowered = std::mem::take(&mut self.lowered);
             let reopened = std::mem::replace(&mut self.reopened, vec![false; self.flavors]);
             for (w, reason) in &mut waiting {
                 let t = s.pending[*w].team;
                 // Quota depends on the team's own subtree and on its ancestors' limits.
                 let affected = lowered.contains(&t)
+                    || preemptor_started(reason, &self.admitted)
                     || s.pending[*w].flavors.iter().any(|&f| reopened[f])
                     || self.ancestors[t]
                         .iter()
@@ -462,6 +473,11 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         if self.impossible[w].len() == p.flavors.len() {
             return Some(crate::feasible::reason(&self.impossible[w]));
+        }
+        if let Some(q) = p.preempted_for
+            && !self.admitted[q]
+        {
+            return Some(Reason::WaitingForPreemptor { workload: q });
         }
         let mut quota_reason = None;
         let mut attempts = Vec::new();
@@ -752,6 +768,7 @@ impl<'a> Cycle<'a> {
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
         self.pools[c.pool].version += 1;
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
+        self.admitted[w] = true;
         self.plan.admissions.push(Admission {
             workload: w,
             cluster: self.pools[c.pool].cluster,

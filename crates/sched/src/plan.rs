@@ -76,6 +76,9 @@ pub enum Reason {
     /// to run in-quota, or starves with nodes held for it: borrowing now would use up the
     /// quota that workload counts on.
     BorrowingPaused { flavor: FlavorIx, workload: PendingIx },
+    /// It was preempted for `workload`, which still waits: it comes back after that one
+    /// starts (before, it would only take what that one needs and be preempted again).
+    WaitingForPreemptor { workload: PendingIx },
     /// Quota allows it, but no allowed cluster has room; why, per flavor and cluster.
     NoClusterFits { attempts: Vec<FlavorAttempt> },
     /// Victims were preempted (or are stopping) to make room; it starts when they are gone.
@@ -99,6 +102,7 @@ impl Reason {
             Self::GuaranteeExceeded { .. } => "guarantee_exceeded",
             Self::FairShareReached { .. } => "fair_share_reached",
             Self::BorrowingPaused { .. } => "borrowing_paused",
+            Self::WaitingForPreemptor { .. } => "waiting_for_preemptor",
             Self::NoClusterFits { .. } => "no_cluster_fits",
             Self::WaitingForReclaim { .. } => "waiting_for_reclaim",
             Self::TopologyUnsatisfiable { .. } => "topology_unsatisfiable",

@@ -247,6 +247,11 @@ pub struct Pending {
     /// Whether it gives a script or a command (some backends run nothing else).
     #[serde(default)]
     pub has_command: bool,
+    /// The waiting workload it was preempted for, if that one still waits (and was not
+    /// itself preempted for another): it is not admitted before that one, which would
+    /// only preempt it again.
+    #[serde(default)]
+    pub preempted_for: Option<PendingIx>,
 }
 
 impl Pending {
@@ -266,6 +271,7 @@ impl Pending {
             backend_kinds: spec.placement.backend_kinds.clone(),
             has_image: spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
             has_command: spec.run.script.as_deref().is_some_and(|s| !s.is_empty()) || !spec.run.command.is_empty(),
+            preempted_for: None,
         }
     }
 
@@ -316,6 +322,25 @@ impl Snapshot {
     ///
     /// # Errors
     /// The first broken rule.
+    /// Sets each pending workload's `preempted_for` from `preemptor_of` (a workload's id →
+    /// the id of the one it was last preempted for): linked while that one is pending too
+    /// and was not itself preempted for a pending workload (so no chain or cycle can keep
+    /// work waiting on work that waits).
+    pub fn link_preemptors(&mut self, preemptor_of: &std::collections::HashMap<String, String>) {
+        let position: std::collections::HashMap<&str, PendingIx> =
+            self.pending.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
+        let waits_for = |p: &Pending| preemptor_of.get(&p.id).and_then(|q| position.get(q.as_str()).copied());
+        let links: Vec<Option<PendingIx>> = self
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, p)| waits_for(p).filter(|&q| q != i && waits_for(&self.pending[q]).is_none()))
+            .collect();
+        for (p, link) in self.pending.iter_mut().zip(links) {
+            p.preempted_for = link;
+        }
+    }
+
     pub fn validate(&self) -> Result<(), InvalidSnapshot> {
         self.validate_references()?;
         crate::nodes::node_states(self).map(|_| ()).map_err(InvalidSnapshot)
@@ -377,6 +402,11 @@ impl Snapshot {
             check_resources(&p.tasks).map_err(|m| InvalidSnapshot(format!("pending {i}: {m}")))?;
             if p.team >= self.teams.len() || p.flavors.is_empty() || p.flavors.iter().any(|&f| f >= flavors) {
                 return bad(format!("pending {i} refers to an unknown team or has no known flavor"));
+            }
+            if let Some(q) = p.preempted_for
+                && (q >= self.pending.len() || q == i || self.pending[q].preempted_for.is_some())
+            {
+                return bad(format!("pending {i} was preempted for pending {q}, which is not one waiting on its own"));
             }
         }
         Ok(())

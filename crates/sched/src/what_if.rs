@@ -116,6 +116,7 @@ fn remove_cluster(s: &mut Snapshot, c: usize) -> Vec<String> {
                 backend_kinds: Vec::new(),
                 has_image: true,
                 has_command: true,
+                preempted_for: None,
             });
             continue;
         }

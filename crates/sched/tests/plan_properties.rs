@@ -58,7 +58,7 @@ fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
             p.submitted_at = s.now - s.starvation_after_seconds;
         }
     }
-    let mut w = World { s };
+    let mut w = World::from(s);
     let mut pairs = BTreeSet::new();
     let mut quiet = 0;
     let mut preempted_in: BTreeMap<String, i64> = BTreeMap::new();

@@ -519,7 +519,7 @@ fn what_if_shows_the_effect_of_a_quota_change_and_of_a_cluster() {
     let mut extra = w.s.clone();
     let c2 = extra.clusters.len();
     let more = {
-        let mut x = World { s: std::mem::take(&mut extra) };
+        let mut x = World::from(std::mem::take(&mut extra));
         x.cluster("c2", ClusterKind::Sim, &[]);
         x.nodes(c2, "h100", 1, 8, None);
         (x.s.clusters[c2].clone(), x.s.nodes[x.s.nodes.len() - 1].clone())
@@ -985,6 +985,61 @@ fn work_being_preempted_holds_its_quota_until_it_has_stopped() {
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["ma"]);
     assert_eq!(plan.admissions[0].workload, ma);
+}
+
+#[test]
+fn a_preempted_workload_comes_back_only_after_its_preemptor_has_started() {
+    // The sixth ping-pong the sweep found, made small: t may hold 8 and runs other (2,
+    // non-preemptible) and lo (2). hi (priority 1, 5 GPUs) needs lo gone to stay within 8
+    // and preempts it. When lo has stopped, t's starving top (priority 2) holds 2 GPUs of
+    // quota for a full spot node, so hi no longer fits (2 + 2 + 5 > 8) — but lo would
+    // (2 + 2 + 2). Admitted, lo made top's hold come and go with it, and hi preempted lo
+    // every other cycle. Now lo waits for hi, naming it, until hi has started.
+    let mut w = World::new(&["h100"]);
+    w.team("t", None, &[("h100", 8, Some(8), 1)]);
+    w.team("o", None, &[("h100", 2, None, 1)]);
+    let spot = w.cluster("spot", ClusterKind::Sim, &[("tier", "spot")]);
+    let c1 = w.cluster("c1", ClusterKind::Sim, &[]);
+    let full = w.nodes(spot, "h100", 1, 2, None);
+    let n1 = w.nodes(c1, "h100", 1, 8, None);
+    w.run("other", "t", &n1, 1, 2 * GPU, false, 0, 0);
+    w.s.running[0].preemptible = false;
+    w.run("lo", "t", &n1, 1, 2 * GPU, false, 0, 0);
+    w.run("outside", "o", &full, 1, 2 * GPU, false, 0, 0);
+    let hi = w.submit("hi", "t", 1, 5 * GPU, &["h100"]);
+    w.pending(hi).priority = 1;
+    w.pending(hi).preemptible = false;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["lo"]);
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+    let top = w.submit("top", "t", 1, 2 * GPU, &["h100"]);
+    w.pending(top).priority = 2;
+    w.pending(top).submitted_at = 0;
+    w.pending(top).cluster_selector.insert("tier".into(), "spot".into());
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        assert!(
+            matches!(reason(&w, &plan, "hi"), Reason::QuotaLimitReached { used: 4.0, limit: 8.0, .. }),
+            "{:?}",
+            reason(&w, &plan, "hi")
+        );
+        let hi = w.s.pending.iter().position(|p| p.id == "hi").unwrap();
+        assert_eq!(reason(&w, &plan, "lo"), &Reason::WaitingForPreemptor { workload: hi });
+        w.carry_out(&plan);
+    }
+    // top's node frees up: top runs, and with 4 of 8 left hi cannot, so lo is still kept
+    // out only while hi waits; hi is deleted, and lo runs.
+    w.s.running.retain(|r| r.id != "outside");
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["top"]);
+    w.carry_out(&plan);
+    let hi = w.s.pending.iter().position(|p| p.id == "hi").unwrap();
+    w.s.pending.remove(hi);
+    w.s.link_preemptors(&w.preemptor_of);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["lo"]);
 }
 
 #[test]

@@ -281,6 +281,7 @@ fn build(
             backend_kinds: p.backend.into_iter().collect(),
             has_image: p.has_image,
             has_command: p.has_command,
+            preempted_for: None,
         });
     }
     s

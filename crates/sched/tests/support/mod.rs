@@ -18,6 +18,9 @@ use berth_sched::snapshot::{
 
 pub struct World {
     pub s: Snapshot,
+    /// A preempted workload's id → the id of the workload it was preempted for (as the
+    /// controllers keep it in the victim's status).
+    pub preemptor_of: std::collections::HashMap<String, String>,
 }
 
 impl World {
@@ -28,7 +31,12 @@ impl World {
             flavors: flavors.iter().map(|f| (*f).to_string()).collect(),
             ..Snapshot::default()
         };
-        Self { s }
+        Self { s, preemptor_of: Default::default() }
+    }
+
+    /// A world starting from `s`.
+    pub fn from(s: Snapshot) -> Self {
+        Self { s, preemptor_of: Default::default() }
     }
 
     fn flavor(&self, name: &str) -> usize {
@@ -134,6 +142,7 @@ impl World {
             backend_kinds: Vec::new(),
             has_image: true,
             has_command: true,
+            preempted_for: None,
         });
         self.s.pending.len() - 1
     }
@@ -155,6 +164,8 @@ impl World {
     pub fn carry_out(&mut self, plan: &Plan) {
         for p in &plan.preemptions {
             self.s.running[p.victim].preempting = true;
+            let by = self.s.pending[p.cause.workload()].id.clone();
+            self.preemptor_of.insert(self.s.running[p.victim].id.clone(), by);
         }
         let mut admitted: Vec<usize> = plan.admissions.iter().map(|a| a.workload).collect();
         for a in &plan.admissions {
@@ -175,8 +186,10 @@ impl World {
         }
         admitted.sort_unstable();
         for w in admitted.into_iter().rev() {
-            self.s.pending.remove(w);
+            let p = self.s.pending.remove(w);
+            self.preemptor_of.remove(&p.id);
         }
+        self.s.link_preemptors(&self.preemptor_of);
         self.s.now += 60;
     }
 
@@ -208,9 +221,11 @@ impl World {
                     backend_kinds: Vec::new(),
                     has_image: true,
                     has_command: true,
+                    preempted_for: None,
                 });
             }
         }
+        self.s.link_preemptors(&self.preemptor_of);
     }
 }
 
