@@ -389,11 +389,11 @@ impl<'a> Cycle<'a> {
                 heap.push(Reverse((self.team_key(t, w), t)));
             }
         }
-        // A workload admitted on a later pass opens the nodes it held, and one that no
-        // longer starves with nodes held gives back its quota and lets its team borrow:
+        // A workload admitted on a later pass opens the nodes it held; one that no longer
+        // starves with nodes held gives back its quota and lets its team borrow; and one
+        // admitted after a workload preempted for it was visited lets that one come back:
         // visit the rest again, in the same order, until nothing changes. (Preemption frees
         // nothing within a plan: victims hold their GPUs until they are gone.)
-        // So does a workload admitted after one that was preempted for it was visited.
         let preemptor_started = |reason: &Option<Reason>, admitted: &[bool]| matches!(reason, Some(Reason::WaitingForPreemptor { workload }) if admitted[*workload]);
         while !self.lowered.is_empty()
             || self.reopened.contains(&true)
