@@ -365,9 +365,12 @@ async fn connection_kills(db: PgPool, replicas: usize, fault: &'static str) {
     assert_eq!(workloads, WORKLOADS as i64, "no workload lost");
     let preempted: i64 =
         sqlx::query_scalar("SELECT count(*) FROM events WHERE reason = 'Preempted'").fetch_one(&db).await.unwrap();
-    let leaders: i64 = sqlx::query_scalar("SELECT epoch FROM controller_leader").fetch_one(&db).await.unwrap();
+    // Seen from outside: each hand-over took the lease with a new epoch.
+    let leaders = wait_for_leader(&berthds[0], Duration::from_secs(30)).await;
+    let epoch = berthds[0].controllers().await["leader"]["epoch"].as_i64().expect("the lease's epoch");
+    assert!(epoch > 5, "the lease changed hands: epoch {epoch}, leader {leaders}");
     println!(
-        "{replicas} replica(s): 10 leader connections killed, lease epoch {leaders}, {jobs} backend jobs, {preempted} preemptions"
+        "{replicas} replica(s): 10 leader connections killed, lease epoch {epoch} (held by {leaders}), {jobs} backend jobs, {preempted} preemptions"
     );
     support::FaultRow { fault, acknowledged: WORKLOADS, ..support::FaultRow::default() }.print();
     drop(berthds);

@@ -12,7 +12,12 @@ use crate::context::OpContext;
 /// Store errors.
 pub async fn controllers_overview(db: &PgPool, opctx: &OpContext) -> Result<ControllersOverview, Error> {
     opctx.access().read_catalogue()?;
-    let leader = store::leader_fetch(db).await?.map(|(holder, since, renewed_at)| Leader { holder, since, renewed_at });
+    let leader = store::leader_fetch(db).await?.map(|(holder, since, renewed_at, epoch)| Leader {
+        holder,
+        since,
+        renewed_at,
+        epoch,
+    });
     let controllers = store::controller_status_list(db)
         .await?
         .into_iter()

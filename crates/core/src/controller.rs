@@ -13,6 +13,9 @@ pub struct Leader {
     pub since: DateTime<Utc>,
     /// The leader renews this every second; an old value means no replica leads.
     pub renewed_at: DateTime<Utc>,
+    /// The lease's fencing token: one more at every change of leader; only writes made
+    /// under the current epoch land.
+    pub epoch: i64,
 }
 
 /// One reconciler's last reported pass.

@@ -92,16 +92,18 @@ pub async fn leader_fence(tx: &mut crate::Tx<'_>, epoch: i64) -> Result<(), Erro
     }
 }
 
-/// The recorded leader: holder, since, last renewal.
+/// The recorded leader: holder, since, last renewal, epoch.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn leader_fetch(db: impl PgExecutor<'_>) -> Result<Option<(String, DateTime<Utc>, DateTime<Utc>)>, Error> {
-    let row = sqlx::query!("SELECT holder, since, renewed_at FROM controller_leader")
+pub async fn leader_fetch(
+    db: impl PgExecutor<'_>,
+) -> Result<Option<(String, DateTime<Utc>, DateTime<Utc>, i64)>, Error> {
+    let row = sqlx::query!("SELECT holder, since, renewed_at, epoch FROM controller_leader")
         .fetch_optional(db)
         .await
         .map_err(db_error)?;
-    Ok(row.map(|r| (r.holder, r.since, r.renewed_at)))
+    Ok(row.map(|r| (r.holder, r.since, r.renewed_at, r.epoch)))
 }
 
 /// Stores the status a controller reported.
