@@ -406,12 +406,23 @@ async fn put_until_acknowledged(
             .await
             .expect("berthd answers during the outage");
         let status = reply.status().as_u16();
-        let retry_after = reply.headers().get("retry-after").is_some();
-        seen.push((status, retry_after));
+        let retry_after =
+            reply.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        seen.push((status, retry_after.is_some()));
         if status != 503 {
             return seen;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // As the server asks.
+        tokio::time::sleep(Duration::from_secs(retry_after.unwrap_or(1))).await;
+    }
+}
+
+/// Waits (a minute at most) until the clients have had `n` workloads acknowledged.
+async fn wait_for_acknowledged(acknowledged: &std::sync::atomic::AtomicUsize, n: usize, when: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acknowledged.load(std::sync::atomic::Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "fewer than {n} workloads acknowledged {when}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -426,9 +437,10 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
     let address = berthd.address.clone();
     let token = berthd.admin_token();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..4)
         .map(|c| {
-            let (address, token, stop) = (address.clone(), token.clone(), stop.clone());
+            let (address, token, stop, acked) = (address.clone(), token.clone(), stop.clone(), acked.clone());
             tokio::spawn(async move {
                 let client = reqwest::Client::new();
                 let body = json!({"spec": {"kind": "training", "resumable": true,
@@ -442,6 +454,7 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
                     let statuses = put_until_acknowledged(&client, &address, &token, &name, &body).await;
                     if statuses.last().is_some_and(|(s, _)| (200..300).contains(s)) {
                         acknowledged.push(name);
+                        acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     seen.extend(statuses);
                     i += 1;
@@ -458,11 +471,12 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
         (status.unwrap_or(0), started.elapsed())
     };
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // A restart: every session is terminated, the server is back at once.
+    // Load first, then a restart: every session is terminated, the server is back at once.
+    wait_for_acknowledged(&acked, 20, "before the restart").await;
     pg.down();
     pg.up();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = acked.load(std::sync::atomic::Ordering::Relaxed);
+    wait_for_acknowledged(&acked, before + 20, "after the restart").await;
     // A 10 s stop: readiness says so within a second, every time it is asked.
     pg.down();
     let stopped = Instant::now();
@@ -481,7 +495,8 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let recovered = stopped.elapsed() - Duration::from_secs(10);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = acked.load(std::sync::atomic::Ordering::Relaxed);
+    wait_for_acknowledged(&acked, before + 20, "after Postgres came back").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut seen = Vec::new();
     let mut acknowledged = Vec::new();
@@ -523,7 +538,7 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
-    // Cluster west stops answering for 6 s while 300 workloads flow: its pending work moves
+    // Cluster west stops answering while 300 workloads flow: its pending work moves
     // to east, its running work is Unknown until it answers again, and work being preempted
     // there stays Preempting (its GPUs held) and ends as the preemption would.
     const WORKLOADS: usize = 300;
@@ -553,10 +568,28 @@ async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
             berth_app::cluster::cluster_apply(&db, &support::actor(), "west", &input, None).await.unwrap();
         }
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // West goes down once work runs there, and comes back once that work went Unknown
+    // (the cluster was seen unreachable and its running work is in doubt).
+    let until = |what: &'static str, sql: &'static str| {
+        let db = db.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while sqlx::query_scalar::<_, i64>(sql).fetch_one(&db).await.unwrap() == 0 {
+                assert!(Instant::now() < deadline, "no {what} within a minute");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    until(
+        "work running on west",
+        "SELECT count(*) FROM workloads WHERE phase = 'Running' AND status -> 'admission' ->> 'cluster' = 'west'",
+    )
+    .await;
     apply(west(true)).await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let down = Instant::now();
+    until("work of west's Unknown", "SELECT count(*) FROM events WHERE reason = 'Unknown'").await;
     apply(west(false)).await;
+    let outage = down.elapsed();
     submitter.await.unwrap();
     support::wait_all_final(&db, Duration::from_secs(300)).await;
 
@@ -571,13 +604,13 @@ async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
             .unwrap();
     let unknown: i64 =
         sqlx::query_scalar("SELECT count(*) FROM events WHERE reason = 'Unknown'").fetch_one(&db).await.unwrap();
-    println!("after a 6 s outage of west: {outcomes:?}; {unknown} went Unknown");
+    println!("after a {outage:?} outage of west: {outcomes:?}; {unknown} went Unknown");
     assert!(
         outcomes.iter().all(|(reason, _)| reason != "CancelledOnBackend"),
         "Berth's own cancels read as cancelled outside Berth: {outcomes:?}"
     );
     support::FaultRow {
-        fault: "cluster west unreachable for 6 s",
+        fault: "cluster west unreachable until its running work went Unknown",
         acknowledged: WORKLOADS,
         ..support::FaultRow::default()
     }

@@ -359,6 +359,7 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
     let flavors = s.flavors.len();
     let Known { ancestors, impossible, share, pausing, .. } = known;
     let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    let admitted: BTreeSet<PendingIx> = plan.admissions.iter().map(|a| a.workload).collect();
     let mut out = Vec::new();
     for waiting in &plan.waiting {
         let w = waiting.workload;
@@ -422,7 +423,7 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
             Reason::PlacementMatchesNoCluster => possible.iter().all(|&f| allowed(f).next().is_none()),
             Reason::Unschedulable { why } => possible.is_empty() && why == &impossible[w],
             Reason::WaitingForPreemptor { workload } => {
-                p.preempted_for == Some(*workload) && !plan.admissions.iter().any(|a| a.workload == *workload)
+                p.preempted_for == Some(*workload) && !admitted.contains(workload)
             }
             Reason::WaitingForReclaim { cluster, flavor, victims } => {
                 possible.contains(flavor)

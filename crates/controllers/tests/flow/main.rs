@@ -408,11 +408,26 @@ async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_fligh
     let in_flight = old.begin().await.expect("the leader writes");
 
     let mut new_conn = options.connect().await.unwrap();
+    let taker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut new_conn).await.unwrap();
     let taking = tokio::spawn(async move {
         let epoch = leader_take(&mut new_conn, "new", chrono::Utc::now()).await.unwrap();
         (epoch, new_conn)
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The taker's session is seen waiting for the lease row's lock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: Option<String> = sqlx::query_scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1")
+            .bind(taker)
+            .fetch_one(&p.ctx.db)
+            .await
+            .unwrap();
+        if waiting.as_deref() == Some("Lock") {
+            break;
+        }
+        assert!(!taking.is_finished(), "the lease was taken while a write of the old epoch was in flight");
+        assert!(std::time::Instant::now() < deadline, "the taker never waited for the lock: {waiting:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(!taking.is_finished(), "the lease is not taken while a write of the old epoch is in flight");
     berth_store::commit(in_flight).await.expect("the write in flight lands");
     let (new_epoch, _new_conn) = taking.await.unwrap();
