@@ -43,18 +43,20 @@ proptest! {
     }
 }
 
-/// A closed system (no arrivals, no completions) starting from `s`, over 16 cycles a
-/// minute apart: plans are carried out, preempted work stops `grace` cycles later (it runs
+/// A closed system (no arrivals, no completions) starting from `s`, over 16 × (grace + 1)
+/// cycles a minute apart: plans are carried out, preempted work stops `grace` cycles later (it runs
 /// out its grace period meanwhile) and is requeued. Every cycle's plan holds the
 /// invariants, no two workloads preempt each other, and preemption dies out (none in the
-/// last 4 cycles). A workload that would start to starve during those 16 minutes
+/// last 4 cycles). A workload that would start to starve during those minutes
 /// starves from the start: that is an event from outside, like an arrival. A failure comes
 /// with each cycle's preemptions, admissions and reasons.
 fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
-    const CYCLES: i64 = 16;
+    // Victims stop `grace` cycles late, so each preemption takes that much longer to play
+    // out: the window grows with it.
+    let cycles = 16 * (grace + 1);
     for p in &mut s.pending {
         let waited = s.now - p.submitted_at;
-        if waited < s.starvation_after_seconds && waited + CYCLES * 60 >= s.starvation_after_seconds {
+        if waited < s.starvation_after_seconds && waited + cycles * 60 >= s.starvation_after_seconds {
             p.submitted_at = s.now - s.starvation_after_seconds;
         }
     }
@@ -63,7 +65,7 @@ fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
     let mut quiet = 0;
     let mut preempted_in: BTreeMap<String, i64> = BTreeMap::new();
     let mut log = String::new();
-    for cycle in 0..CYCLES {
+    for cycle in 0..cycles {
         let plan = schedule(&w.s).unwrap();
         log += &trace(&w, &plan, cycle);
         let wrong = violations(&w.s, &plan);
@@ -82,7 +84,7 @@ fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
         w.carry_out(&plan);
         w.finish_stopping_where(|r| preempted_in.get(&r.id).is_none_or(|&at| cycle - at >= grace), true);
     }
-    prop_assert!(quiet >= 4, "still preempting after 12 cycles\n{log}");
+    prop_assert!(quiet >= 4, "still preempting after {} cycles\n{log}", cycles - 4);
     Ok(())
 }
 
