@@ -28,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_all_workloads))
         .routes(routes!(list_team_workloads, create_workloads))
         .routes(routes!(get_workload, put_workload, delete_workload))
+        .routes(routes!(get_workload_logs))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
 }
@@ -187,6 +188,33 @@ async fn get_workload(
 ) -> Result<Response, ApiError> {
     let workload = app::workload_get(&s.db, &opctx, &team, &name).await?;
     Ok(object(StatusCode::OK, &workload.metadata, &workload))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogsParams {
+    /// Only the last this many lines.
+    pub tail: Option<u32>,
+}
+
+/// What the workload's job printed (its current attempt), as plain text: all of it up to
+/// its last MiB, or its last `tail` lines. A Slurm job's output is read from its output
+/// file where berthd can read it (a filesystem shared with the cluster); where it cannot,
+/// or before the workload has a job, the answer is 409 saying why and where the output is.
+#[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}/logs", tag = "workloads",
+    params(("team" = String, Path, description = "Team name"), ("name" = String, Path, description = "Workload name"), LogsParams),
+    responses(
+        (status = 200, description = "The output", body = String, content_type = "text/plain; charset=utf-8"),
+        (status = 409, description = "No output Berth can read: the problem says why and where it is", body = crate::problem::Problem, content_type = "application/problem+json")))]
+async fn get_workload_logs(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<LogsParams>,
+) -> Result<Response, ApiError> {
+    let text = berth_app::logs::workload_logs(&s.db, &opctx, &team, &name, q.tail).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
 
 /// Submit or replace a workload. A new workload starts in phase `Pending`.

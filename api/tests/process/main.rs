@@ -618,3 +618,102 @@ async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
     drop(berthd);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_new_user_runs_a_two_gpu_job_on_slurm_of_every_release_and_reads_its_output_through_the_api(db: PgPool) {
+    use reqwest::Method;
+    // The dev clusters of the three releases: Debian bookworm's 22.05, 24.11 and 26.05.
+    let releases = [("s2205", "22.05", "v0.0.38"), ("s2411", "24.11", "v0.0.42"), ("alpha", "26.05", "v0.0.45")];
+    let devs: Vec<DevCluster> = releases.iter().map(|(name, ..)| DevCluster::get(name)).collect();
+    let secrets: Vec<(String, String)> =
+        devs.iter().map(|d| (format!("BERTH_CREDENTIAL_{}", d.name.to_uppercase()), d.token.clone())).collect();
+    let env: Vec<(&str, &str)> = secrets.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let dir = std::env::temp_dir().join(format!("berth-releases-{}", uuid::Uuid::now_v7()));
+    let b = Berthd::start_with(&support::database_url(&db), "releases", &dir, &env);
+    let created = |(status, body): (u16, Value)| assert!(status == 201, "{status}: {body}");
+
+    let mut quotas = Vec::new();
+    for (dev, (name, release, api)) in devs.iter().zip(releases) {
+        let flavor = format!("slurm-{}", release.replace('.', ""));
+        created(b.call(Method::PUT, &format!("/api/v1/flavors/{flavor}"), Some(&json!({"spec": {}}))).await);
+        let body = dev.apply_body(&flavor, &format!("BERTH_CREDENTIAL_{}", name.to_uppercase()));
+        created(b.call(Method::PUT, &format!("/api/v1/clusters/{name}"), Some(&body)).await);
+        quotas.push(json!({"flavor": flavor, "guaranteed": 2}));
+        // The cluster's status says which API Berth found.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, c) = b.call(Method::GET, &format!("/api/v1/clusters/{name}"), None).await;
+            let found = c["status"]["api"].as_str().unwrap_or_default().to_owned();
+            if c["status"]["health"] == "Healthy" && !found.is_empty() {
+                assert!(found.starts_with(&format!("slurmrestd {api}, Slurm {release}.")), "{name}: {found}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name} is not healthy: {}", c["status"]);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    created(b.call(Method::PUT, "/api/v1/teams/research", Some(&json!({"spec": {"quotas": quotas}}))).await);
+
+    let script = "#!/bin/bash\necho \"hello from $BERTH_WORKLOAD with GPUs $CUDA_VISIBLE_DEVICES\"\necho done\n";
+    for (_, release, _) in releases {
+        let flavor = format!("slurm-{}", release.replace('.', ""));
+        let name = format!("hello-{}", release.replace('.', ""));
+        let workload = json!({"spec": {"kind": "batch", "run": {"script": script},
+            "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 2}}}});
+        created(b.call(Method::PUT, &format!("/api/v1/teams/research/workloads/{name}"), Some(&workload)).await);
+    }
+    for (name, release, _) in releases {
+        let workload = format!("hello-{}", release.replace('.', ""));
+        let done = b.wait_for_phase("research", &workload, "Succeeded").await;
+        assert_eq!(done["status"]["backend_ref"]["cluster"], name, "{done}");
+        let path = format!("/api/v1/teams/research/workloads/{workload}/logs");
+        let reply = reqwest::Client::new()
+            .get(format!("http://{}{path}", b.address))
+            .bearer_auth(b.admin_token())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        assert!(reply.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+        assert_eq!(reply.text().await.unwrap(), format!("hello from {workload} with GPUs 0,1\ndone\n"), "{name}");
+        let tail = reqwest::Client::new()
+            .get(format!("http://{}{path}?tail=1", b.address))
+            .bearer_auth(b.admin_token())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(tail.text().await.unwrap(), "done\n");
+    }
+
+    // A cluster pinned to a version its slurmrestd does not serve is unreachable at once,
+    // and says what it offers.
+    let mut pinned = devs[0].apply_body("slurm-2205", "BERTH_CREDENTIAL_S2205");
+    pinned["spec"]["slurm"]["api_version"] = json!("v0.0.45");
+    created(b.call(Method::PUT, "/api/v1/clusters/pinned", Some(&pinned)).await);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let (_, c) = b.call(Method::GET, "/api/v1/clusters/pinned", None).await;
+        if c["status"]["health"] == "Unreachable" {
+            break c["status"].clone();
+        }
+        assert!(Instant::now() < deadline, "pinned: {}", c["status"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let message = status["message"].as_str().unwrap();
+    assert!(message.contains("it offers v0.0.38") && message.contains("pins v0.0.45"), "{message}");
+    assert_eq!(b.call(Method::DELETE, "/api/v1/clusters/pinned", None).await.0, 200);
+
+    // A hostile job swaps its output file for a link to a file of berthd's machine: Berth
+    // does not follow it, and says where the output was.
+    let sneaky = json!({"spec": {"kind": "batch",
+        "run": {"script": "#!/bin/bash\nrm -f slurm-$SLURM_JOB_ID.out\nln -s /etc/hostname slurm-$SLURM_JOB_ID.out\n"},
+        "tasks": {"count": 1, "resources": {"flavors": ["slurm-2605"], "gpus": 1}}}});
+    created(b.call(Method::PUT, "/api/v1/teams/research/workloads/sneaky", Some(&sneaky)).await);
+    b.wait_for_phase("research", "sneaky", "Succeeded").await;
+    let (status, problem) = b.call(Method::GET, "/api/v1/teams/research/workloads/sneaky/logs", None).await;
+    assert_eq!(status, 409, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("symbolic link") && detail.contains(&devs[2].work_dir), "{detail}");
+    b.kill();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -100,6 +100,10 @@ pub struct JobStatus {
     pub finished_at: Option<DateTime<Utc>>,
     /// A cancel was requested and the grace period is running.
     pub cancelling: bool,
+    /// Where the job writes its output on the cluster (Slurm: its standard output file),
+    /// when the backend knows.
+    #[serde(default)]
+    pub output: Option<String>,
 }
 
 /// The nodes of a cluster, as the backend reports them.
@@ -154,6 +158,12 @@ pub enum BackendError {
 #[async_trait]
 pub trait ClusterBackend: Send + Sync {
     fn kind(&self) -> ClusterKind;
+
+    /// The API the backend speaks with its cluster, once known ("slurmrestd v0.0.45,
+    /// Slurm 26.05.5"), for the cluster's status.
+    fn api_in_use(&self) -> Option<String> {
+        None
+    }
 
     /// Whether the backend answers at all.
     async fn health(&self) -> Result<(), BackendError>;

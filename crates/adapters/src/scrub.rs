@@ -69,6 +69,10 @@ impl ClusterBackend for Scrubbed {
         self.inner.kind()
     }
 
+    fn api_in_use(&self) -> Option<String> {
+        self.inner.api_in_use()
+    }
+
     async fn health(&self) -> Result<(), BackendError> {
         self.inner.health().await.map_err(|e| self.clean(e))
     }

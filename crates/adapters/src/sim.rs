@@ -454,6 +454,7 @@ impl State {
             started_at: job.started_ms.map(time),
             finished_at: job.finished_ms.map(time),
             cancelling: job.cancel_deadline_ms.is_some() && !job.state.is_final(),
+            output: None,
         }
     }
 }

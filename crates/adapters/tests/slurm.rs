@@ -1,8 +1,31 @@
-//! The Slurm adapter against a real Slurm (`scripts/slurm-dev` cluster alpha: slurmctld,
-//! two slurmd with fake GPUs, slurmrestd with JWT auth). They fail when the cluster is not
-//! running; scripts/test starts it.
+//! The Slurm adapter's conformance suite, against real Slurm of every release Berth
+//! supports (`scripts/slurm-dev` clusters: slurmctld, two slurmd with placeholder GPUs,
+//! slurmrestd with JWT auth): s2205 (Debian bookworm's 22.05), s2411 (24.11, a trixie
+//! chroot) and alpha (26.05, a forky chroot). Every test runs once per release; they fail
+//! when a cluster is not running, and scripts/test starts them.
 
 mod common;
+
+/// Each test below, once per release: `slurm_22_05::name`, `slurm_24_11::name`,
+/// `slurm_26_05::name`.
+macro_rules! on_every_release {
+    ($($test:ident),* $(,)?) => {
+        mod slurm_22_05 { $( #[tokio::test] async fn $test() { super::$test("s2205").await } )* }
+        mod slurm_24_11 { $( #[tokio::test] async fn $test() { super::$test("s2411").await } )* }
+        mod slurm_26_05 { $( #[tokio::test] async fn $test() { super::$test("alpha").await } )* }
+    };
+}
+
+on_every_release!(
+    the_inventory_matches_sinfo_and_the_newest_api_is_found,
+    a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_reports_its_exit_code,
+    cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period,
+    a_two_node_gang_runs_on_both_nodes,
+    refusals_and_outages_are_told_apart,
+    gpus_held_by_jobs_berth_did_not_start_are_reported,
+    jobs_are_listed_by_a_new_backend_and_across_a_slurmctld_restart,
+    a_pinned_version_is_spoken_or_the_versions_on_offer_are_named,
+);
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -47,10 +70,13 @@ async fn wait_for(b: &SlurmCluster, key: JobKey, what: &str, done: impl Fn(&JobS
     .await
 }
 
-#[tokio::test]
-async fn the_inventory_matches_sinfo() {
-    let dev = DevCluster::get("alpha");
-    let inventory = backend(&dev, &dev.token).inventory().await.unwrap();
+async fn the_inventory_matches_sinfo_and_the_newest_api_is_found(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let b = backend(&dev, &dev.token);
+    assert_eq!(b.api_in_use(), None, "nothing asked yet");
+    let inventory = b.inventory().await.unwrap();
+    let api = b.api_in_use().unwrap();
+    assert!(api.starts_with(&format!("slurmrestd {}, Slurm {}.", dev.api, dev.release)), "{api}");
     // One line per node: name, GRES, CPUs, memory, state.
     let sinfo = dev.output("sinfo", &["-N", "-h", "-o", "%N %G %c %m %t"]);
     let mut lines: Vec<&str> = sinfo.lines().collect();
@@ -72,11 +98,10 @@ async fn the_inventory_matches_sinfo() {
     }
 }
 
-#[tokio::test]
-async fn a_job_runs_to_completed_with_its_gpus_and_a_failing_script_reports_its_exit_code() {
-    let dev = DevCluster::get("alpha");
+async fn a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_reports_its_exit_code(cluster: &str) {
+    let dev = DevCluster::get(cluster);
     let b = backend(&dev, &dev.token);
-    let ok = job(1, 2, &["x"], "#!/bin/bash\nsleep 2\n");
+    let ok = job(1, 2, &["x"], "#!/bin/bash\necho \"hello from $BERTH_WORKLOAD on $CUDA_VISIBLE_DEVICES\"\nsleep 2\n");
     let failing = job(1, 1, &["x"], "#!/bin/bash\nexit 3\n");
     b.jobs_recent().await.unwrap();
     let submitted = b.submit(&ok).await.unwrap();
@@ -94,6 +119,11 @@ async fn a_job_runs_to_completed_with_its_gpus_and_a_failing_script_reports_its_
     let done = wait_for(&b, ok.key, "final", |j| j.state.is_final()).await;
     assert_eq!((done.state, done.exit_code), (JobState::Succeeded, Some(0)));
     assert!(done.finished_at.is_some());
+    // Its output, where the submit said it would be, in the cluster's working directory.
+    let output = done.output.clone().expect("where the output is");
+    assert_eq!(Some(&output), submitted.output.as_ref());
+    assert_eq!(output, format!("{}/slurm-{}.out", dev.work_dir, submitted.job_id));
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "hello from test on 0,1\n");
     let failed = wait_for(&b, failing.key, "final", |j| j.state.is_final()).await;
     assert_eq!((failed.state, failed.exit_code), (JobState::Failed, Some(3)), "{failed:?}");
     assert!(failed.reason.as_deref().unwrap_or_default().starts_with("FAILED"), "{failed:?}");
@@ -101,9 +131,8 @@ async fn a_job_runs_to_completed_with_its_gpus_and_a_failing_script_reports_its_
     assert!(listed.iter().any(|j| j.key == ok.key) && listed.iter().any(|j| j.key == failing.key));
 }
 
-#[tokio::test]
-async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period() {
-    let dev = DevCluster::get("alpha");
+async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(cluster: &str) {
+    let dev = DevCluster::get(cluster);
     let b = backend(&dev, &dev.token);
     let marker = std::env::temp_dir().join(format!("berth-sigterm-{}", Uuid::now_v7()));
     let script = format!(
@@ -138,15 +167,18 @@ async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(
     assert!(after + Duration::from_secs(1) >= grace, "ended {after:?} after SIGTERM, before the grace period");
     assert_eq!(done.state, JobState::Cancelled, "{done:?}");
     assert!(!done.cancelling);
+    // Final for Berth only once Slurm is done with it too (not still COMPLETING, with its
+    // GPUs held while its processes are killed).
+    let shown = dev.output("scontrol", &["show", "job", &done.job_id]);
+    assert!(shown.contains("JobState=CANCELLED"), "{shown}");
     // A cancel of a finished job, or of a key Slurm never saw, does nothing.
     b.cancel(j.key, grace).await.unwrap();
     b.cancel(JobKey { workload: Uuid::now_v7(), attempt: 0 }, grace).await.unwrap();
     std::fs::remove_file(marker).unwrap();
 }
 
-#[tokio::test]
-async fn a_two_node_gang_runs_on_both_nodes() {
-    let dev = DevCluster::get("alpha");
+async fn a_two_node_gang_runs_on_both_nodes(cluster: &str) {
+    let dev = DevCluster::get(cluster);
     let b = backend(&dev, &dev.token);
     let gpus = dev.gpus_per_node;
     let nodes: Vec<&str> = dev.nodes.iter().map(String::as_str).collect();
@@ -158,9 +190,8 @@ async fn a_two_node_gang_runs_on_both_nodes() {
     assert!(shown.contains("NumNodes=2"), "{shown}");
 }
 
-#[tokio::test]
-async fn refusals_and_outages_are_told_apart() {
-    let dev = DevCluster::get("alpha");
+async fn refusals_and_outages_are_told_apart(cluster: &str) {
+    let dev = DevCluster::get(cluster);
     let b = backend(&dev, &dev.token);
     // More GPUs per task than a node has: Slurm refuses the job.
     let Err(BackendError::Rejected(why)) =
@@ -180,9 +211,8 @@ async fn refusals_and_outages_are_told_apart() {
     assert!(matches!(down.health().await, Err(BackendError::Unreachable(_))));
 }
 
-#[tokio::test]
-async fn gpus_held_by_jobs_berth_did_not_start_are_reported() {
-    let dev = DevCluster::get("alpha");
+async fn gpus_held_by_jobs_berth_did_not_start_are_reported(cluster: &str) {
+    let dev = DevCluster::get(cluster);
     let b = backend(&dev, &dev.token);
     let name = format!("outside-{}", Uuid::now_v7());
     let gres = format!("--gpus-per-node={}:1", dev.gpu_type);
@@ -216,4 +246,62 @@ async fn gpus_held_by_jobs_berth_did_not_start_are_reported() {
     .await;
     assert!(!b.jobs().await.unwrap().iter().any(|j| j.job_id == id), "only Berth's jobs are listed");
     dev.output("scancel", &[&id]);
+}
+
+async fn jobs_are_listed_by_a_new_backend_and_across_a_slurmctld_restart(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let first = backend(&dev, &dev.token);
+    let long = job(1, 1, &["x"], "#!/bin/bash\nsleep 300\n");
+    let submitted = first.submit(&long).await.unwrap();
+    wait_for(&first, long.key, "running", |j| j.state == JobState::Running).await;
+    // A new process (berthd restarted) knows nothing of the job, and finds it.
+    let second = backend(&dev, &dev.token);
+    let listed = second.jobs().await.unwrap();
+    let found = listed.iter().find(|j| j.key == long.key).expect("listed by a new backend");
+    assert_eq!((found.job_id.as_str(), found.state), (submitted.job_id.as_str(), JobState::Running));
+    assert_eq!(second.job(long.key).await.unwrap().unwrap().job_id, submitted.job_id);
+
+    dev.control("stop-ctld");
+    let down = second.jobs().await;
+    let Err(BackendError::Unreachable(why)) = &down else { panic!("slurmctld is down: {down:?}") };
+    assert!(!why.contains(&dev.token), "{why}");
+    dev.control("start-ctld");
+    // The job survived; a third backend lists it, running, and cancels it.
+    let third = backend(&dev, &dev.token);
+    let after = eventually("slurmrestd answers again", Duration::from_secs(60), || async {
+        third.jobs().await.ok()?.into_iter().find(|j| j.key == long.key)
+    })
+    .await;
+    assert_eq!((after.job_id, after.state), (submitted.job_id, JobState::Running));
+    third.cancel(long.key, Duration::ZERO).await.unwrap();
+    let done = wait_for(&third, long.key, "final", |j| j.state.is_final()).await;
+    assert_eq!(done.state, JobState::Cancelled, "{done:?}");
+}
+
+async fn a_pinned_version_is_spoken_or_the_versions_on_offer_are_named(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let pinned = |version: &str| {
+        let mut body = dev.apply_body("h100", "T");
+        body["spec"]["slurm"]["api_version"] = version.into();
+        let spec: ClusterSpec = serde_json::from_value(body["spec"].clone()).unwrap();
+        SlurmCluster::new(&spec, dev.token.clone()).unwrap()
+    };
+    // The oldest version each release still serves works as well as the newest.
+    let oldest = match dev.release.as_str() {
+        "22.05" => "v0.0.38",
+        "24.11" => "v0.0.40",
+        _ => "v0.0.42",
+    };
+    let old = pinned(oldest);
+    let j = job(1, 1, &["x"], "#!/bin/bash\nexit 4\n");
+    old.submit(&j).await.unwrap();
+    let done = wait_for(&old, j.key, "final", |s| s.state.is_final()).await;
+    assert_eq!((done.state, done.exit_code), (JobState::Failed, Some(4)), "{done:?}");
+    assert!(old.api_in_use().unwrap().starts_with(&format!("slurmrestd {oldest},")));
+    // A version the release does not serve: Berth says what it offers.
+    let absent = if dev.release == "22.05" { "v0.0.45" } else { "v0.0.38" };
+    let Err(BackendError::Unsupported(why)) = pinned(absent).inventory().await else {
+        panic!("{absent} is not served")
+    };
+    assert!(why.contains(&format!("pins {absent}")) && why.contains(&dev.api), "{why}");
 }

@@ -14,6 +14,7 @@ pub mod feasibility;
 pub mod flavor;
 pub mod history;
 pub mod identity;
+pub mod logs;
 pub mod team;
 pub mod workload;
 

@@ -1,7 +1,7 @@
 //! Benchmark: N jobs into a real Slurm (`scripts/slurm-dev` cluster `bench`), through
 //! Berth and, in the same run, straight to slurmrestd, and the ratio of the throughputs.
 //!
-//! - Direct: N `POST /slurm/v0.0.38/job/submit` from 4 keep-alive connections at once
+//! - Direct: N `POST /slurm/{newest API}/job/submit` from 4 keep-alive connections at once
 //!   (the fastest way we found; one request at a time is ~30 % slower), with a body like
 //!   Berth's.
 //! - Through Berth, submitted live one at a time: N workloads submitted by 8 concurrent
@@ -148,6 +148,9 @@ async fn run(n: usize, rounds: usize, job: Job, modes: &[Mode]) -> Result<(), Bo
         let mut cpu = [[0.0; 6]; MODES.len()];
         for &mode in &order {
             let dev = fresh_cluster(job).await?;
+            if round == 0 && mode == order[0] {
+                println!("Slurm {} (slurmrestd {})", dev.release, dev.api);
+            }
             (took[mode as usize], cpu[mode as usize]) = match mode {
                 Mode::Direct => {
                     let before = cpu_seconds();
@@ -282,15 +285,26 @@ async fn direct(dev: &DevCluster, n: usize, job: Job) -> Result<Duration, Box<dy
     for c in 0..DIRECT_CLIENTS {
         let (http, url, user, token, partition, script) =
             (http.clone(), dev.url.clone(), dev.user.clone(), dev.token.clone(), dev.partition.clone(), script.clone());
+        let api = dev.api.clone();
         clients.spawn(async move {
             for i in (c..n).step_by(DIRECT_CLIENTS) {
-                let body = json!({"script": script, "job": {
-                    "name": format!("direct-{i}"), "comment": "bench direct", "partition": partition,
-                    "nodes": 1, "tasks": 1, "current_working_directory": "/tmp",
-                    "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
-                }});
+                let name = format!("direct-{i}");
+                let body = if api == "v0.0.38" {
+                    json!({"script": script, "job": {
+                        "name": name, "comment": "bench direct", "partition": partition,
+                        "nodes": 1, "tasks": 1, "current_working_directory": "/tmp",
+                        "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+                    }})
+                } else {
+                    // v0.0.40 on: the script in the job, the environment a list.
+                    json!({"job": {
+                        "script": script, "name": name, "comment": "bench direct", "partition": partition,
+                        "nodes": "1", "tasks": 1, "current_working_directory": "/tmp",
+                        "environment": ["PATH=/usr/local/bin:/usr/bin:/bin"],
+                    }})
+                };
                 let answer = http
-                    .post(format!("{url}/slurm/v0.0.38/job/submit"))
+                    .post(format!("{url}/slurm/{api}/job/submit"))
                     .header("X-SLURM-USER-NAME", &user)
                     .header("X-SLURM-USER-TOKEN", &token)
                     .json(&body)

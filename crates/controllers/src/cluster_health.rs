@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use berth_adapters::Inventory;
+use berth_adapters::{BackendError, Inventory};
 use berth_core::cluster::{ClusterHealth, ClusterStatus, InventoryEntry};
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_core::{ClusterId, Error};
@@ -51,9 +51,9 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
     let mut unreachable = Vec::new();
     for cluster in &clusters {
         let uid = ClusterId(cluster.metadata.uid);
-        let refreshed = match ctx.backends.backend(cluster) {
-            Ok(b) => b.inventory().await,
-            Err(e) => Err(e),
+        let (refreshed, api) = match ctx.backends.backend(cluster) {
+            Ok(b) => (b.inventory().await, b.api_in_use()),
+            Err(e) => (Err(e), None),
         };
         let now = Utc::now();
         let next = match refreshed {
@@ -70,6 +70,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
                     last_sync: Some(now),
                     consecutive_failures: 0,
                     message: None,
+                    api,
                     inventory: per_flavor(&inventory),
                 }
             }
@@ -77,7 +78,13 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
                 // Counted up to the threshold only, so an unreachable cluster's status
                 // stays the same from one pass to the next.
                 let threshold = ctx.config.unreachable_after_failures;
-                let failures = cluster.status.consecutive_failures.saturating_add(1).min(threshold);
+                // A backend Berth cannot drive (no API version in common) will not get
+                // better by asking again: it is unreachable at once.
+                let failures = if matches!(e, BackendError::Unsupported(_)) {
+                    threshold
+                } else {
+                    cluster.status.consecutive_failures.saturating_add(1).min(threshold)
+                };
                 let health = if failures >= threshold { ClusterHealth::Unreachable } else { ClusterHealth::Degraded };
                 if health != cluster.status.health {
                     tracing::warn!(cluster = %cluster.metadata.name, ?health, error = %e, "cluster refresh failed");

@@ -219,7 +219,11 @@ fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
     let running = job.state == JobState::Running;
     WorkloadStatus {
         phase: if running { Phase::Running } else { Phase::Dispatched },
-        backend_ref: Some(BackendRef { cluster: cluster.to_owned(), job_id: job.job_id.clone() }),
+        backend_ref: Some(BackendRef {
+            cluster: cluster.to_owned(),
+            job_id: job.job_id.clone(),
+            output: job.output.clone(),
+        }),
         started_at: job.started_at,
         message: Some(format!("dispatched to {cluster} as job {}", job.job_id)),
         ..w.status.clone()

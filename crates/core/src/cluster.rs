@@ -193,9 +193,12 @@ pub struct SlurmSpec {
     /// user's.
     #[schema(example = "berth")]
     pub user: String,
-    /// The slurmrestd API version to speak.
+    /// The slurmrestd API version to speak: `auto` (the default) uses the newest the
+    /// cluster's slurmrestd offers (v0.0.38 on Slurm 22.05 … v0.0.45 on 26.05), found
+    /// again after a Slurm upgrade; a version pins it. The cluster's `status.api` says
+    /// which is in use.
     #[serde(default = "default_slurm_api")]
-    #[schema(example = "v0.0.38")]
+    #[schema(example = "auto")]
     pub api_version: String,
     /// The partitions Berth submits to, each with the flavor of its GPUs; one partition per
     /// flavor. Nodes in no listed partition are not Berth's to use.
@@ -222,11 +225,16 @@ pub struct SlurmPartition {
     pub gpu_type: Option<String>,
 }
 
-/// The slurmrestd API versions Berth speaks.
-pub const SLURM_API_VERSIONS: [&str; 1] = ["v0.0.38"];
+/// `spec.slurm.api_version` that lets Berth choose.
+pub const SLURM_API_AUTO: &str = "auto";
+
+/// What `spec.slurm.api_version` accepts: `auto` and the slurmrestd API versions Berth
+/// speaks (the Slurm adapter's test checks that they agree).
+pub const SLURM_API_VERSIONS: [&str; 8] =
+    [SLURM_API_AUTO, "v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38"];
 
 fn default_slurm_api() -> String {
-    SLURM_API_VERSIONS[0].into()
+    SLURM_API_AUTO.into()
 }
 
 fn default_slurm_directory() -> String {
@@ -353,6 +361,10 @@ pub struct ClusterStatus {
     /// Why the cluster is not healthy (the backend's error), if it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The API Berth speaks with the cluster, as last found (`slurmrestd v0.0.45, Slurm
+    /// 26.05.5`); absent for backends with one API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
     /// GPUs per flavor, as last observed.
     #[serde(default)]
     pub inventory: Vec<InventoryEntry>,

@@ -294,6 +294,10 @@ pub struct TaskPlacement {
 pub struct BackendRef {
     pub cluster: String,
     pub job_id: String,
+    /// Where the job writes its output on the cluster (a Slurm job's standard output
+    /// file), when its backend keeps one; `GET …/logs` reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// Why a workload is still pending, as the scheduler explains it.

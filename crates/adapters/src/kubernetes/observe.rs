@@ -157,6 +157,7 @@ fn blank(key: JobKey, meta: &ObjectMeta) -> JobStatus {
         started_at: None,
         finished_at: None,
         cancelling: meta.deletion_timestamp.is_some(),
+        output: None,
     }
 }
 

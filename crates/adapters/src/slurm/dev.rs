@@ -23,6 +23,14 @@ pub struct DevCluster {
     pub nodes: Vec<String>,
     /// The cluster's `slurm.conf`, for `squeue`, `sinfo`, `scontrol`.
     pub slurm_conf: String,
+    /// The Slurm release it runs (`22.05`, `24.11`, `26.05`).
+    pub release: String,
+    /// The newest slurmrestd API version that release has.
+    pub api: String,
+    /// Where its jobs start (`working_directory`), readable here.
+    pub work_dir: String,
+    /// The chroot its Slurm runs in (empty: the machine's own Slurm).
+    pub chroot: String,
 }
 
 impl DevCluster {
@@ -53,6 +61,10 @@ impl DevCluster {
             gpus_per_node: var("BERTH_SLURM_GPUS_PER_NODE").parse().expect("a number"),
             nodes: var("BERTH_SLURM_NODES").split(',').map(str::to_owned).collect(),
             slurm_conf: var("SLURM_CONF"),
+            release: var("BERTH_SLURM_RELEASE"),
+            api: var("BERTH_SLURM_API"),
+            work_dir: var("BERTH_SLURM_WORKDIR"),
+            chroot: var("SLURM_CHROOT"),
         }
     }
 
@@ -61,13 +73,21 @@ impl DevCluster {
     pub fn apply_body(&self, flavor: &str, credentials_ref: &str) -> Value {
         json!({"spec": {
             "kind": "slurm", "endpoint": self.url, "credentials_ref": credentials_ref,
-            "slurm": {"user": self.user, "partitions": [{"name": self.partition, "flavor": flavor, "gpu_type": self.gpu_type}]},
+            "slurm": {"user": self.user, "working_directory": self.work_dir,
+                      "partitions": [{"name": self.partition, "flavor": flavor, "gpu_type": self.gpu_type}]},
         }})
     }
 
-    /// A Slurm command (`squeue`, `sinfo`, `scontrol`) aimed at this cluster.
+    /// A Slurm command (`squeue`, `sinfo`, `scontrol`) of the cluster's release, aimed at
+    /// it.
     pub fn command(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
+        let mut c = if self.chroot.is_empty() {
+            Command::new(program)
+        } else {
+            let mut c = Command::new("chroot");
+            c.args([&self.chroot, program]);
+            c
+        };
         c.env("SLURM_CONF", &self.slurm_conf);
         c
     }

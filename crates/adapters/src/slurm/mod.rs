@@ -17,10 +17,20 @@
 //!   refused credentials are [`BackendError::Unreachable`] (the cluster turns Degraded, then
 //!   Unreachable). The token is never logged or put in an error.
 //!
-//! Everything specific to one slurmrestd API version lives in its module ([`v0_0_38`]).
+//! - API versions: slurmrestd serves one or more data-parser versions (`v0.0.38` on Slurm
+//!   22.05, `v0.0.40`–`v0.0.42` on 24.11, `v0.0.42`–`v0.0.45` on 26.05). The backend
+//!   uses the newest of [`DIALECTS`] the cluster offers (or the one `spec.slurm.api_version`
+//!   pins), found by asking each for `ping`, newest first; a 404 from a known path later
+//!   (Slurm upgraded under Berth) makes it look again. A cluster that offers none of them
+//!   is [`BackendError::Unsupported`], with what it offers and what Berth speaks.
+//!
+//! Everything specific to one slurmrestd API version lives in its module ([`v0_0_38`],
+//! [`v0_0_40`], [`v0_0_41`]), behind [`wire::Dialect`].
 
 pub mod dev;
 mod v0_0_38;
+mod v0_0_40;
+mod v0_0_41;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,8 +44,10 @@ use chrono::{DateTime, Utc};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use self::v0_0_38 as api;
-use self::wire::{ApiError, Job, Submission, describe};
+use self::v0_0_38::V0038;
+use self::v0_0_40::V0040;
+use self::v0_0_41::V0041;
+use self::wire::{ApiError, Dialect, Gpus, Job, Submission, describe, errors};
 use crate::backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
 
 /// How long one call to slurmrestd may take (slurmrestd answers after about 9 s when
@@ -45,11 +57,28 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The mark a cancel leaves in the job's comment.
 const CANCEL_BY: &str = "cancel-by=";
 
+/// Every slurmrestd API version Berth speaks, newest first. Adding a version is one line
+/// here (and a module when its JSON differs from the one before).
+pub static DIALECTS: [&dyn Dialect; 7] =
+    [&V0041("v0.0.45"), &V0041("v0.0.44"), &V0041("v0.0.43"), &V0041("v0.0.42"), &V0041("v0.0.41"), &V0040, &V0038];
+
+/// The API a cluster speaks, as found.
+#[derive(Clone, Copy)]
+struct Api {
+    dialect: &'static dyn Dialect,
+}
+
 /// A Slurm cluster behind slurmrestd.
 pub struct SlurmCluster {
     endpoint: String,
     user: String,
     token: Token,
+    /// The version `spec.slurm.api_version` pins (`None`: the newest the cluster offers).
+    pinned: Option<String>,
+    /// The version in use, once found; cleared when the cluster stops serving it.
+    api: Mutex<Option<Api>>,
+    /// "slurmrestd v0.0.45, Slurm 26.05.5": what was found, for the cluster's status.
+    found: Mutex<Option<String>>,
     partitions: Vec<SlurmPartition>,
     working_directory: String,
     http: reqwest::Client,
@@ -113,6 +142,9 @@ impl SlurmCluster {
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             user: slurm.user.clone(),
             token: Token(token),
+            pinned: (slurm.api_version != berth_core::cluster::SLURM_API_AUTO).then(|| slurm.api_version.clone()),
+            api: Mutex::new(None),
+            found: Mutex::new(None),
             partitions: slurm.partitions.clone(),
             working_directory: slurm.working_directory.clone(),
             http,
@@ -122,8 +154,87 @@ impl SlurmCluster {
         })
     }
 
-    /// One call; any 2xx answer's body, else the error its status and `errors[]` call for.
+    /// The API version to speak, found on first use.
+    async fn api(&self) -> Result<&'static dyn Dialect, BackendError> {
+        if let Some(api) = *self.api.lock().expect("api lock") {
+            return Ok(api.dialect);
+        }
+        for dialect in DIALECTS.iter().filter(|d| self.pinned.as_deref().is_none_or(|p| p == d.version())) {
+            let (status, body) = self.send(Method::GET, &format!("/slurm/{}/ping", dialect.version()), None).await?;
+            if status == StatusCode::NOT_FOUND {
+                continue;
+            }
+            if !status.is_success() {
+                return Err(failure(status, &errors(&body)));
+            }
+            let release = wire::release(&body).map(|r| format!(", Slurm {r}")).unwrap_or_default();
+            tracing::info!(endpoint = %self.endpoint, version = dialect.version(), "slurmrestd API found");
+            *self.found.lock().expect("found lock") = Some(format!("slurmrestd {}{release}", dialect.version()));
+            *self.api.lock().expect("api lock") = Some(Api { dialect: *dialect });
+            return Ok(*dialect);
+        }
+        let offered = self.offered().await;
+        let speaks: Vec<&str> = DIALECTS.iter().map(|d| d.version()).collect();
+        let wanted = match &self.pinned {
+            Some(p) => format!("spec.slurm.api_version pins {p}"),
+            None => format!("Berth speaks {}", speaks.join(", ")),
+        };
+        Err(BackendError::Unsupported(format!(
+            "slurmrestd at {} offers no API version Berth can use: it offers {}; {wanted}",
+            self.endpoint,
+            if offered.is_empty() { "none it names in /openapi/v3".to_owned() } else { offered.join(", ") }
+        )))
+    }
+
+    /// The data-parser versions slurmrestd's OpenAPI document has paths for.
+    async fn offered(&self) -> Vec<String> {
+        let Ok((status, body)) = self.send(Method::GET, "/openapi/v3", None).await else { return Vec::new() };
+        let Some(paths) = status
+            .is_success()
+            .then(|| serde_json::from_slice::<Value>(&body).ok())
+            .flatten()
+            .and_then(|d| d["paths"].as_object().map(|p| p.keys().cloned().collect::<Vec<_>>()))
+        else {
+            return Vec::new();
+        };
+        let mut versions: Vec<String> = paths
+            .iter()
+            .filter_map(|p| p.strip_prefix("/slurm/")?.split('/').next().map(str::to_owned))
+            .filter(|v| v.starts_with('v'))
+            .collect();
+        versions.sort_unstable();
+        versions.dedup();
+        versions.reverse();
+        versions
+    }
+
+    /// One call on a path of the API in use (`jobs`, `job/7`…); any 2xx answer's body,
+    /// else the error its status and `errors[]` call for.
     async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Vec<u8>, BackendError> {
+        let api = self.api().await?;
+        let (status, bytes) = self.send(method, &format!("/slurm/{}/{path}", api.version()), body).await?;
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        let errors = errors(&bytes);
+        if status == StatusCode::NOT_FOUND && errors.is_empty() {
+            // The version is no longer served (Slurm was upgraded): find it again next time.
+            *self.api.lock().expect("api lock") = None;
+            return Err(BackendError::Unreachable(format!(
+                "slurmrestd no longer serves API {} (404 Not Found); the next call looks for the version it offers",
+                api.version()
+            )));
+        }
+        Err(failure(status, &errors))
+    }
+
+    /// One request; its status and body.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Vec<u8>), BackendError> {
         let started = Instant::now();
         let mut request = self
             .http
@@ -137,10 +248,7 @@ impl SlurmCluster {
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| unreachable(&e))?.to_vec();
         tracing::debug!(%method, path, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "slurmrestd");
-        if status.is_success() {
-            return Ok(bytes);
-        }
-        Err(failure(status, &api::errors(&bytes)))
+        Ok((status, bytes))
     }
 
     async fn get(&self, path: &str) -> Result<Vec<u8>, BackendError> {
@@ -149,16 +257,21 @@ impl SlurmCluster {
 
     /// Every job slurmctld still holds, Berth's or not.
     async fn all_jobs(&self) -> Result<Vec<Job>, BackendError> {
-        let body = self.get(&api::jobs()).await?;
-        api::parse_jobs(&body).map_err(|e| bad_answer("jobs", &e))
+        let body = self.get("jobs").await?;
+        self.api().await?.parse_jobs(&body).map_err(|e| self.bad_answer("jobs", &e))
+    }
+
+    fn bad_answer(&self, what: &str, e: &serde_json::Error) -> BackendError {
+        let version = self.api.lock().expect("api lock").map_or("?", |a| a.dialect.version());
+        BackendError::Unreachable(format!("slurmrestd's {what} answer is not what API {version} returns: {e}"))
     }
 
     /// The job with this key, by its remembered id or else from a fresh listing.
     async fn find(&self, key: JobKey) -> Result<Option<Job>, BackendError> {
         let known = self.ids.lock().expect("ids lock").get(&key).copied();
         if let Some(id) = known
-            && let Ok(body) = self.get(&api::job(id)).await
-            && let Ok(jobs) = api::parse_jobs(&body)
+            && let Ok(body) = self.get(&format!("job/{id}")).await
+            && let Ok(jobs) = self.api().await?.parse_jobs(&body)
             && let Some(job) = jobs.into_iter().find(|j| j.id == id && j.name == key.name())
         {
             return Ok(Some(job));
@@ -202,13 +315,14 @@ impl SlurmCluster {
                     name: key.name(),
                     state: "PENDING".into(),
                     reason: None,
-                    wait_status: None,
+                    exit_code: None,
                     comment: String::new(),
                     submit_time: now,
                     start_time: 0,
                     end_time: 0,
                     was_running: false,
                     gres_by_node: Vec::new(),
+                    output: wire::output_path("", &self.working_directory, *id, &key.name(), &self.user),
                 });
             }
         }
@@ -253,10 +367,7 @@ impl SlurmCluster {
             partition: partition.name.clone(),
             nodes,
             tasks: job.tasks,
-            gpus_per_task: (gpus > 0).then(|| match &partition.gpu_type {
-                Some(t) => format!("{t}:{gpus}"),
-                None => gpus.to_string(),
-            }),
+            gpus_per_task: (gpus > 0).then(|| Gpus { gpu_type: partition.gpu_type.clone(), count: gpus }),
             cpus_per_task: job.cpus_per_task.map(|c| c.ceil() as u32),
             memory_mib_per_node: job.memory_mib_per_task.map(|m| m * most_tasks_on_a_node),
             time_limit_minutes: job.max_runtime_seconds.map(|s| s.div_ceil(60)),
@@ -268,7 +379,7 @@ impl SlurmCluster {
     /// Cancels the job now (SIGTERM, then SIGKILL after Slurm's `KillWait`). A job that
     /// finished meanwhile is fine.
     async fn cancel_now(&self, job: &Job) -> Result<(), BackendError> {
-        match self.call(Method::DELETE, &api::cancel(job.id, None), None).await {
+        match self.call(Method::DELETE, &format!("job/{}", job.id), None).await {
             Err(BackendError::Rejected(why)) => {
                 match self.find(JobKey::parse(&job.name).expect("a Berth job")).await? {
                     Some(now) if !status(&now).state.is_final() => Err(BackendError::Rejected(why)),
@@ -325,12 +436,13 @@ fn status(job: &Job) -> JobStatus {
         key: JobKey::parse(&job.name).expect("only Berth's jobs"),
         job_id: job.id.to_string(),
         state,
-        exit_code: if is_final { job.wait_status.map(wire::exit_code) } else { None },
+        exit_code: if is_final { job.exit_code } else { None },
         reason: if is_final { wire::final_reason(&job.state, job.reason.as_deref()) } else { job.reason.clone() },
         submitted_at: at(job.submit_time).unwrap_or_else(Utc::now),
         started_at: if started { at(job.start_time) } else { None },
         finished_at: if is_final { at(job.end_time) } else { None },
         cancelling: !is_final && cancel_deadline(&job.comment).is_some(),
+        output: job.output.clone(),
     }
 }
 
@@ -361,24 +473,25 @@ fn failure(status: StatusCode, errors: &[ApiError]) -> BackendError {
     ))
 }
 
-fn bad_answer(what: &str, e: &serde_json::Error) -> BackendError {
-    BackendError::Unreachable(format!("slurmrestd's {what} answer is not what API {} returns: {e}", api::VERSION))
-}
-
 #[async_trait]
 impl ClusterBackend for SlurmCluster {
     fn kind(&self) -> ClusterKind {
         ClusterKind::Slurm
     }
 
+    fn api_in_use(&self) -> Option<String> {
+        self.found.lock().expect("found lock").clone()
+    }
+
     async fn health(&self) -> Result<(), BackendError> {
-        self.get(&api::ping()).await.map(|_| ())
+        self.get("ping").await.map(|_| ())
     }
 
     async fn inventory(&self) -> Result<Inventory, BackendError> {
-        let nodes = api::parse_nodes(&self.get(&api::nodes()).await?).map_err(|e| bad_answer("nodes", &e))?;
+        let api = self.api().await?;
+        let nodes = api.parse_nodes(&self.get("nodes").await?).map_err(|e| self.bad_answer("nodes", &e))?;
         let partitions =
-            api::parse_partitions(&self.get(&api::partitions()).await?).map_err(|e| bad_answer("partitions", &e))?;
+            api.parse_partitions(&self.get("partitions").await?).map_err(|e| self.bad_answer("partitions", &e))?;
         let jobs = self.listed(false).await?;
         // GPUs held on each node by running jobs that are not Berth's.
         let mut outside: HashMap<&str, u32> = HashMap::new();
@@ -423,15 +536,16 @@ impl ClusterBackend for SlurmCluster {
         {
             return Ok(status(&found));
         }
-        let body = api::submit_body(&self.submission(job)?);
-        let answer = self.call(Method::POST, &api::submit(), Some(&body)).await?;
-        let id = api::submitted_job_id(&answer).ok_or_else(|| {
-            BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&api::errors(&answer))))
+        let api = self.api().await?;
+        let body = api.submit_body(&self.submission(job)?);
+        let answer = self.call(Method::POST, "job/submit", Some(&body)).await?;
+        let id = api.submitted_job_id(&answer).ok_or_else(|| {
+            BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&errors(&answer))))
         })?;
         self.ids.lock().expect("ids lock").insert(job.key, id);
         self.submitted.lock().expect("submitted lock").push((Instant::now(), job.key, id));
         // Accepted with remarks (a time limit above the partition's: the job pends).
-        let remarks = api::errors(&answer);
+        let remarks = errors(&answer);
         Ok(JobStatus {
             key: job.key,
             job_id: id.to_string(),
@@ -442,6 +556,7 @@ impl ClusterBackend for SlurmCluster {
             started_at: None,
             finished_at: None,
             cancelling: false,
+            output: wire::output_path("", &self.working_directory, id, &job.key.name(), &self.user),
         })
     }
 
@@ -474,8 +589,9 @@ impl ClusterBackend for SlurmCluster {
                 // The deadline is written before the signal, so a crash in between
                 // cannot leave a signalled job with no deadline.
                 let comment = format!("{} {CANCEL_BY}{deadline}", job.comment).trim().to_owned();
-                self.call(Method::POST, &api::job(job.id), Some(&api::update_comment_body(&comment))).await?;
-                self.call(Method::DELETE, &api::cancel(job.id, Some("TERM")), None).await.map(|_| ())
+                let api = self.api().await?;
+                self.call(Method::POST, &format!("job/{}", job.id), Some(&api.update_comment_body(&comment))).await?;
+                self.call(Method::DELETE, &format!("job/{}?signal=TERM", job.id), None).await.map(|_| ())
             }
         }
     }
@@ -525,7 +641,7 @@ mod tests {
     #[test]
     fn a_two_node_gang_becomes_this_exact_submit_body() {
         let c = cluster(Some("h100"));
-        let body = api::submit_body(&c.submission(&request(2, 800, &["n1", "n2"])).unwrap());
+        let body = V0038.submit_body(&c.submission(&request(2, 800, &["n1", "n2"])).unwrap());
         let uid = Uuid::nil();
         assert_eq!(
             body,
@@ -552,12 +668,39 @@ mod tests {
     }
 
     #[test]
+    fn from_v0_0_40_on_the_script_is_in_the_job_and_gpus_are_tres() {
+        let c = cluster(Some("h100"));
+        let submission = c.submission(&request(2, 800, &["n1", "n2"])).unwrap();
+        for dialect in DIALECTS.iter().filter(|d| d.version() != "v0.0.38") {
+            let body = dialect.submit_body(&submission);
+            let job = &body["job"];
+            assert_eq!(body.as_object().unwrap().len(), 1, "{}: only the job", dialect.version());
+            assert!(job["script"].as_str().unwrap().starts_with("#!/bin/bash\nexec srun"));
+            assert_eq!(job["tres_per_task"], "gres/gpu:h100:8");
+            assert_eq!(job["nodes"], "2");
+            assert_eq!(job["memory_per_node"], json!({"set": true, "infinite": false, "number": 4096}));
+            assert_eq!(job["time_limit"], json!({"set": true, "infinite": false, "number": 61}));
+            assert!(job["environment"].as_array().unwrap().contains(&json!("EPOCHS=3")));
+        }
+    }
+
+    #[test]
+    fn berth_core_accepts_exactly_the_versions_this_adapter_speaks() {
+        let mut speaks: Vec<&str> = DIALECTS.iter().map(|d| d.version()).collect();
+        speaks.push(berth_core::cluster::SLURM_API_AUTO);
+        let mut accepted = berth_core::cluster::SLURM_API_VERSIONS.to_vec();
+        speaks.sort_unstable();
+        accepted.sort_unstable();
+        assert_eq!(speaks, accepted);
+    }
+
+    #[test]
     fn tasks_sharing_a_node_ask_for_its_memory_together_and_untyped_gpus_have_no_type() {
         let c = cluster(None);
         let s = c.submission(&request(3, 200, &["n1", "n1", "n2"])).unwrap();
         assert_eq!(
-            (s.nodes, s.tasks, s.gpus_per_task.as_deref(), s.memory_mib_per_node),
-            (2, 3, Some("2"), Some(8192))
+            (s.nodes, s.tasks, s.gpus_per_task.map(|g| g.typed_count()), s.memory_mib_per_node),
+            (2, 3, Some("2".to_owned()), Some(8192))
         );
         let cpu_only = c.submission(&request(1, 0, &["n1"])).unwrap();
         assert_eq!(cpu_only.gpus_per_task, None);
@@ -586,12 +729,11 @@ mod tests {
 
     #[test]
     fn answers_become_rejections_or_outages() {
-        let rejected =
-            api::errors(br#"{"errors": [{"error_code": 2000, "error": "Invalid partition name specified"}]}"#);
+        let rejected = errors(br#"{"errors": [{"error_code": 2000, "error": "Invalid partition name specified"}]}"#);
         assert!(
             matches!(failure(StatusCode::INTERNAL_SERVER_ERROR, &rejected), BackendError::Rejected(m) if m.contains("Invalid partition"))
         );
-        let down = api::errors(
+        let down = errors(
             br#"{"errors": [{"description": "Failed while looking for jobs", "error_number": -1, "error": "Unspecified error", "source": "slurm_load_jobs"}]}"#,
         );
         assert!(
@@ -616,17 +758,18 @@ mod tests {
             name: JobKey { workload: Uuid::nil(), attempt: 0 }.name(),
             state: "RUNNING".into(),
             reason: None,
-            wait_status: Some(0),
+            exit_code: Some(0),
             comment: "berth nlp/train cancel-by=1800000000".into(),
             submit_time: 1_700_000_000,
             start_time: 1_700_000_001,
             end_time: 0,
             was_running: true,
             gres_by_node: vec![],
+            output: None,
         };
         let s = status(&job);
         assert!(s.cancelling && s.state == JobState::Running && s.exit_code.is_none() && s.started_at.is_some());
-        let done = status(&Job { state: "FAILED".into(), wait_status: Some(768), end_time: 1_700_000_100, ..job });
+        let done = status(&Job { state: "FAILED".into(), exit_code: Some(3), end_time: 1_700_000_100, ..job });
         assert_eq!((done.state, done.exit_code, done.cancelling), (JobState::Failed, Some(3), false));
         assert_eq!(cancel_deadline("berth a/b cancel-by=42"), Some(42));
     }

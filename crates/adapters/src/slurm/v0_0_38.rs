@@ -1,108 +1,56 @@
-//! slurmrestd API v0.0.38 (Slurm 22.05, what Debian bookworm ships): its paths, the submit
-//! body, and the fields Berth reads from its answers. Everything that differs between
-//! slurmrestd versions lives here; the adapter speaks in the version-neutral types of
+//! slurmrestd API v0.0.38 (Slurm 22.05, what Debian bookworm ships): the submit body and
+//! the fields Berth reads from its answers, in the version-neutral types of
 //! [`super::wire`]. What this version answers is written down in
 //! `docs/slurmrestd-v0.0.38.md`.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::wire::{ApiError, Job, Node, Partition, Submission};
+use super::wire::{self, Dialect, Job, Node, Partition, Submission};
 
-pub const VERSION: &str = "v0.0.38";
+/// The API of Slurm 22.05.
+pub struct V0038;
 
-pub fn ping() -> String {
-    format!("/slurm/{VERSION}/ping")
-}
-
-pub fn jobs() -> String {
-    format!("/slurm/{VERSION}/jobs")
-}
-
-pub fn job(id: u64) -> String {
-    format!("/slurm/{VERSION}/job/{id}")
-}
-
-pub fn submit() -> String {
-    format!("/slurm/{VERSION}/job/submit")
-}
-
-pub fn nodes() -> String {
-    format!("/slurm/{VERSION}/nodes")
-}
-
-pub fn partitions() -> String {
-    format!("/slurm/{VERSION}/partitions")
-}
-
-/// `DELETE` on this path signals the job (`signal` only delivers it), or cancels it when
-/// `signal` is `None`.
-pub fn cancel(id: u64, signal: Option<&str>) -> String {
-    match signal {
-        Some(s) => format!("/slurm/{VERSION}/job/{id}?signal={s}"),
-        None => job(id),
+impl Dialect for V0038 {
+    fn version(&self) -> &'static str {
+        "v0.0.38"
     }
-}
 
-/// The body of `POST /job/submit`.
-pub fn submit_body(s: &Submission) -> Value {
-    let mut job = json!({
-        "name": s.name,
-        "comment": s.comment,
-        "partition": s.partition,
-        "nodes": s.nodes,
-        "tasks": s.tasks,
-        "environment": s.environment,
-        "current_working_directory": s.working_directory,
-    });
-    let fields = [
-        ("gpus_per_task", s.gpus_per_task.clone().map(Value::from)),
-        ("cpus_per_task", s.cpus_per_task.map(Value::from)),
-        ("memory_per_node", s.memory_mib_per_node.map(Value::from)),
-        ("time_limit", s.time_limit_minutes.map(Value::from)),
-    ];
-    for (key, value) in fields {
-        if let Some(v) = value {
-            job[key] = v;
+    fn submit_body(&self, s: &Submission) -> Value {
+        let mut job = json!({
+            "name": s.name,
+            "comment": s.comment,
+            "partition": s.partition,
+            "nodes": s.nodes,
+            "tasks": s.tasks,
+            "environment": s.environment,
+            "current_working_directory": s.working_directory,
+        });
+        let fields = [
+            ("gpus_per_task", s.gpus_per_task.as_ref().map(|g| Value::from(g.typed_count()))),
+            ("cpus_per_task", s.cpus_per_task.map(Value::from)),
+            ("memory_per_node", s.memory_mib_per_node.map(Value::from)),
+            ("time_limit", s.time_limit_minutes.map(Value::from)),
+        ];
+        for (key, value) in fields {
+            if let Some(v) = value {
+                job[key] = v;
+            }
         }
+        json!({"script": s.script, "job": job})
     }
-    json!({"script": s.script, "job": job})
-}
 
-/// The body of `POST /job/{id}` that replaces the job's comment.
-pub fn update_comment_body(comment: &str) -> Value {
-    json!({"comment": comment})
-}
-
-/// The `errors[]` of any answer (empty when the body is not JSON or has none). Three
-/// shapes occur: `{error_code, error}`, `{error_number, error, description, source}` and
-/// `{errno, error}`.
-pub fn errors(body: &[u8]) -> Vec<ApiError> {
-    #[derive(Deserialize)]
-    struct Errors {
-        #[serde(default)]
-        errors: Vec<Value>,
+    fn parse_jobs(&self, body: &[u8]) -> Result<Vec<Job>, serde_json::Error> {
+        parse_jobs(body)
     }
-    let Ok(parsed) = serde_json::from_slice::<Errors>(body) else { return Vec::new() };
-    parsed
-        .errors
-        .iter()
-        .map(|e| {
-            let code = ["error_code", "error_number", "errno"].iter().find_map(|k| e[k].as_i64());
-            let text = |k: &str| e[k].as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-            let message = match (text("description"), text("error")) {
-                (Some(d), Some(e)) if d != e => format!("{d}: {e}"),
-                (Some(m), _) | (None, Some(m)) => m,
-                (None, None) => "no description".into(),
-            };
-            ApiError { code, message }
-        })
-        .collect()
-}
 
-/// The job id of a submit answer (absent when it was refused).
-pub fn submitted_job_id(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<Value>(body).ok()?["job_id"].as_u64()
+    fn parse_nodes(&self, body: &[u8]) -> Result<Vec<Node>, serde_json::Error> {
+        parse_nodes(body)
+    }
+
+    fn parse_partitions(&self, body: &[u8]) -> Result<Vec<Partition>, serde_json::Error> {
+        parse_partitions(body)
+    }
 }
 
 #[derive(Deserialize)]
@@ -137,6 +85,12 @@ struct JobV38 {
     gres_detail: Vec<String>,
     #[serde(default)]
     job_resources: Option<JobResources>,
+    #[serde(default)]
+    standard_output: String,
+    #[serde(default)]
+    current_working_directory: String,
+    #[serde(default)]
+    user_name: String,
 }
 
 #[derive(Deserialize)]
@@ -150,29 +104,29 @@ struct AllocatedNode {
     nodename: String,
 }
 
-/// The jobs of `GET /jobs` or `GET /job/{id}`.
-///
-/// # Errors
-/// The body is not the expected JSON.
-pub fn parse_jobs(body: &[u8]) -> Result<Vec<Job>, serde_json::Error> {
+fn parse_jobs(body: &[u8]) -> Result<Vec<Job>, serde_json::Error> {
     let answer: JobsAnswer = serde_json::from_slice(body)?;
     Ok(answer
         .jobs
         .into_iter()
         .map(|j| {
             let nodes = j.job_resources.map(|r| r.allocated_nodes).unwrap_or_default();
+            let output =
+                wire::output_path(&j.standard_output, &j.current_working_directory, j.job_id, &j.name, &j.user_name);
             Job {
                 id: j.job_id,
                 name: j.name,
                 state: j.job_state,
                 reason: j.state_reason.filter(|r| r != "None" && !r.is_empty()),
-                wait_status: j.exit_code,
+                // The raw wait status of the batch script (`exit 3` is 768).
+                exit_code: j.exit_code.map(wire::exit_code),
                 comment: j.comment.unwrap_or_default(),
                 submit_time: j.submit_time,
                 start_time: j.start_time,
                 end_time: j.end_time,
                 was_running: j.flags.iter().any(|f| f == "JOB_WAS_RUNNING"),
                 gres_by_node: nodes.into_iter().map(|n| n.nodename).zip(j.gres_detail).collect(),
+                output,
             }
         })
         .collect())
@@ -205,11 +159,7 @@ struct NodeV38 {
     features: String,
 }
 
-/// The nodes of `GET /nodes`.
-///
-/// # Errors
-/// The body is not the expected JSON.
-pub fn parse_nodes(body: &[u8]) -> Result<Vec<Node>, serde_json::Error> {
+fn parse_nodes(body: &[u8]) -> Result<Vec<Node>, serde_json::Error> {
     let answer: NodesAnswer = serde_json::from_slice(body)?;
     Ok(answer
         .nodes
@@ -241,11 +191,7 @@ struct PartitionV38 {
     state: String,
 }
 
-/// The partitions of `GET /partitions`.
-///
-/// # Errors
-/// The body is not the expected JSON.
-pub fn parse_partitions(body: &[u8]) -> Result<Vec<Partition>, serde_json::Error> {
+fn parse_partitions(body: &[u8]) -> Result<Vec<Partition>, serde_json::Error> {
     let answer: PartitionsAnswer = serde_json::from_slice(body)?;
     Ok(answer
         .partitions

@@ -4,7 +4,100 @@
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
+use serde_json::Value;
+
 use crate::backend::JobState;
+
+/// One slurmrestd API (data-parser) version: its submit and update bodies and how its
+/// answers read. Every version answers on `/slurm/{version}/…` with the same paths for
+/// what Berth calls (ping, jobs, job/{id}, job/submit, nodes, partitions).
+pub trait Dialect: Sync {
+    /// `v0.0.45`.
+    fn version(&self) -> &'static str;
+    /// The body of `POST /job/submit`.
+    fn submit_body(&self, s: &Submission) -> Value;
+    /// The body of `POST /job/{id}` that replaces the job's comment.
+    fn update_comment_body(&self, comment: &str) -> Value {
+        serde_json::json!({"comment": comment})
+    }
+    /// The job id of a submit answer (absent when it was refused).
+    fn submitted_job_id(&self, body: &[u8]) -> Option<u64> {
+        serde_json::from_slice::<Value>(body).ok()?["job_id"].as_u64()
+    }
+    /// The jobs of `GET /jobs` or `GET /job/{id}`.
+    ///
+    /// # Errors
+    /// The body is not the expected JSON.
+    fn parse_jobs(&self, body: &[u8]) -> Result<Vec<Job>, serde_json::Error>;
+    /// The nodes of `GET /nodes`.
+    ///
+    /// # Errors
+    /// The body is not the expected JSON.
+    fn parse_nodes(&self, body: &[u8]) -> Result<Vec<Node>, serde_json::Error>;
+    /// The partitions of `GET /partitions`.
+    ///
+    /// # Errors
+    /// The body is not the expected JSON.
+    fn parse_partitions(&self, body: &[u8]) -> Result<Vec<Partition>, serde_json::Error>;
+}
+
+/// The `errors[]` of any answer of any version (empty when the body is not JSON or has
+/// none). Three shapes occur: `{error_code, error}`, `{error_number, error, description,
+/// source}` and `{errno, error}`.
+pub fn errors(body: &[u8]) -> Vec<ApiError> {
+    #[derive(Deserialize)]
+    struct Errors {
+        #[serde(default)]
+        errors: Vec<Value>,
+    }
+    let Ok(parsed) = serde_json::from_slice::<Errors>(body) else { return Vec::new() };
+    parsed
+        .errors
+        .iter()
+        .map(|e| {
+            let code = ["error_code", "error_number", "errno"].iter().find_map(|k| e[k].as_i64());
+            let text = |k: &str| e[k].as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+            let message = match (text("description"), text("error")) {
+                (Some(d), Some(e)) if d != e => format!("{d}: {e}"),
+                (Some(m), _) | (None, Some(m)) => m,
+                (None, None) => "no description".into(),
+            };
+            ApiError { code, message }
+        })
+        .collect()
+}
+
+/// The Slurm release an answer comes from (`meta.slurm.release`, `meta.Slurm.release` in
+/// 22.05).
+pub fn release(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let meta = &v["meta"];
+    meta["slurm"]["release"].as_str().or_else(|| meta["Slurm"]["release"].as_str()).map(str::to_owned)
+}
+
+/// Where a job's standard output goes: Slurm's file name pattern (`slurm-%j.out` when
+/// none was given) with `%j`, `%x`, `%u` and `%%` replaced, relative to the job's
+/// working directory. `None` when the pattern uses what Berth cannot expand (`%N`, `%t`…).
+pub fn output_path(pattern: &str, directory: &str, id: u64, name: &str, user: &str) -> Option<String> {
+    let pattern = if pattern.is_empty() { "slurm-%j.out" } else { pattern };
+    let mut out = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next()? {
+            'j' | 'A' => out.push_str(&id.to_string()),
+            'x' => out.push_str(name),
+            'u' => out.push_str(user),
+            '%' => out.push('%'),
+            _ => return None,
+        }
+    }
+    Some(if out.starts_with('/') { out } else { format!("{}/{out}", directory.trim_end_matches('/')) })
+}
 
 /// One `errors[]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,8 +138,8 @@ pub struct Job {
     /// The base state: `PENDING`, `RUNNING`, `COMPLETED`, …
     pub state: String,
     pub reason: Option<String>,
-    /// The raw wait status of the batch script (`exit 3` is 768).
-    pub wait_status: Option<i64>,
+    /// The batch script's exit code, or 128 + the signal that ended it.
+    pub exit_code: Option<i32>,
     pub comment: String,
     /// Epoch seconds; 0 when unset.
     pub submit_time: i64,
@@ -56,6 +149,8 @@ pub struct Job {
     pub was_running: bool,
     /// GRES held on each allocated node, while the job runs.
     pub gres_by_node: Vec<(String, String)>,
+    /// The file its standard output goes to, where Slurm says (see [`output_path`]).
+    pub output: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,13 +183,29 @@ pub struct Submission {
     pub partition: String,
     pub nodes: u32,
     pub tasks: u32,
-    /// `"h100:2"` or `"2"`.
-    pub gpus_per_task: Option<String>,
+    pub gpus_per_task: Option<Gpus>,
     pub cpus_per_task: Option<u32>,
     pub memory_mib_per_node: Option<u64>,
     pub time_limit_minutes: Option<u64>,
     pub environment: BTreeMap<String, String>,
     pub working_directory: String,
+}
+
+/// GPUs asked for per task: of one type, or of any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpus {
+    pub gpu_type: Option<String>,
+    pub count: u32,
+}
+
+impl Gpus {
+    /// `h100:2`, or `2` of any type.
+    pub fn typed_count(&self) -> String {
+        match &self.gpu_type {
+            Some(t) => format!("{t}:{}", self.count),
+            None => self.count.to_string(),
+        }
+    }
 }
 
 /// GPUs in a GRES string (`gpu:h100:8`, `gpu:4(S:0-1)`, `gpu:h100:5(IDX:0-4),shard:2`),

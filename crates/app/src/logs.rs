@@ -1,0 +1,124 @@
+//! A workload's logs: what its job printed. A Slurm job writes its output to a file on
+//! the cluster (`status.backend_ref.output`); berthd reads it where it can (a shared
+//! filesystem, as on the dev clusters) and otherwise says where it is.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use berth_core::Error;
+
+use crate::context::OpContext;
+use crate::workload::not_found;
+
+/// The most of a log one answer carries: its last MiB.
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// The job's output of the workload's current attempt: all of it (up to its last
+/// [`MAX_BYTES`]), or its last `tail` lines.
+///
+/// # Errors
+/// [`Error::NotFound`]; [`Error::Conflict`] when the workload has no job yet, its backend
+/// keeps no output file, or berthd cannot read the file (the message says where it is);
+/// store errors.
+pub async fn workload_logs(
+    db: &sqlx::PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    tail: Option<u32>,
+) -> Result<String, Error> {
+    opctx.access().read_team(team)?;
+    let workload = berth_store::workload::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    let Some(job) = workload.status.backend_ref else {
+        return Err(Error::conflict(
+            "status.backend_ref",
+            format!(
+                "{team}/{name} has no job on a cluster yet (phase {:?}), so nothing to read",
+                workload.status.phase
+            ),
+        ));
+    };
+    let Some(path) = job.output else {
+        return Err(Error::conflict(
+            "status.backend_ref.output",
+            format!("job {} on cluster {} keeps no output file Berth can read", job.job_id, job.cluster),
+        ));
+    };
+    let read = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || read_output(&path, tail))
+            .await
+            .map_err(|e| Error::Internal(format!("reading logs: {e}")))?
+    };
+    read.map_err(|why| {
+        Error::conflict(
+            "status.backend_ref.output",
+            format!(
+                "job {} wrote its output to {path} on cluster {}, which berthd cannot read ({why}); read it there",
+                job.job_id, job.cluster
+            ),
+        )
+    })
+}
+
+/// Reads a job's output file. The job's own user can replace it, so it must still be a
+/// regular file when opened, not a link (which could point at berthd's secrets) or a
+/// FIFO (which would block).
+fn read_output(path: &str, tail: Option<u32>) -> Result<String, String> {
+    let mut file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::ELOOP) => "it is a symbolic link".to_owned(),
+                _ => e.to_string(),
+            },
+        )?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".into());
+    }
+    // Hard links to another user's file: only a file with one name is the job's own.
+    if meta.nlink() != 1 {
+        return Err("it has more than one name".into());
+    }
+    let start = meta.len().saturating_sub(MAX_BYTES);
+    file.seek(SeekFrom::Start(start)).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&bytes);
+    Ok(match tail {
+        None => text.into_owned(),
+        Some(n) => {
+            let lines: Vec<&str> = text.split_inclusive('\n').collect();
+            lines[lines.len().saturating_sub(n as usize)..].concat()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_regular_file_of_its_own_is_read_and_tail_keeps_the_last_lines() {
+        let dir = std::env::temp_dir().join(format!("berth-logs-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir(&dir).unwrap();
+        let out = dir.join("slurm-1.out");
+        std::fs::write(&out, "one\ntwo\nthree\n").unwrap();
+        let path = out.to_str().unwrap();
+        assert_eq!(read_output(path, None).unwrap(), "one\ntwo\nthree\n");
+        assert_eq!(read_output(path, Some(2)).unwrap(), "two\nthree\n");
+        assert_eq!(read_output(path, Some(9)).unwrap(), "one\ntwo\nthree\n");
+
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "jwt signing key").unwrap();
+        let link = dir.join("slurm-2.out");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        assert_eq!(read_output(link.to_str().unwrap(), None).unwrap_err(), "it is a symbolic link");
+        let hard = dir.join("slurm-3.out");
+        std::fs::hard_link(&secret, &hard).unwrap();
+        assert_eq!(read_output(hard.to_str().unwrap(), None).unwrap_err(), "it has more than one name");
+        assert_eq!(read_output(dir.to_str().unwrap(), None).unwrap_err(), "it is not a regular file");
+        assert!(read_output(dir.join("missing").to_str().unwrap(), None).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
