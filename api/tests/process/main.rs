@@ -620,7 +620,9 @@ async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn a_new_user_runs_a_two_gpu_job_on_slurm_of_every_release_and_reads_its_output_through_the_api(db: PgPool) {
+async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_reads_the_output_through_the_api(
+    db: PgPool,
+) {
     use reqwest::Method;
     // The dev clusters of the three releases: Debian bookworm's 22.05, 24.11 and 26.05.
     let releases = [("s2205", "22.05", "v0.0.38"), ("s2411", "24.11", "v0.0.42"), ("alpha", "26.05", "v0.0.45")];
@@ -683,6 +685,21 @@ async fn a_new_user_runs_a_two_gpu_job_on_slurm_of_every_release_and_reads_its_o
             .await
             .unwrap();
         assert_eq!(tail.text().await.unwrap(), "done\n");
+    }
+
+    // Half a GPU runs on GPU shards, on every release.
+    for (name, release, _) in releases {
+        let flavor = format!("slurm-{}", release.replace('.', ""));
+        let workload = format!("half-{}", release.replace('.', ""));
+        let half = json!({"spec": {"kind": "batch", "run": {"script": "#!/bin/bash\necho shards $SLURM_SHARDS_ON_NODE\n"},
+            "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0.5}}}});
+        created(b.call(Method::PUT, &format!("/api/v1/teams/research/workloads/{workload}"), Some(&half)).await);
+        let done = b.wait_for_phase("research", &workload, "Succeeded").await;
+        assert_eq!(done["status"]["backend_ref"]["cluster"], name, "{done}");
+        let path = format!("/api/v1/teams/research/workloads/{workload}/logs");
+        let reply =
+            reqwest::Client::new().get(format!("http://{}{path}", b.address)).bearer_auth(b.admin_token()).send().await;
+        assert_eq!(reply.unwrap().text().await.unwrap(), "shards 2\n", "{name}: 4 shards per GPU");
     }
 
     // A cluster pinned to a version its slurmrestd does not serve is unreachable at once,

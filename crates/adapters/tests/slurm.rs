@@ -25,6 +25,7 @@ on_every_release!(
     gpus_held_by_jobs_berth_did_not_start_are_reported,
     jobs_are_listed_by_a_new_backend_and_across_a_slurmctld_restart,
     a_pinned_version_is_spoken_or_the_versions_on_offer_are_named,
+    tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards,
 );
 
 use std::collections::BTreeMap;
@@ -86,8 +87,10 @@ async fn the_inventory_matches_sinfo_and_the_newest_api_is_found(cluster: &str) 
     for line in lines {
         let f: Vec<&str> = line.split_whitespace().collect();
         let node = inventory.nodes.iter().find(|n| n.name == f[0]).unwrap_or_else(|| panic!("no node {}", f[0]));
-        let gres_count: u32 = f[1].rsplit(':').next().unwrap().split('(').next().unwrap().parse().unwrap();
-        assert_eq!(f[1].split(':').nth(1), Some(dev.gpu_type.as_str()));
+        // gpu:h100:8 (and shard:h100:32 beside it).
+        let gpu = f[1].split(',').find(|g| g.starts_with("gpu:")).unwrap();
+        let gres_count: u32 = gpu.rsplit(':').next().unwrap().split('(').next().unwrap().parse().unwrap();
+        assert_eq!(gpu.split(':').nth(1), Some(dev.gpu_type.as_str()));
         assert_eq!(node.gpus, gres_count, "{line}");
         assert_eq!(node.gpus, dev.gpus_per_node);
         assert_eq!(node.cpus.to_string(), f[2], "{line}");
@@ -304,4 +307,33 @@ async fn a_pinned_version_is_spoken_or_the_versions_on_offer_are_named(cluster: 
         panic!("{absent} is not served")
     };
     assert!(why.contains(&format!("pins {absent}")) && why.contains(&dev.api), "{why}");
+}
+
+async fn tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    assert_eq!(dev.shards_per_gpu, 4, "the dev clusters have 4 shards per GPU");
+    let b = backend(&dev, &dev.token);
+    // Two tasks of a quarter GPU on one node: one shard each.
+    let mut quarter = job(2, 0, &["x", "x"], "#!/bin/bash\nsrun bash -c 'echo $SLURM_SHARDS_ON_NODE'\nsleep 3\n");
+    quarter.gpus_per_task = 25;
+    let submitted = b.submit(&quarter).await.unwrap();
+    wait_for(&b, quarter.key, "running", |j| j.state == JobState::Running).await;
+    let shown = dev.output("scontrol", &["show", "job", &submitted.job_id]);
+    assert!(shown.contains("shard"), "{shown}");
+    // The inventory counts the two shards as half a GPU in use (on the node Slurm chose).
+    let used = eventually("the shards show as used", Duration::from_secs(30), || async {
+        let used: u32 = b.inventory().await.unwrap().nodes.iter().map(|n| n.gpus_used).sum();
+        (used > 0).then_some(used)
+    })
+    .await;
+    assert_eq!(used, 50);
+    let done = wait_for(&b, quarter.key, "final", |j| j.state.is_final()).await;
+    assert_eq!(done.state, JobState::Succeeded, "{done:?}");
+    let output = std::fs::read_to_string(done.output.unwrap()).unwrap();
+    assert_eq!(output.lines().collect::<Vec<_>>(), ["2", "2"], "each task sees the node's shards: {output}");
+    // 0.3 GPU is not a whole number of shards: refused with the reason.
+    let mut odd = job(1, 0, &["x"], "#!/bin/bash\ntrue\n");
+    odd.gpus_per_task = 30;
+    let Err(BackendError::Rejected(why)) = b.submit(&odd).await else { panic!("0.3 GPU cannot be shards") };
+    assert!(why.contains("whole number of shards"), "{why}");
 }

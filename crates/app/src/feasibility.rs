@@ -84,6 +84,7 @@ impl Facts {
                 kind: c.spec.kind,
                 labels,
                 cordoned: false,
+                fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
             });
         }
         let mut reported = vec![false; clusters.len()];

@@ -55,6 +55,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             kind: c.spec.kind,
             labels: c.metadata.labels.clone(),
             cordoned: c.spec.cordoned || c.status.health == ClusterHealth::Unreachable,
+            fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
         })
         .collect();
     let mut nodes: Vec<s::Node> = Vec::new();

@@ -25,7 +25,8 @@ pub enum ClusterKind {
 /// the same things should one reach them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Tasks of a fraction of one GPU (shared devices); Slurm's GRES and Kubernetes'
+    /// Tasks of a fraction of one GPU (shared devices): on Slurm as GRES `shard`s, where a
+    /// partition says how many a GPU has ([`ClusterSpec::capabilities`]); Kubernetes'
     /// device plugins give whole devices (MIG slices are flavors of their own).
     pub fractional_gpus: bool,
     /// Whether a workload must name a container image (`spec.run.image`).
@@ -36,7 +37,8 @@ pub struct Capabilities {
 }
 
 impl ClusterKind {
-    /// What clusters of this kind can run.
+    /// What every cluster of this kind can run (a Slurm cluster shares GPUs too where it
+    /// has shards: [`ClusterSpec::capabilities`]).
     pub fn capabilities(self) -> Capabilities {
         match self {
             Self::Slurm => Capabilities { fractional_gpus: false, requires_image: false, requires_command: true },
@@ -106,6 +108,17 @@ pub struct ClusterSpec {
     /// team's work goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesSpec>,
+}
+
+impl ClusterSpec {
+    /// What this cluster can run: its kind's capabilities, and a Slurm cluster shares GPUs
+    /// only when a partition has shards (`shards_per_gpu`).
+    pub fn capabilities(&self) -> Capabilities {
+        let mut can = self.kind.capabilities();
+        can.fractional_gpus |=
+            self.slurm.as_ref().is_some_and(|s| s.partitions.iter().any(|p| p.shards_per_gpu.is_some()));
+        can
+    }
 }
 
 /// Every credential a cluster can name starts so: the namespace of berthd's settings that
@@ -223,6 +236,13 @@ pub struct SlurmPartition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "h100")]
     pub gpu_type: Option<String>,
+    /// How many GRES `shard`s each GPU of this partition's nodes has (Slurm's GPU sharing,
+    /// gres.conf `Name=shard`). When set, a task of a fraction of a GPU runs as that
+    /// fraction of the shards (0.25 GPU with 8 shards per GPU: 2 shards); without it the
+    /// partition takes whole GPUs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 8, minimum = 1, maximum = 100)]
+    pub shards_per_gpu: Option<u32>,
 }
 
 /// `spec.slurm.api_version` that lets Berth choose.
@@ -535,6 +555,9 @@ fn validate_slurm(v: &mut Validator, slurm: &SlurmSpec) {
         if let Some(t) = &p.gpu_type {
             v.check(slurm_name(t), at("gpu_type"), || "must be a GRES type (letters, digits, '.', '_', '-')".into());
         }
+        if let Some(n) = p.shards_per_gpu {
+            v.check((1..=100).contains(&n), at("shards_per_gpu"), || "must be 1 to 100".into());
+        }
     }
     let dir = &slurm.working_directory;
     v.check(
@@ -692,8 +715,12 @@ mod tests {
         c.spec.sim = None;
         c.spec.endpoint = Some("http://127.0.0.1:6820".into());
         c.spec.credentials_ref = Some("BERTH_CREDENTIAL_SLURM_A".into());
-        let partition =
-            |name: &str, flavor: &str| SlurmPartition { name: name.into(), flavor: flavor.into(), gpu_type: None };
+        let partition = |name: &str, flavor: &str| SlurmPartition {
+            name: name.into(),
+            flavor: flavor.into(),
+            gpu_type: None,
+            shards_per_gpu: None,
+        };
         c.spec.slurm = Some(SlurmSpec {
             user: "berth".into(),
             api_version: "v0.0.38".into(),

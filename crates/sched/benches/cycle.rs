@@ -85,7 +85,13 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
     let kinds = [ClusterKind::Slurm, ClusterKind::Kubernetes, ClusterKind::Sim];
     for c in 0..clusters {
         let labels = BTreeMap::from([("tier".to_string(), tiers[c % 3].to_string())]);
-        s.clusters.push(Cluster { name: format!("cluster-{c}"), kind: kinds[c % 3], labels, cordoned: false });
+        s.clusters.push(Cluster {
+            name: format!("cluster-{c}"),
+            kind: kinds[c % 3],
+            labels,
+            cordoned: false,
+            fractional_gpus: None,
+        });
     }
     for n in 0..nodes {
         let cluster = n % clusters;

@@ -238,6 +238,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
             kind: ClusterKind::Sim,
             labels: BTreeMap::new(),
             cordoned: false,
+            fractional_gpus: None,
         }],
         nodes: (0..o.nodes)
             .map(|n| Node {

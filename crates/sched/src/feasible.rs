@@ -180,7 +180,7 @@ fn impossible_in(
         if shape.flavor != f || !p.placement_allows(cluster) {
             continue;
         }
-        if let Some(lacks) = p.missing_capability(cluster.kind) {
+        if let Some(lacks) = p.missing_capability(cluster) {
             missing.get_or_insert(lacks);
             continue;
         }

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use berth_core::cluster::{ClusterKind, TIER_LABEL, TIERS};
+use berth_core::cluster::{Capabilities, ClusterKind, TIER_LABEL, TIERS};
 use berth_core::workload::{TopologyPolicy, WorkloadKind, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
@@ -103,9 +103,20 @@ pub struct Cluster {
     pub labels: BTreeMap<String, String>,
     /// A cordoned cluster keeps its running work but takes nothing new.
     pub cordoned: bool,
+    /// Whether it runs tasks of a fraction of a GPU; `None`: as every cluster of its kind
+    /// does (`ClusterSpec::capabilities` says, e.g. a Slurm cluster with shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fractional_gpus: Option<bool>,
 }
 
 impl Cluster {
+    /// What the cluster can run.
+    pub fn capabilities(&self) -> Capabilities {
+        let mut can = self.kind.capabilities();
+        can.fractional_gpus = self.fractional_gpus.unwrap_or(can.fractional_gpus);
+        can
+    }
+
     /// Rank of the cluster's `tier` label: reservation 0, on-demand 1, spot 2. A cluster
     /// without a tier ranks as on-demand.
     pub fn tier_rank(&self) -> usize {
@@ -277,7 +288,7 @@ impl Pending {
 
     /// Whether `cluster` satisfies the workload's placement constraints and can run it.
     pub fn may_run_on(&self, cluster: &Cluster) -> bool {
-        self.placement_allows(cluster) && self.missing_capability(cluster.kind).is_none()
+        self.placement_allows(cluster) && self.missing_capability(cluster).is_none()
     }
 
     /// Whether `cluster` satisfies the workload's placement constraints.
@@ -286,10 +297,10 @@ impl Pending {
             && self.cluster_selector.iter().all(|(k, v)| cluster.labels.get(k) == Some(v))
     }
 
-    /// Why a cluster of `kind` cannot run this workload, in words that follow "the
-    /// clusters"; `None` when it can.
-    pub fn missing_capability(&self, kind: ClusterKind) -> Option<&'static str> {
-        let can = kind.capabilities();
+    /// Why `cluster` cannot run this workload, in words that follow "the clusters"; `None`
+    /// when it can.
+    pub fn missing_capability(&self, cluster: &Cluster) -> Option<&'static str> {
+        let can = cluster.capabilities();
         if self.tasks.is_fractional() && !can.fractional_gpus {
             Some("cannot share a GPU, and it asks for a fraction of one")
         } else if can.requires_image && !self.has_image {

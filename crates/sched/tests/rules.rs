@@ -714,6 +714,18 @@ fn a_fraction_of_a_gpu_goes_only_where_the_backend_shares_gpus() {
         |what: &str| Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: what.into() }] };
     assert_eq!(reason(&w2, &plan, "half"), &missing("cannot share a GPU, and it asks for a fraction of one"));
     assert_eq!(reason(&w2, &plan, "no-image"), &missing("run only containers, and it names no image (spec.run.image)"));
+
+    // A Slurm cluster shares GPUs only where its partitions have shards.
+    let mut w3 = World::new(&["h100"]);
+    w3.team("a", None, &[("h100", 8, None, 1)]);
+    let slurm = w3.cluster("slurm", ClusterKind::Slurm, &[]);
+    w3.nodes(slurm, "h100", 1, 8, None);
+    w3.submit("half", "a", 1, GPU / 2, &["h100"]);
+    let plan = w3.plan();
+    assert_eq!(reason(&w3, &plan, "half"), &missing("cannot share a GPU, and it asks for a fraction of one"));
+    w3.s.clusters[slurm].fractional_gpus = Some(true);
+    let plan = w3.plan();
+    assert_eq!(plan.admissions.iter().map(|a| a.cluster).collect::<Vec<_>>(), [slurm], "{plan:?}");
 }
 
 #[test]

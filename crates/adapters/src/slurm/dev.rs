@@ -20,6 +20,8 @@ pub struct DevCluster {
     pub partition: String,
     pub gpu_type: String,
     pub gpus_per_node: u32,
+    /// GRES shards per GPU (0: none configured).
+    pub shards_per_gpu: u32,
     pub nodes: Vec<String>,
     /// The cluster's `slurm.conf`, for `squeue`, `sinfo`, `scontrol`.
     pub slurm_conf: String,
@@ -59,6 +61,7 @@ impl DevCluster {
             partition: var("BERTH_SLURM_PARTITION"),
             gpu_type: var("BERTH_SLURM_GPU_TYPE"),
             gpus_per_node: var("BERTH_SLURM_GPUS_PER_NODE").parse().expect("a number"),
+            shards_per_gpu: var("BERTH_SLURM_SHARDS_PER_GPU").parse().expect("a number"),
             nodes: var("BERTH_SLURM_NODES").split(',').map(str::to_owned).collect(),
             slurm_conf: var("SLURM_CONF"),
             release: var("BERTH_SLURM_RELEASE"),
@@ -69,12 +72,16 @@ impl DevCluster {
     }
 
     /// The body of `PUT /api/v1/clusters/{name}` for this cluster, its one partition
-    /// holding `flavor`, the token read from the secret `credentials_ref`.
+    /// holding `flavor` (with its GPU shards), the token read from the secret
+    /// `credentials_ref`.
     pub fn apply_body(&self, flavor: &str, credentials_ref: &str) -> Value {
+        let mut partition = json!({"name": self.partition, "flavor": flavor, "gpu_type": self.gpu_type});
+        if self.shards_per_gpu > 0 {
+            partition["shards_per_gpu"] = self.shards_per_gpu.into();
+        }
         json!({"spec": {
             "kind": "slurm", "endpoint": self.url, "credentials_ref": credentials_ref,
-            "slurm": {"user": self.user, "working_directory": self.work_dir,
-                      "partitions": [{"name": self.partition, "flavor": flavor, "gpu_type": self.gpu_type}]},
+            "slurm": {"user": self.user, "working_directory": self.work_dir, "partitions": [partition]},
         }})
     }
 

@@ -338,12 +338,26 @@ impl SlurmCluster {
         let partition = self.partition_of(&job.flavor).ok_or_else(|| {
             BackendError::Rejected(format!("this cluster maps no partition to flavor {}", job.flavor))
         })?;
-        if !job.gpus_per_task.is_multiple_of(100) {
-            return Err(BackendError::Rejected(format!(
-                "Slurm allocates whole GPUs; {} GPUs per task cannot be requested",
-                f64::from(job.gpus_per_task) / 100.0
-            )));
-        }
+        let shards_per_task = if job.gpus_per_task.is_multiple_of(100) {
+            None
+        } else {
+            let fraction = f64::from(job.gpus_per_task) / 100.0;
+            let Some(per_gpu) = partition.shards_per_gpu else {
+                return Err(BackendError::Rejected(format!(
+                    "partition {} has no GPU shards (spec.slurm.partitions[].shards_per_gpu), so {fraction} GPU per \
+                     task cannot be requested",
+                    partition.name
+                )));
+            };
+            let hundredths = job.gpus_per_task * per_gpu;
+            if job.gpus_per_task > 100 || !hundredths.is_multiple_of(100) {
+                return Err(BackendError::Rejected(format!(
+                    "{fraction} GPU per task is not a whole number of shards on partition {} ({per_gpu} per GPU)",
+                    partition.name
+                )));
+            }
+            Some(hundredths / 100)
+        };
         let gpus = job.gpus_per_task / 100;
         let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
         for n in &job.nodes {
@@ -368,6 +382,8 @@ impl SlurmCluster {
             nodes,
             tasks: job.tasks,
             gpus_per_task: (gpus > 0).then(|| Gpus { gpu_type: partition.gpu_type.clone(), count: gpus }),
+            shards_per_task,
+            shards_per_node: shards_per_task.map(|s| s * u32::try_from(most_tasks_on_a_node).unwrap_or(u32::MAX)),
             cpus_per_task: job.cpus_per_task.map(|c| c.ceil() as u32),
             memory_mib_per_node: job.memory_mib_per_task.map(|m| m * most_tasks_on_a_node),
             time_limit_minutes: job.max_runtime_seconds.map(|s| s.div_ceil(60)),
@@ -493,11 +509,25 @@ impl ClusterBackend for SlurmCluster {
         let partitions =
             api.parse_partitions(&self.get("partitions").await?).map_err(|e| self.bad_answer("partitions", &e))?;
         let jobs = self.listed(false).await?;
-        // GPUs held on each node by running jobs that are not Berth's.
+        // A shard is its share of a GPU of the partition the node is in.
+        let share = |shards: u32, node: &str| {
+            let n = nodes.iter().find(|n| n.name == node);
+            let per_gpu =
+                n.and_then(|n| self.partitions.iter().find(|p| n.partitions.contains(&p.name))?.shards_per_gpu);
+            per_gpu.map_or(0, |k| (shards * 100).div_ceil(k))
+        };
+        // Shards held on each node, from the jobs (a node's `gres_used` miscounts them on
+        // 22.05), and GPUs (in hundredths) held by jobs that are not Berth's.
+        let mut shards: HashMap<&str, u32> = HashMap::new();
         let mut outside: HashMap<&str, u32> = HashMap::new();
-        for j in jobs.iter().filter(|j| JobKey::parse(&j.name).is_none()) {
+        for j in &jobs {
+            let berths = JobKey::parse(&j.name).is_some();
             for (node, gres) in &j.gres_by_node {
-                *outside.entry(node.as_str()).or_default() += wire::gpus_in(gres, None);
+                let held = wire::shards_in(gres);
+                *shards.entry(node.as_str()).or_default() += held;
+                if !berths {
+                    *outside.entry(node.as_str()).or_default() += wire::gpus_in(gres, None) * 100 + share(held, node);
+                }
             }
         }
         let up = |name: &str| partitions.iter().any(|p| p.name == name && p.up);
@@ -510,13 +540,14 @@ impl ClusterBackend for SlurmCluster {
                 });
                 let gpu_type = mapped.and_then(|p| p.gpu_type.as_deref());
                 let gpus = wire::gpus_in(&n.gres, gpu_type);
-                let used = wire::gpus_in(&n.gres_used, gpu_type).min(gpus);
+                let sharing = share(shards.get(n.name.as_str()).copied().unwrap_or(0), &n.name);
+                let used = (wire::gpus_in(&n.gres_used, gpu_type) * 100 + sharing).min(gpus * 100);
                 InventoryNode {
                     name: n.name.clone(),
                     flavor: mapped.map(|p| p.flavor.clone()),
                     gpus,
-                    gpus_used: used * 100,
-                    gpus_used_outside_berth: outside.get(n.name.as_str()).copied().unwrap_or(0).min(used) * 100,
+                    gpus_used: used,
+                    gpus_used_outside_berth: outside.get(n.name.as_str()).copied().unwrap_or(0).min(used),
                     cpus: n.cpus,
                     memory_mib: n.memory_mib,
                     block: n.features.iter().find_map(|f| f.strip_prefix("block=")).map(str::to_owned),
@@ -685,6 +716,25 @@ mod tests {
     }
 
     #[test]
+    fn a_fraction_of_a_gpu_becomes_shards_per_task_or_per_node() {
+        let spec: ClusterSpec = serde_json::from_value(json!({
+            "kind": "slurm", "endpoint": "http://127.0.0.1:1/", "credentials_ref": "BERTH_CREDENTIAL_T",
+            "slurm": {"user": "berth", "partitions": [{"name": "gpu", "flavor": "h100", "gpu_type": "h100", "shards_per_gpu": 8}]},
+        }))
+        .unwrap();
+        let c = SlurmCluster::new(&spec, "secret-token".into()).unwrap();
+        // Three quarter-GPU tasks, two of them on one node: 2 shards each, 4 on that node.
+        let s = c.submission(&request(3, 25, &["n1", "n1", "n2"])).unwrap();
+        assert_eq!((&s.gpus_per_task, s.shards_per_task, s.shards_per_node), (&None, Some(2), Some(4)));
+        assert_eq!(V0038.submit_body(&s)["job"]["gres"], "shard:4");
+        assert_eq!(V0041("v0.0.45").submit_body(&s)["job"]["tres_per_task"], "gres/shard:2");
+        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 30, &["n1"])) else { panic!() };
+        assert!(why.contains("0.3 GPU per task is not a whole number of shards"), "{why}");
+        // Whole GPUs stay GPUs.
+        assert_eq!(c.submission(&request(1, 200, &["n1"])).unwrap().shards_per_task, None);
+    }
+
+    #[test]
     fn berth_core_accepts_exactly_the_versions_this_adapter_speaks() {
         let mut speaks: Vec<&str> = DIALECTS.iter().map(|d| d.version()).collect();
         speaks.push(berth_core::cluster::SLURM_API_AUTO);
@@ -711,7 +761,7 @@ mod tests {
     fn requests_slurm_cannot_express_are_rejected_with_the_reason() {
         let c = cluster(Some("h100"));
         let Err(BackendError::Rejected(why)) = c.submission(&request(1, 50, &["n1"])) else { panic!() };
-        assert!(why.contains("whole GPUs"), "{why}");
+        assert!(why.contains("has no GPU shards") && why.contains("shards_per_gpu"), "{why}");
         let mut other = request(1, 100, &["n1"]);
         other.flavor = "a100".into();
         let Err(BackendError::Rejected(why)) = c.submission(&other) else { panic!() };

@@ -28,6 +28,8 @@ impl Dialect for V0038 {
         });
         let fields = [
             ("gpus_per_task", s.gpus_per_task.as_ref().map(|g| Value::from(g.typed_count()))),
+            // v0.0.38 asks for other GRES per node only.
+            ("gres", s.shards_per_node.map(|n| Value::from(format!("shard:{n}")))),
             ("cpus_per_task", s.cpus_per_task.map(Value::from)),
             ("memory_per_node", s.memory_mib_per_node.map(Value::from)),
             ("time_limit", s.time_limit_minutes.map(Value::from)),

@@ -72,7 +72,14 @@ pub(super) fn submit_body(s: &Submission) -> Value {
         "current_working_directory": s.working_directory,
     });
     let fields = [
-        ("tres_per_task", s.gpus_per_task.as_ref().map(|g| Value::from(format!("gres/gpu:{}", g.typed_count())))),
+        (
+            "tres_per_task",
+            match (&s.gpus_per_task, s.shards_per_task) {
+                (Some(g), _) => Some(Value::from(format!("gres/gpu:{}", g.typed_count()))),
+                (None, Some(n)) => Some(Value::from(format!("gres/shard:{n}"))),
+                (None, None) => None,
+            },
+        ),
         ("cpus_per_task", s.cpus_per_task.map(Value::from)),
         ("memory_per_node", s.memory_mib_per_node.map(|m| number(i64::try_from(m).unwrap_or(i64::MAX)))),
         ("time_limit", s.time_limit_minutes.map(|m| number(i64::try_from(m).unwrap_or(i64::MAX)))),

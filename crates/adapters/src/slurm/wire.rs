@@ -184,6 +184,10 @@ pub struct Submission {
     pub nodes: u32,
     pub tasks: u32,
     pub gpus_per_task: Option<Gpus>,
+    /// GRES shards per task, for a task of a fraction of a GPU (and per node, the most
+    /// tasks on one node times that: versions that ask per node).
+    pub shards_per_task: Option<u32>,
+    pub shards_per_node: Option<u32>,
     pub cpus_per_task: Option<u32>,
     pub memory_mib_per_node: Option<u64>,
     pub time_limit_minutes: Option<u64>,
@@ -211,6 +215,16 @@ impl Gpus {
 /// GPUs in a GRES string (`gpu:h100:8`, `gpu:4(S:0-1)`, `gpu:h100:5(IDX:0-4),shard:2`),
 /// counting only `gpu_type` when it is given.
 pub fn gpus_in(gres: &str, gpu_type: Option<&str>) -> u32 {
+    count_in(gres, "gpu", gpu_type)
+}
+
+/// Shards in a GRES string (`gpu:h100:8,shard:32`, `shard:h100:2(0/8,2/8)`), of any type.
+pub fn shards_in(gres: &str) -> u32 {
+    count_in(gres, "shard", None)
+}
+
+/// GRES of one name (and type, when given) in a GRES string.
+fn count_in(gres: &str, name: &str, gpu_type: Option<&str>) -> u32 {
     let mut depth = 0;
     let mut start = 0;
     let mut items = Vec::new();
@@ -236,7 +250,7 @@ pub fn gpus_in(gres: &str, gpu_type: Option<&str>) -> u32 {
                 [kind, typ, count] => (*kind, Some(*typ), *count),
                 _ => return None,
             };
-            if kind != "gpu" || gpu_type.is_some_and(|t| typ != Some(t)) {
+            if kind != name || gpu_type.is_some_and(|t| typ != Some(t)) {
                 return None;
             }
             count.parse::<u32>().ok()
@@ -320,6 +334,9 @@ mod tests {
         assert_eq!(gpus_in("gpu:4(S:0-1),shard:8", None), 4);
         assert_eq!(gpus_in("", None), 0);
         assert_eq!(gpus_in("(null)", None), 0);
+        assert_eq!(shards_in("gpu:h100:8(S:0),shard:32(S:0)"), 32);
+        assert_eq!(shards_in("gpu:h100:0(IDX:N/A),shard:h100:3(2/4,1/4,0/4,0/4)"), 3);
+        assert_eq!(shards_in("gpu:h100:8"), 0);
     }
 
     #[test]

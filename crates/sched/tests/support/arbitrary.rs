@@ -223,7 +223,13 @@ fn build(
     }
     for (c, (kind, tier, cordoned, nodes)) in clusters.iter().enumerate() {
         let labels: BTreeMap<String, String> = tier.iter().map(|t| ("tier".to_string(), t.to_string())).collect();
-        s.clusters.push(Cluster { name: format!("c{c}"), kind: *kind, labels, cordoned: *cordoned });
+        s.clusters.push(Cluster {
+            name: format!("c{c}"),
+            kind: *kind,
+            labels,
+            cordoned: *cordoned,
+            fractional_gpus: None,
+        });
         for n in nodes {
             s.nodes.push(Node {
                 name: format!("n{}", s.nodes.len()),

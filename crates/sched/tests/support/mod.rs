@@ -64,6 +64,7 @@ impl World {
             kind,
             labels: labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
             cordoned: false,
+            fractional_gpus: None,
         });
         self.s.clusters.len() - 1
     }
