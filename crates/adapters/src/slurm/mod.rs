@@ -62,12 +62,6 @@ const CANCEL_BY: &str = "cancel-by=";
 pub static DIALECTS: [&dyn Dialect; 7] =
     [&V0041("v0.0.45"), &V0041("v0.0.44"), &V0041("v0.0.43"), &V0041("v0.0.42"), &V0041("v0.0.41"), &V0040, &V0038];
 
-/// The API a cluster speaks, as found.
-#[derive(Clone, Copy)]
-struct Api {
-    dialect: &'static dyn Dialect,
-}
-
 /// A Slurm cluster behind slurmrestd.
 pub struct SlurmCluster {
     endpoint: String,
@@ -76,7 +70,7 @@ pub struct SlurmCluster {
     /// The version `spec.slurm.api_version` pins (`None`: the newest the cluster offers).
     pinned: Option<String>,
     /// The version in use, once found; cleared when the cluster stops serving it.
-    api: Mutex<Option<Api>>,
+    api: Mutex<Option<&'static dyn Dialect>>,
     /// "slurmrestd v0.0.45, Slurm 26.05.5": what was found, for the cluster's status.
     found: Mutex<Option<String>>,
     partitions: Vec<SlurmPartition>,
@@ -156,8 +150,8 @@ impl SlurmCluster {
 
     /// The API version to speak, found on first use.
     async fn api(&self) -> Result<&'static dyn Dialect, BackendError> {
-        if let Some(api) = *self.api.lock().expect("api lock") {
-            return Ok(api.dialect);
+        if let Some(dialect) = *self.api.lock().expect("api lock") {
+            return Ok(dialect);
         }
         for dialect in DIALECTS.iter().filter(|d| self.pinned.as_deref().is_none_or(|p| p == d.version())) {
             let (status, body) = self.send(Method::GET, &format!("/slurm/{}/ping", dialect.version()), None).await?;
@@ -170,7 +164,7 @@ impl SlurmCluster {
             let release = wire::release(&body).map(|r| format!(", Slurm {r}")).unwrap_or_default();
             tracing::info!(endpoint = %self.endpoint, version = dialect.version(), "slurmrestd API found");
             *self.found.lock().expect("found lock") = Some(format!("slurmrestd {}{release}", dialect.version()));
-            *self.api.lock().expect("api lock") = Some(Api { dialect: *dialect });
+            *self.api.lock().expect("api lock") = Some(*dialect);
             return Ok(*dialect);
         }
         let offered = self.offered().await;
@@ -262,7 +256,7 @@ impl SlurmCluster {
     }
 
     fn bad_answer(&self, what: &str, e: &serde_json::Error) -> BackendError {
-        let version = self.api.lock().expect("api lock").map_or("?", |a| a.dialect.version());
+        let version = self.api.lock().expect("api lock").map_or("?", |d| d.version());
         BackendError::Unreachable(format!("slurmrestd's {what} answer is not what API {version} returns: {e}"))
     }
 
