@@ -219,6 +219,11 @@ async fn get_workload_logs(
 
 /// Submit or replace a workload. A new workload starts in phase `Pending`.
 ///
+/// Once admitted, a workload holds its shape on its cluster: only `priority`,
+/// `max_runtime_seconds` and `inference` may change, and any other change is refused (422,
+/// naming the field; cancel and resubmit). A workload that has ended keeps the spec it ran
+/// with (409 for a change).
+///
 /// A workload that can never run as submitted is refused (422, naming the field to
 /// change): above its team's or an ancestor's limit, non-preemptible above its team's
 /// guarantee, or — once every cluster its placement allows has reported its nodes — a

@@ -439,3 +439,47 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     refused(&r, "/spec/tasks/resources/gpus", "an ancestor team may hold at most 12");
     assert!(!r.body.to_string().contains("research"), "{}", r.body);
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_admitted_workload_keeps_its_shape_and_an_ended_one_its_spec(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let path = "/api/v1/teams/nlp/workloads/train";
+    s.put_ok(path, &WorkloadBody::new().gpus(8.0).json(), 201).await;
+    // Pending: anything may change.
+    s.put_ok(path, &WorkloadBody::new().gpus(4.0).json(), 200).await;
+    let set_phase = |phase: &'static str| {
+        let db = s.db.clone();
+        async move {
+            sqlx::query("UPDATE workloads SET phase = $1, status = jsonb_set(status, '{phase}', to_jsonb($1::text))")
+                .bind(phase)
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+    };
+    // Running on 4 GPUs: shrinking it (the node-overcommit reproduction), or any other
+    // change of what the job was made from, is refused naming the field; nothing changes.
+    set_phase("Running").await;
+    let before = s.get(path).await.body;
+    let shrink = s.put(path, &WorkloadBody::new().gpus(2.0).json()).await;
+    shrink.assert_problem(422, Some("/spec/tasks/resources/gpus"));
+    assert!(shrink.body["detail"].as_str().unwrap().contains("cancel and resubmit"), "{}", shrink.body);
+    s.put(path, &WorkloadBody::new().gpus(4.0).count(2).json()).await.assert_problem(422, Some("/spec/tasks/count"));
+    let dry = s.put(&format!("{path}?dry_run=true"), &WorkloadBody::new().gpus(2.0).json()).await;
+    dry.assert_problem(422, Some("/spec/tasks/resources/gpus"));
+    let after = s.get(path).await.body;
+    assert_eq!(after["spec"], before["spec"]);
+    assert_eq!(after["metadata"]["generation"], before["metadata"]["generation"]);
+    // Priority and labels change nothing on the cluster: allowed.
+    let reprioritised =
+        s.put_ok(path, &WorkloadBody::new().gpus(4.0).priority(5).label("stage", "2").json(), 200).await;
+    assert_eq!(reprioritised.body["spec"]["priority"], 5);
+
+    // Ended: the spec records what ran; a change is a conflict, the same spec is fine.
+    set_phase("Succeeded").await;
+    let changed = s.put(path, &WorkloadBody::new().gpus(4.0).priority(6).label("stage", "2").json()).await;
+    changed.assert_problem(409, Some("/spec"));
+    assert!(changed.body["detail"].as_str().unwrap().contains("has ended (Succeeded)"), "{}", changed.body);
+    s.put_ok(path, &WorkloadBody::new().gpus(4.0).priority(5).label("stage", "3").json(), 200).await;
+}

@@ -5,7 +5,8 @@ use berth_core::event::EventType;
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::workload::{
-    Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadStatus, WorkloadSummary,
+    CHANGEABLE_AFTER_ADMISSION, Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadSpec,
+    WorkloadStatus, WorkloadSummary,
 };
 use berth_core::{Error, FieldError, WorkloadId};
 use berth_store::event::event_record;
@@ -129,6 +130,9 @@ async fn write_workload(
                 field: None,
                 message: format!("workload {team}/{name} is being deleted; apply it again once it is gone"),
             });
+        }
+        if let Some(w) = &existing {
+            refuse_change_of_what_runs(team, name, w, &input.spec)?;
         }
         let cur = existing.as_ref().map(|w| current(&w.metadata, &w.spec)).transpose()?;
         let (workload, applied, reason, message) =
@@ -408,6 +412,36 @@ pub async fn workload_delete(
     audit_delete(&mut tx, actor, KIND, &deleted.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(opctx.redactor().workload(deleted))
+}
+
+/// Once admitted, a workload holds its shape on its cluster (the job was made from it), so
+/// only what holds nothing may change ([`CHANGEABLE_AFTER_ADMISSION`]); once ended, its
+/// spec records what ran and does not change at all.
+fn refuse_change_of_what_runs(team: &str, name: &str, w: &Workload, new: &WorkloadSpec) -> Result<(), Error> {
+    let phase = w.status.phase;
+    if w.spec == *new || phase == Phase::Pending {
+        return Ok(());
+    }
+    if phase.is_final() {
+        return Err(Error::conflict(
+            "/spec",
+            format!(
+                "{team}/{name} has ended ({}): its spec records what ran and cannot change; submit a new workload",
+                phase.as_str()
+            ),
+        ));
+    }
+    match w.spec.fixed_field_changed(new) {
+        Some(field) => Err(Error::invalid(
+            &field,
+            format!(
+                "cannot change {field} of an admitted workload ({}); cancel and resubmit (only {} may change)",
+                phase.as_str(),
+                CHANGEABLE_AFTER_ADMISSION.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 pub(crate) fn not_found(team: &str, name: &str) -> Error {

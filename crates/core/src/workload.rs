@@ -545,7 +545,45 @@ fn validate_run(v: &mut Validator, run: &Run) {
     }
 }
 
+/// What of a spec may still change once the workload is admitted: what changes no
+/// resource it holds on its cluster.
+pub const CHANGEABLE_AFTER_ADMISSION: [&str; 3] = ["priority", "max_runtime_seconds", "inference"];
+
+/// Where two JSON values first differ, as a JSON pointer under `at`.
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: &str) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let (x, y) = (x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null));
+                first_difference(x, y, &format!("{at}/{}", escape_pointer(k)))
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (x, y))| first_difference(x, y, &format!("{at}/{i}")))
+        }
+        _ => (a != b).then(|| at.to_owned()),
+    }
+}
+
 impl WorkloadSpec {
+    /// The first field of `new` (a JSON pointer, `/spec/tasks/resources/gpus`) that differs
+    /// from this spec, other than [`CHANGEABLE_AFTER_ADMISSION`]; `None` when only those
+    /// differ.
+    pub fn fixed_field_changed(&self, new: &WorkloadSpec) -> Option<String> {
+        let fixed = |spec: &WorkloadSpec| {
+            let mut v = serde_json::to_value(spec).unwrap_or_default();
+            if let Some(fields) = v.as_object_mut() {
+                for f in CHANGEABLE_AFTER_ADMISSION {
+                    fields.remove(f);
+                }
+            }
+            v
+        };
+        first_difference(&fixed(self), &fixed(new), "/spec")
+    }
+
     /// A minimal valid spec, for tests and examples.
     pub fn example(flavor: &str, gpus: f64) -> Self {
         Self {
@@ -571,6 +609,23 @@ impl WorkloadSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_admission_only_priority_runtime_and_inference_may_change() {
+        let a = WorkloadSpec::example("h100", 4.0);
+        let mut b = a.clone();
+        b.priority = 9;
+        b.max_runtime_seconds = Some(60);
+        assert_eq!(a.fixed_field_changed(&b), None);
+        b.tasks.resources.gpus = 2.0;
+        assert_eq!(a.fixed_field_changed(&b).as_deref(), Some("/spec/tasks/resources/gpus"));
+        let mut c = a.clone();
+        c.tasks.resources.flavors.push("a100".into());
+        assert_eq!(a.fixed_field_changed(&c).as_deref(), Some("/spec/tasks/resources/flavors"));
+        let mut d = a.clone();
+        d.run.env.insert("A/B".into(), "1".into());
+        assert_eq!(a.fixed_field_changed(&d).as_deref(), Some("/spec/run/env/A~1B"));
+    }
 
     fn apply(spec: WorkloadSpec) -> WorkloadApply {
         WorkloadApply { metadata: ApplyMeta::default(), spec, status: None }
