@@ -443,3 +443,29 @@ async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_fligh
     cluster_health::reconcile(&new).await.unwrap();
     assert!(cluster_health::reconcile(&old).await.is_err(), "the old leader's status write fails");
 }
+
+/// The overcommit a review found: a running 8-GPU workload was shrunk to 2 by a PUT, Berth
+/// then counted 2 while the job held 8, and admitted new work onto the full node. The
+/// shrink is refused now, so the new work waits and no second job reaches the cluster.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_running_workload_cannot_be_shrunk_so_nothing_is_admitted_onto_its_full_node(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 16, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    p.submit("nlp", "big", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "big").await, Phase::Running);
+
+    let shrunk = serde_json::from_value(json!({"spec": {"kind": "training",
+        "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}}, "sim": {"duration_seconds": 600}}}))
+    .unwrap();
+    let refused = berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "nlp", "big", &shrunk, None).await;
+    let Err(berth_core::Error::Invalid(errors)) = refused else { panic!("the shrink must be refused: {refused:?}") };
+    assert_eq!(errors[0].field, "/spec/tasks/resources/gpus");
+
+    p.submit("nlp", "small", 1, 6.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "small").await, Phase::Pending);
+    assert_eq!(p.workload("nlp", "big").await.spec.tasks.resources.gpus, 8.0);
+    assert_eq!(p.jobs("sim-a").await.len(), 1, "only the big workload's job");
+}
