@@ -150,8 +150,9 @@ async fn list_team_workloads(
 
 /// Submit many new workloads of a team at once (up to 1,000, within the 1 MiB body limit),
 /// all or none: one request and one transaction instead of one per workload, for sweeps
-/// and pipelines. Each item is a workload as `PUT` takes it and must name itself in
-/// `metadata.name`. An invalid item fails the whole batch (422, fields as
+/// and pipelines. Each item is a workload as `PUT` takes it and names itself in
+/// `metadata.name`, or gives `metadata.generate_name`, a prefix to which Berth adds 5
+/// random characters (the answer has the names). An invalid item fails the whole batch (422, fields as
 /// `/items/{i}/...`), and so does a name the team already uses (409); use `PUT` to change
 /// an existing workload. A workload that can never run as submitted (above a limit,
 /// non-preemptible above the guarantee, a shape no cluster could hold) is refused (422,

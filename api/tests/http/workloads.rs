@@ -483,3 +483,38 @@ async fn an_admitted_workload_keeps_its_shape_and_an_ended_one_its_spec(db: bert
     assert!(changed.body["detail"].as_str().unwrap().contains("has ended (Succeeded)"), "{}", changed.body);
     s.put_ok(path, &WorkloadBody::new().gpus(4.0).priority(5).label("stage", "3").json(), 200).await;
 }
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_batch_item_without_a_name_gets_one_from_its_generate_name(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let generated = |prefix: &str| {
+        let mut v = WorkloadBody::new().json();
+        v["metadata"]["generate_name"] = json!(prefix);
+        v
+    };
+    let items: Vec<_> = (0..20).map(|_| generated("sweep-")).chain([item("named", WorkloadBody::new())]).collect();
+    let created = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&json!({"items": items})), &[]).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let names = created.names();
+    assert_eq!(names.last().map(String::as_str), Some("named"));
+    let mut made: Vec<&String> = names[..20].iter().collect();
+    for name in &made {
+        assert!(name.starts_with("sweep-") && name.len() == 11, "{name}");
+        assert!(name[6..].bytes().all(|b| b"bcdfghjklmnpqrstvwxz2456789".contains(&b)), "{name}");
+        assert_eq!(s.get(&format!("/api/v1/teams/nlp/workloads/{name}")).await.status, 200);
+    }
+    made.sort_unstable();
+    made.dedup();
+    assert_eq!(made.len(), 20, "every generated name is new");
+
+    // A bad prefix, or an item with neither, is refused naming the field; nothing is written.
+    let bad = json!({"items": [generated("Sweep_"), generated("ok-"), WorkloadBody::new().json()]});
+    let refused = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&bad), &[]).await;
+    refused.assert_problem(422, Some("/items/0/metadata/generate_name"));
+    let fields: Vec<&str> =
+        refused.body["errors"].as_array().unwrap().iter().map(|e| e["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["/items/0/metadata/generate_name", "/items/2/metadata/name"]);
+    let listed = s.get("/api/v1/teams/nlp/workloads?limit=100").await;
+    assert_eq!(listed.body["items"].as_array().unwrap().len(), 21);
+}

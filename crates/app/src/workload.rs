@@ -211,12 +211,31 @@ async fn create_batch(
         return Err(Error::invalid("/items", message));
     }
     let mut errors = Vec::new();
+    let generated: Vec<Option<String>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match (&item.metadata.name, &item.metadata.generate_name) {
+            (None, Some(prefix)) => match generated_name(prefix) {
+                Ok(name) => Some(name),
+                Err(message) => {
+                    errors.push(FieldError::new(format!("/items/{i}/metadata/generate_name"), message));
+                    None
+                }
+            },
+            _ => None,
+        })
+        .collect();
     let mut names: Vec<&str> = Vec::with_capacity(items.len());
     let mut first_with: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (i, item) in items.iter().enumerate() {
         let at = |field: &str| format!("/items/{i}{field}");
-        let Some(name) = item.metadata.name.as_deref() else {
-            errors.push(FieldError::new(at("/metadata/name"), "required: each workload of a batch names itself"));
+        let Some(name) = item.metadata.name.as_deref().or(generated[i].as_deref()) else {
+            if item.metadata.generate_name.is_none() {
+                errors.push(FieldError::new(
+                    at("/metadata/name"),
+                    "required: each workload of a batch names itself, or gives metadata.generate_name",
+                ));
+            }
             continue;
         };
         let first = *first_with.entry(name).or_insert(i);
@@ -442,6 +461,27 @@ fn refuse_change_of_what_runs(team: &str, name: &str, w: &Workload, new: &Worklo
         )),
         None => Ok(()),
     }
+}
+
+/// A name made from a `generate_name` prefix and 5 random characters (as Kubernetes makes
+/// them: no vowels, so no words, and no characters that look alike).
+fn generated_name(prefix: &str) -> Result<String, String> {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    const MAX_PREFIX: usize = 58;
+    if prefix.is_empty()
+        || prefix.len() > MAX_PREFIX
+        || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || prefix.starts_with('-')
+    {
+        return Err(format!(
+            "must be 1 to {MAX_PREFIX} lower-case letters, digits and '-', not starting with '-' (5 random \
+             characters are added)"
+        ));
+    }
+    let random = uuid::Uuid::new_v4();
+    let suffix: String =
+        random.as_bytes()[..5].iter().map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()])).collect();
+    Ok(format!("{prefix}{suffix}"))
 }
 
 pub(crate) fn not_found(team: &str, name: &str) -> Error {

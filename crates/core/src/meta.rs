@@ -50,6 +50,11 @@ pub struct ApplyMeta {
     /// The name in the path, when given.
     #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
+    /// `POST /api/v1/teams/{team}/workloads` only, for an item without `name`: a prefix
+    /// (at most 58 characters) to which Berth adds 5 random characters to make a name no
+    /// workload of the team has (as Kubernetes' `generateName`). Ignored by `PUT`.
+    #[schema(pattern = "^[a-z0-9][-a-z0-9]{0,57}$")]
+    pub generate_name: Option<String>,
     /// The team in the path (workloads), when given.
     #[schema(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub team: Option<String>,
