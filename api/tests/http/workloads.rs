@@ -517,4 +517,7 @@ async fn a_batch_item_without_a_name_gets_one_from_its_generate_name(db: berth_s
     assert_eq!(fields, ["/items/0/metadata/generate_name", "/items/2/metadata/name"]);
     let listed = s.get("/api/v1/teams/nlp/workloads?limit=100").await;
     assert_eq!(listed.body["items"].as_array().unwrap().len(), 21);
+    // PUT names the workload in its path and ignores a prefix, but not a broken one.
+    s.put("/api/v1/teams/nlp/workloads/x", &generated("")).await.assert_problem(422, Some("/metadata/generate_name"));
+    s.put_ok("/api/v1/teams/nlp/workloads/x", &generated("ok-"), 201).await;
 }

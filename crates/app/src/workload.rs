@@ -467,17 +467,7 @@ fn refuse_change_of_what_runs(team: &str, name: &str, w: &Workload, new: &Worklo
 /// them: no vowels, so no words, and no characters that look alike).
 fn generated_name(prefix: &str) -> Result<String, String> {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    const MAX_PREFIX: usize = 58;
-    if prefix.is_empty()
-        || prefix.len() > MAX_PREFIX
-        || !prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        || prefix.starts_with('-')
-    {
-        return Err(format!(
-            "must be 1 to {MAX_PREFIX} lower-case letters, digits and '-', not starting with '-' (5 random \
-             characters are added)"
-        ));
-    }
+    berth_core::validation::check_name_prefix(prefix)?;
     let random = uuid::Uuid::new_v4();
     let suffix: String =
         random.as_bytes()[..5].iter().map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()])).collect();

@@ -163,6 +163,11 @@ pub fn validate_meta(v: &mut Validator, meta: &ApplyMeta, path_name: &str) {
             format!("must match the name in the path ({path_name:?}) or be omitted")
         });
     }
+    if let Some(prefix) = &meta.generate_name
+        && let Err(message) = crate::validation::check_name_prefix(prefix)
+    {
+        v.error("/metadata/generate_name", message);
+    }
     if let Some(labels) = &meta.labels {
         v.labels("/metadata/labels", labels);
     }

@@ -101,6 +101,26 @@ pub fn escape_pointer(token: &str) -> String {
 
 /// Checks a DNS-1123 label.
 ///
+/// The longest `generate_name` prefix: with the 5 characters added, a name of 63.
+pub const MAX_NAME_PREFIX: usize = 58;
+
+/// A `generate_name` prefix: what starts a DNS-1123 label (the random end finishes it).
+///
+/// # Errors
+/// A message saying what is wrong with it.
+pub fn check_name_prefix(prefix: &str) -> Result<(), String> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= MAX_NAME_PREFIX
+        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !prefix.starts_with('-');
+    ok.then_some(()).ok_or_else(|| {
+        format!(
+            "must be 1 to {MAX_NAME_PREFIX} lower-case letters, digits and '-', not starting with '-' (5 random \
+             characters are added)"
+        )
+    })
+}
+
 /// # Errors
 /// A message saying what is wrong with it.
 pub fn check_dns_label(value: &str) -> Result<(), String> {
