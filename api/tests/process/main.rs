@@ -642,17 +642,13 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
         created(b.call(Method::PUT, &format!("/api/v1/clusters/{name}"), Some(&body)).await);
         quotas.push(json!({"flavor": flavor, "guaranteed": 2}));
         // The cluster's status says which API Berth found.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let (_, c) = b.call(Method::GET, &format!("/api/v1/clusters/{name}"), None).await;
-            let found = c["status"]["api"].as_str().unwrap_or_default().to_owned();
-            if c["status"]["health"] == "Healthy" && !found.is_empty() {
-                assert!(found.starts_with(&format!("slurmrestd {api}, Slurm {release}.")), "{name}: {found}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "{name} is not healthy: {}", c["status"]);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let c = b
+            .wait_for(&format!("/api/v1/clusters/{name}"), &format!("{name} is healthy"), |c| {
+                c["status"]["health"] == "Healthy" && c["status"]["api"].is_string()
+            })
+            .await;
+        let found = c["status"]["api"].as_str().unwrap();
+        assert!(found.starts_with(&format!("slurmrestd {api}, Slurm {release}.")), "{name}: {found}");
     }
     created(b.call(Method::PUT, "/api/v1/teams/research", Some(&json!({"spec": {"quotas": quotas}}))).await);
 
@@ -669,22 +665,11 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
         let done = b.wait_for_phase("research", &workload, "Succeeded").await;
         assert_eq!(done["status"]["backend_ref"]["cluster"], name, "{done}");
         let path = format!("/api/v1/teams/research/workloads/{workload}/logs");
-        let reply = reqwest::Client::new()
-            .get(format!("http://{}{path}", b.address))
-            .bearer_auth(b.admin_token())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(reply.status(), 200);
-        assert!(reply.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
-        assert_eq!(reply.text().await.unwrap(), format!("hello from {workload} with GPUs 0,1\ndone\n"), "{name}");
-        let tail = reqwest::Client::new()
-            .get(format!("http://{}{path}?tail=1", b.address))
-            .bearer_auth(b.admin_token())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(tail.text().await.unwrap(), "done\n");
+        let (status, content_type, text) = b.text(&path).await;
+        assert_eq!(status, 200);
+        assert!(content_type.starts_with("text/plain"), "{content_type}");
+        assert_eq!(text, format!("hello from {workload} with GPUs 0,1\ndone\n"), "{name}");
+        assert_eq!(b.text(&format!("{path}?tail=1")).await.2, "done\n");
     }
 
     // Half a GPU runs on GPU shards, on every release.
@@ -696,10 +681,8 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
         created(b.call(Method::PUT, &format!("/api/v1/teams/research/workloads/{workload}"), Some(&half)).await);
         let done = b.wait_for_phase("research", &workload, "Succeeded").await;
         assert_eq!(done["status"]["backend_ref"]["cluster"], name, "{done}");
-        let path = format!("/api/v1/teams/research/workloads/{workload}/logs");
-        let reply =
-            reqwest::Client::new().get(format!("http://{}{path}", b.address)).bearer_auth(b.admin_token()).send().await;
-        assert_eq!(reply.unwrap().text().await.unwrap(), "shards 2\n", "{name}: 4 shards per GPU");
+        let logs = b.text(&format!("/api/v1/teams/research/workloads/{workload}/logs")).await;
+        assert_eq!(logs.2, "shards 2\n", "{name}: 4 shards per GPU");
     }
 
     // A cluster pinned to a version its slurmrestd does not serve is unreachable at once,
@@ -707,16 +690,10 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
     let mut pinned = devs[0].apply_body("slurm-2205", "BERTH_CREDENTIAL_S2205");
     pinned["spec"]["slurm"]["api_version"] = json!("v0.0.45");
     created(b.call(Method::PUT, "/api/v1/clusters/pinned", Some(&pinned)).await);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        let (_, c) = b.call(Method::GET, "/api/v1/clusters/pinned", None).await;
-        if c["status"]["health"] == "Unreachable" {
-            break c["status"].clone();
-        }
-        assert!(Instant::now() < deadline, "pinned: {}", c["status"]);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let message = status["message"].as_str().unwrap();
+    let pinned = b
+        .wait_for("/api/v1/clusters/pinned", "pinned is unreachable", |c| c["status"]["health"] == "Unreachable")
+        .await;
+    let message = pinned["status"]["message"].as_str().unwrap();
     assert!(message.contains("it offers v0.0.38") && message.contains("pins v0.0.45"), "{message}");
     assert_eq!(b.call(Method::DELETE, "/api/v1/clusters/pinned", None).await.0, 200);
 

@@ -106,15 +106,34 @@ impl Berthd {
     /// gives it back then.
     pub async fn wait_for_phase(&self, team: &str, name: &str, phase: &str) -> Value {
         let path = format!("/api/v1/teams/{team}/workloads/{name}");
+        self.wait_for(&path, &format!("{team}/{name} is {phase}"), |w| w["status"]["phase"] == phase).await
+    }
+
+    /// Waits (a minute at most, asking every 100 ms) until the object at `path` (GET as
+    /// a platform admin) satisfies `done`; gives it back then.
+    pub async fn wait_for(&self, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let (_, w) = self.call(reqwest::Method::GET, &path, None).await;
-            if w["status"]["phase"] == phase {
-                return w;
+            let (_, object) = self.call(reqwest::Method::GET, path, None).await;
+            if done(&object) {
+                return object;
             }
-            assert!(Instant::now() < deadline, "{team}/{name} is not {phase}: {}", w["status"]);
+            assert!(Instant::now() < deadline, "not within a minute: {what}: {}", object["status"]);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// A GET as a platform admin of a plain-text answer: its status, content type and text.
+    pub async fn text(&self, path: &str) -> (u16, String, String) {
+        let reply = reqwest::Client::new()
+            .get(format!("http://{}{path}", self.address))
+            .bearer_auth(self.admin_token())
+            .send()
+            .await
+            .expect("request");
+        let status = reply.status().as_u16();
+        let content_type = reply.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        (status, content_type, reply.text().await.expect("text"))
     }
 
     pub async fn controllers(&self) -> Value {

@@ -313,8 +313,14 @@ async fn tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards(cluster: &str) {
     let dev = DevCluster::get(cluster);
     assert_eq!(dev.shards_per_gpu, 4, "the dev clusters have 4 shards per GPU");
     let b = backend(&dev, &dev.token);
-    // Two tasks of a quarter GPU on one node: one shard each.
-    let mut quarter = job(2, 0, &["x", "x"], "#!/bin/bash\nsrun bash -c 'echo $SLURM_SHARDS_ON_NODE'\nsleep 3\n");
+    // Two tasks of a quarter GPU on one node: one shard each. The job holds its shards
+    // until the test lets it end.
+    let go = std::env::temp_dir().join(format!("berth-go-{}", Uuid::now_v7()));
+    let script = format!(
+        "#!/bin/bash\nsrun bash -c 'echo $SLURM_SHARDS_ON_NODE'\nwhile [ ! -e {} ]; do sleep 0.2; done\n",
+        go.display()
+    );
+    let mut quarter = job(2, 0, &["x", "x"], &script);
     quarter.gpus_per_task = 25;
     let submitted = b.submit(&quarter).await.unwrap();
     wait_for(&b, quarter.key, "running", |j| j.state == JobState::Running).await;
@@ -327,7 +333,9 @@ async fn tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards(cluster: &str) {
     })
     .await;
     assert_eq!(used, 50);
+    std::fs::write(&go, "").unwrap();
     let done = wait_for(&b, quarter.key, "final", |j| j.state.is_final()).await;
+    std::fs::remove_file(go).unwrap();
     assert_eq!(done.state, JobState::Succeeded, "{done:?}");
     let output = std::fs::read_to_string(done.output.unwrap()).unwrap();
     assert_eq!(output.lines().collect::<Vec<_>>(), ["2", "2"], "each task sees the node's shards: {output}");

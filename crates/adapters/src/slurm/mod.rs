@@ -504,12 +504,14 @@ impl ClusterBackend for SlurmCluster {
             api.parse_partitions(&self.get("partitions").await?).map_err(|e| self.bad_answer("partitions", &e))?;
         let jobs = self.listed(false).await?;
         // A shard is its share of a GPU of the partition the node is in.
-        let share = |shards: u32, node: &str| {
-            let n = nodes.iter().find(|n| n.name == node);
-            let per_gpu =
-                n.and_then(|n| self.partitions.iter().find(|p| n.partitions.contains(&p.name))?.shards_per_gpu);
-            per_gpu.map_or(0, |k| (shards * 100).div_ceil(k))
-        };
+        let shards_per_gpu: HashMap<&str, u32> = nodes
+            .iter()
+            .filter_map(|n| {
+                let per_gpu = self.partitions.iter().find(|p| n.partitions.contains(&p.name))?.shards_per_gpu?;
+                Some((n.name.as_str(), per_gpu))
+            })
+            .collect();
+        let share = |shards: u32, node: &str| shards_per_gpu.get(node).map_or(0, |k| (shards * 100).div_ceil(*k));
         // Shards held on each node, from the jobs (a node's `gres_used` miscounts them on
         // 22.05), and GPUs (in hundredths) held by jobs that are not Berth's.
         let mut shards: HashMap<&str, u32> = HashMap::new();
