@@ -266,6 +266,9 @@ struct ServeArgs {
     /// Age after which a backend job no workload owns is cancelled.
     #[arg(long, env = "BERTH_ORPHAN_GRACE_SECONDS", default_value_t = 60)]
     orphan_grace_seconds: u64,
+    /// Days an ended workload (succeeded, failed, cancelled) is kept before it is removed.
+    #[arg(long, env = "BERTH_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    retention_days: u64,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -332,23 +335,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(berth_app::demo::trickle(db.clone(), Duration::from_secs(args.demo_interval_seconds.max(1))));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let backends = std::sync::Arc::new(berth_adapters::Registry::new(args.sim_state_dir.clone()));
     let controllers = args.controllers.then(|| {
         let ctx = berth_controllers::Context {
             db: db.clone(),
-            backends: std::sync::Arc::new(berth_adapters::Registry::new(args.sim_state_dir.clone())),
+            backends: backends.clone(),
             config: berth_controllers::Config {
                 cancel_grace: Duration::from_secs(args.cancel_grace_seconds),
                 unknown_timeout: Duration::from_secs(args.unknown_timeout_seconds),
                 orphan_grace: Duration::from_secs(args.orphan_grace_seconds),
+                retention: Duration::from_secs(args.retention_days.saturating_mul(86_400)),
                 ..berth_controllers::Config::default()
             },
             // Set by the lease for each term.
             epoch: None,
+            clock: berth_controllers::Clock::default(),
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))
     });
-    let state = AppState { http, ..AppState::new(db, auth) };
+    let state = AppState { http, backends, ..AppState::new(db, auth) };
     match args.security.metrics_listen.as_str() {
         "" | "off" => {}
         address => {

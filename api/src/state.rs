@@ -1,6 +1,9 @@
 //! What every handler can reach.
 
-use axum::http::{HeaderValue, Method, header};
+use std::sync::Arc;
+
+use axum::http::{HeaderName, HeaderValue, Method, header};
+use berth_adapters::Registry;
 use berth_store::PgPool;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -13,11 +16,20 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     pub auth: Auth,
     pub http: HttpConfig,
+    /// The clusters' backends (logs are read through them); berthd shares them with its
+    /// controllers.
+    pub backends: Arc<Registry>,
 }
 
 impl AppState {
     pub fn new(db: PgPool, auth: Auth) -> Self {
-        Self { db, metrics: crate::telemetry::metrics_handle(), auth, http: HttpConfig::default() }
+        Self {
+            db,
+            metrics: crate::telemetry::metrics_handle(),
+            auth,
+            http: HttpConfig::default(),
+            backends: Arc::new(Registry::new(None)),
+        }
     }
 }
 
@@ -53,8 +65,18 @@ impl HttpConfig {
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(self.cors_origins.clone()))
                 .allow_methods([Method::GET, Method::PUT, Method::POST, Method::DELETE])
-                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::IF_MATCH])
-                .expose_headers([header::ETAG, header::LOCATION, header::RETRY_AFTER])
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    header::IF_MATCH,
+                    HeaderName::from_static("idempotency-key"),
+                ])
+                .expose_headers([
+                    header::ETAG,
+                    header::LOCATION,
+                    header::RETRY_AFTER,
+                    HeaderName::from_static("idempotent-replayed"),
+                ])
         })
     }
 }

@@ -65,6 +65,30 @@ export async function api<T>(path: string, init: { method?: string; body?: unkno
   return body as T;
 }
 
+/// A plain-text answer (a workload's logs); problems as [`api`] reports them.
+export async function apiText(path: string): Promise<string> {
+  const headers: Record<string, string> = { Accept: "text/plain, application/problem+json" };
+  const token = savedToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let response: Response;
+  try {
+    response = await fetch(path, { headers });
+  } catch (e) {
+    throw new ApiError(0, "Berth did not answer", String(e));
+  }
+  const text = await response.text();
+  if (!response.ok) {
+    let p: Problem = {};
+    try {
+      p = JSON.parse(text);
+    } catch {
+      p = { detail: text };
+    }
+    throw new ApiError(response.status, p.title ?? response.statusText, p.detail ?? "", p.errors ?? []);
+  }
+  return text;
+}
+
 /// Every item of a paged list.
 export async function all<T>(path: string): Promise<T[]> {
   const items: T[] = [];
@@ -87,6 +111,8 @@ export interface Meta {
   name: string;
   team?: string;
   uid: string;
+  /// Workloads: who submitted it.
+  owner?: { subject: string; issuer: string };
   resource_version: string;
   labels?: Record<string, string>;
   created_at?: string;
@@ -201,9 +227,13 @@ export interface Workload {
     attempt: number;
     submitted_at?: string;
     admission?: { cluster: string; flavor: string; borrowed: boolean };
-    backend_ref?: { cluster: string; job_id: string };
+    backend_ref?: { cluster: string; job_id: string; output?: string };
     pending_reason?: { code: string; message: string };
     queue_position?: { global: number; team: number };
+    /// While pending: when it should start, and why then.
+    estimated_start?: { at: string; basis: string };
+    /// Set once someone cancelled it.
+    cancellation?: { requested_at: string; by: string };
     started_at?: string;
     finished_at?: string;
     exit_code?: number;

@@ -156,6 +156,40 @@ test("the queue shows a pending workload's reason, as the API gives it", async (
   await page.close();
 });
 
+test("a workload's page shows its owner, logs and estimate, and its owner cancels it keeping its history", async () => {
+  const member = berth.token("member", "vision");
+  await berth.call("PUT", "/api/v1/teams/vision/workloads/mine", {
+    spec: { kind: "batch", tasks: { count: 1, resources: { flavors: ["h100"], gpus: 4 } }, sim: { duration_seconds: 60 } },
+  }, member);
+  // A running workload's page shows what its job printed.
+  const page = await signedIn(member);
+  await page.goto(berth.origin + "/#/workload/vision/v1");
+  await page.getByTestId("logs").filter({ hasText: "[sim] task 0 of 1 started on" }).waitFor();
+  // Its own pending workload: owner, the estimate (none: what holds the GPUs has no
+  // runtime limit), and a Cancel button.
+  await page.goto(berth.origin + "/#/workload/vision/mine");
+  await page.locator('dd[data-fact="Owner"]').filter({ hasText: "member-user" }).waitFor();
+  await page.locator('dd[data-fact="Estimated start"]').filter({ hasText: "not known" }).waitFor();
+  page.once("dialog", (d) => d.accept());
+  await page.getByRole("button", { name: "Cancel workload" }).click();
+  await page.locator('dd[data-fact="Phase"]').filter({ hasText: "Cancelled" }).waitFor();
+  await page.locator('dd[data-fact="Cancelled by"]').filter({ hasText: "member-user" }).waitFor();
+  await page.getByRole("listitem").filter({ hasText: "Cancelled" }).first().waitFor();
+  assert.equal(await page.getByRole("button", { name: "Cancel workload" }).count(), 0);
+  const w = await berth.call("GET", "/api/v1/teams/vision/workloads/mine");
+  assert.equal(w.status.phase, "Cancelled");
+  assert.equal(w.metadata.owner.subject, "member-user");
+  await page.screenshot({ path: join(ARTIFACTS, "workload-cancelled.png"), fullPage: true });
+  // "Mine only" lists it, and nothing of the admin's.
+  await page.goto(berth.origin + "/#/workloads");
+  await page.getByLabel("Mine only").check();
+  await eventually(async () => {
+    const shown = await page.locator("tr[data-workload]").evaluateAll((rows) => rows.map((r) => r.dataset.workload));
+    return JSON.stringify(shown) === JSON.stringify(["vision/mine"]);
+  });
+  await page.close();
+});
+
 test("the workloads table filters by phase through the API", async () => {
   const page = await signedIn();
   await page.goto(berth.origin + "/#/workloads");

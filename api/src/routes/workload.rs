@@ -2,8 +2,9 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use berth_app::logs::LogsQuery;
 use berth_app::workload as app;
 use berth_core::page::PageRequest;
 use berth_core::selector::LabelSelector;
@@ -11,6 +12,7 @@ use berth_core::workload::{
     Phase, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadBatchCreated, WorkloadKind, WorkloadSummary,
 };
 use berth_store::workload::WorkloadFilter;
+use futures_util::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -29,6 +31,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_team_workloads, create_workloads))
         .routes(routes!(get_workload, put_workload, delete_workload))
         .routes(routes!(get_workload_logs))
+        .routes(routes!(cancel_workload))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
 }
@@ -58,6 +61,9 @@ pub struct WorkloadListParams {
     pub kind: Option<WorkloadKind>,
     /// Label selector: `key=value`, `key!=value`, `key`, `!key`, comma-separated.
     pub label_selector: Option<String>,
+    /// Only workloads submitted by this subject (`metadata.owner.subject`, e.g. `alice` or
+    /// `serviceaccount:ci`); `me` for the caller's own.
+    pub owner: Option<String>,
     /// Items per page, 1 to 500 (default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
@@ -79,6 +85,8 @@ impl WorkloadListParams {
             cluster: self.cluster.clone(),
             kind: self.kind,
             labels,
+            owner_subject: self.owner.clone(),
+            owner_issuer: None,
         })
     }
 }
@@ -157,25 +165,43 @@ async fn list_team_workloads(
 /// an existing workload. A workload that can never run as submitted (above a limit,
 /// non-preemptible above the guarantee, a shape no cluster could hold) is refused (422,
 /// naming the field to change). With `?dry_run=true` nothing is written.
+///
+/// With an `Idempotency-Key` header (1 to 255 visible ASCII characters, a UUID say), a
+/// retry — same caller, team, key and batch, within 24 hours — answers what the first
+/// request created (201, `Idempotent-Replayed: true`) and creates nothing; the same key
+/// with another batch is a 422 naming `Idempotency-Key`.
 #[utoipa::path(post, path = "/api/v1/teams/{team}/workloads", tag = "workloads",
-    params(("team" = String, Path, description = "Team name"), WriteParams),
+    params(("team" = String, Path, description = "Team name"), WriteParams,
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry answer the first result instead of creating again")),
     request_body = WorkloadBatch,
     responses(
-        (status = 201, description = "Created, in the order given", body = WorkloadBatchCreated),
+        (status = 201, description = "Created, in the order given (or, with `Idempotent-Replayed: true`, as the first request with the key created them)", body = WorkloadBatchCreated),
         (status = 200, description = "`dry_run`: as they would be created; nothing written", body = WorkloadBatchCreated)))]
 async fn create_workloads(
     State(s): State<AppState>,
     ApiPath(team): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteParams>,
+    headers: HeaderMap,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadBatch>,
-) -> Result<(StatusCode, Json<WorkloadBatchCreated>), ApiError> {
+) -> Result<Response, ApiError> {
     if q.dry_run {
         let items = app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body).await?;
-        return Ok((StatusCode::OK, Json(WorkloadBatchCreated { items })));
+        return Ok((StatusCode::OK, Json(WorkloadBatchCreated { items })).into_response());
     }
-    let items = app::workload_create_batch(&s.db, &opctx, &team, &body).await?;
-    Ok((StatusCode::CREATED, Json(WorkloadBatchCreated { items })))
+    let key = match headers.get(app::IDEMPOTENCY_KEY) {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            berth_core::Error::invalid(app::IDEMPOTENCY_KEY, "must be 1 to 255 visible ASCII characters")
+        })?),
+        None => None,
+    };
+    let batch = app::workload_create_batch(&s.db, &opctx, &team, &body, key).await?;
+    let created = (StatusCode::CREATED, Json(WorkloadBatchCreated { items: batch.items }));
+    Ok(if batch.replayed {
+        ([("idempotent-replayed", "true")], created).into_response()
+    } else {
+        created.into_response()
+    })
 }
 
 /// Get a workload.
@@ -195,14 +221,24 @@ async fn get_workload(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct LogsParams {
+    /// Which task (0-based: a training job's rank, a serving job's replica); 0 by default.
+    pub task: Option<u32>,
+    /// Which attempt (a requeued workload has one per run); the current one by default.
+    pub attempt: Option<u32>,
     /// Only the last this many lines.
     pub tail: Option<u32>,
+    /// Keep the answer open and send each new line as it is printed, until the task ends
+    /// (`kubectl logs -f`).
+    #[serde(default)]
+    pub follow: bool,
 }
 
-/// What the workload's job printed (its current attempt), as plain text: all of it up to
-/// its last MiB, or its last `tail` lines. A Slurm job's output is read from its output
-/// file where berthd can read it (a filesystem shared with the cluster); where it cannot,
-/// or before the workload has a job, the answer is 409 saying why and where the output is.
+/// What a task of the workload's job printed, as plain text: all of it, or its last `tail`
+/// lines; with `follow=true` the answer streams each new line until the task ends.
+/// Kubernetes jobs answer from their pods' logs, simulated jobs from the lines they write,
+/// Slurm jobs from their output file where berthd can read it (a filesystem shared with the
+/// cluster; its last MiB, no following). Where the output cannot be read, or before the
+/// workload has a job, the answer is 409 saying why and where it is.
 #[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}/logs", tag = "workloads",
     params(("team" = String, Path, description = "Team name"), ("name" = String, Path, description = "Workload name"), LogsParams),
     responses(
@@ -214,8 +250,17 @@ async fn get_workload_logs(
     ApiPath((team, name)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<LogsParams>,
 ) -> Result<Response, ApiError> {
-    let text = berth_app::logs::workload_logs(&s.db, &opctx, &team, &name, q.tail).await?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+    let query = LogsQuery { task: q.task.unwrap_or(0), attempt: q.attempt, tail: q.tail, follow: q.follow };
+    let stream = berth_app::logs::workload_logs(&s.db, &opctx, &s.backends, &team, &name, &query).await?;
+    let content_type = [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    if q.follow {
+        // A failure mid-stream ends the answer early (its status is long sent).
+        let body = stream.map(|chunk| chunk.map_err(|e| std::io::Error::other(e.to_string())));
+        return Ok((content_type, axum::body::Body::from_stream(body)).into_response());
+    }
+    let chunks: Vec<String> =
+        stream.try_collect().await.map_err(|e| berth_core::Error::Unavailable(format!("reading the logs: {e}")))?;
+    Ok((content_type, chunks.concat()).into_response())
 }
 
 /// Submit or replace a workload. A new workload starts in phase `Pending`.
@@ -259,11 +304,36 @@ async fn put_workload(
     Ok(applied(outcome, &format!("/api/v1/teams/{team}/workloads/{name}"), &workload.metadata, &workload))
 }
 
+/// Cancel a workload and keep it (as `scancel`): one without a job ends `Cancelled` at
+/// once; one with a job keeps its phase with `status.cancellation` set while its job is
+/// stopped with the cancel grace period, then ends `Cancelled`. Either way it stays, with
+/// its events and times, until the retention period (`BERTH_RETENTION_DAYS`) removes it.
+/// Only its owner or an admin of its team may cancel it. Cancelling again while it stops
+/// answers 202 again; an ended workload is a 409.
+#[utoipa::path(post, path = "/api/v1/teams/{team}/workloads/{name}/cancel", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name"),
+        crate::openapi::IfMatchHeader),
+    responses(
+        (status = 202, description = "Cancelled, or being cancelled; the workload", body = Workload, headers(("ETag" = String))),
+        (status = 409, description = "It has ended already, or is being deleted", body = crate::problem::Problem, content_type = "application/problem+json")))]
+async fn cancel_workload(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    Preconditions(if_match): Preconditions,
+    OpCtx(opctx): OpCtx,
+) -> Result<Response, ApiError> {
+    let workload = app::workload_cancel(&s.db, &opctx, &team, &name, if_match.as_ref()).await?;
+    Ok(object(StatusCode::ACCEPTED, &workload.metadata, &workload))
+}
+
 /// Delete a workload.
 ///
-/// Answers 202: a workload that never reached a backend is removed at once; one that did
-/// is marked (`metadata.deletion_timestamp`) and removed by the controllers once its
-/// backend job is cancelled.
+/// Answers 202: a workload that never reached a backend, or has ended, is removed at once;
+/// one that runs is marked (`metadata.deletion_timestamp`) and removed by the controllers
+/// once its backend job is cancelled. To stop a workload and keep its record, cancel it
+/// instead (`POST .../cancel`). Only its owner or an admin of its team may delete it.
 #[utoipa::path(delete, path = "/api/v1/teams/{team}/workloads/{name}", tag = "workloads",
     params(
         ("team" = String, Path, description = "Team name"),

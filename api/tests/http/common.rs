@@ -89,6 +89,12 @@ impl Server {
         self.send(Method::DELETE, path, None, &[]).await
     }
 
+    /// The reasons of the events of the workload at `path`, oldest first.
+    pub async fn event_reasons(&self, path: &str) -> Vec<String> {
+        let events = self.get(&format!("{path}/events")).await.body;
+        events["items"].as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap().to_owned()).collect()
+    }
+
     /// PUTs and asserts the status.
     pub async fn put_ok(&self, path: &str, body: &Value, status: u16) -> Reply {
         let reply = self.put(path, body).await;
@@ -463,6 +469,7 @@ pub async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_cont
         backends: std::sync::Arc::new(berth_adapters::Registry::new(None)),
         config: berth_controllers::Config::default(),
         epoch: None,
+        clock: berth_controllers::Clock::default(),
     };
     berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");
     ctx

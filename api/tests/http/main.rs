@@ -6,6 +6,7 @@ mod auth;
 mod clusters;
 mod common;
 mod flavors;
+mod lifecycle;
 mod malformed;
 mod observability;
 mod security;

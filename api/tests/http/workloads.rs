@@ -118,12 +118,7 @@ async fn deleting_a_workload_that_reached_a_backend_only_marks_it(db: berth_stor
     // Re-applying a workload that is being deleted is refused; deleting again is harmless.
     s.put(path, &WorkloadBody::new().json()).await.assert_problem(409, None);
     assert_eq!(s.send(Method::DELETE, path, None, &[]).await.status, 202);
-    let reasons: Vec<String> = s.get(&format!("{path}/events")).await.body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["reason"].as_str().unwrap().to_owned())
-        .collect();
+    let reasons = s.event_reasons(path).await;
     assert_eq!(reasons, ["Created", "DeletionRequested"]);
 }
 

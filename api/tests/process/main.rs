@@ -254,18 +254,7 @@ async fn through_the_api_a_department_at_its_limit_reclaims_impossible_work_is_r
 ) {
     use reqwest::Method;
     let nodes = vec![FakeNode::gpu("kube-0", 8, "H100")];
-    let server = TestApiServer::start(Config { nodes, ..Config::default() }).await.expect("the test API server starts");
-    let dir = std::env::temp_dir().join(format!("berth-promises-{}", uuid::Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    let kubeconfig = kubeconfig.display().to_string();
-    let b = Berthd::start_with(
-        &support::database_url(&db),
-        "promises",
-        &dir,
-        &[("BERTH_CREDENTIAL_TEST_KUBE_FILE", kubeconfig.as_str())],
-    );
+    let (server, b, dir) = with_kubernetes(&db, "promises", nodes).await;
     let put = |path: String, body: serde_json::Value| {
         let b = &b;
         async move { b.call(Method::PUT, &path, Some(&body)).await }
@@ -709,5 +698,111 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("symbolic link") && detail.contains(&devs[2].work_dir), "{detail}");
     b.kill();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A test Kubernetes API server with `nodes`, and a berthd (`id`) holding its kubeconfig
+/// as the credential `BERTH_CREDENTIAL_TEST_KUBE`; and the berthd's directory.
+async fn with_kubernetes(db: &PgPool, id: &str, nodes: Vec<FakeNode>) -> (TestApiServer, Berthd, std::path::PathBuf) {
+    let server = TestApiServer::start(Config { nodes, ..Config::default() }).await.expect("the test API server starts");
+    let dir = std::env::temp_dir().join(format!("berth-{id}-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let env = [("BERTH_CREDENTIAL_TEST_KUBE_FILE", kubeconfig.as_str())];
+    let b = Berthd::start_with(&support::database_url(db), id, &dir, &env);
+    (server, b, dir)
+}
+
+/// Reads a followed log to its end: each chunk as it arrived, with when.
+async fn follow(b: &Berthd, path: &str) -> Vec<(Instant, String)> {
+    let mut reply = reqwest::Client::new()
+        .get(format!("http://{}{path}", b.address))
+        .bearer_auth(b.admin_token())
+        .send()
+        .await
+        .expect("the log answers");
+    assert_eq!(reply.status(), 200, "{path}");
+    let mut chunks = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Some(chunk) =
+        tokio::time::timeout_at(deadline.into(), reply.chunk()).await.expect("the log ends").unwrap()
+    {
+        chunks.push((Instant::now(), String::from_utf8(chunk.to_vec()).unwrap()));
+    }
+    chunks
+}
+
+/// A user follows what a simulated and a Kubernetes job print, through the API, as they
+/// print it (`?follow=true`), and reads the last lines afterwards.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_user_follows_the_logs_of_a_simulated_and_a_kubernetes_job_as_they_print(db: PgPool) {
+    use reqwest::Method;
+    let nodes = vec![FakeNode::gpu("kube-0", 8, "H100")];
+    let (server, b, dir) = with_kubernetes(&db, "logs", nodes).await;
+    let put = |path: &str, body: Value| {
+        let (b, path) = (&b, path.to_owned());
+        async move {
+            let (status, body) = b.call(Method::PUT, &path, Some(&body)).await;
+            assert!(status == 201, "{path}: {status}: {body}");
+        }
+    };
+    put("/api/v1/flavors/h100", json!({"spec": {}})).await;
+    put("/api/v1/teams/t", json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 8}]}})).await;
+    put(
+        "/api/v1/clusters/sim",
+        json!({"spec": {"kind": "sim", "sim": {"time_scale": 10,
+        "node_groups": [{"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}}}),
+    )
+    .await;
+    put("/api/v1/clusters/kube", json!({"spec": {"kind": "kubernetes", "endpoint": server.url(),
+        "credentials_ref": "BERTH_CREDENTIAL_TEST_KUBE", "kubernetes": {"flavors": [{"flavor": "h100", "product": "H100"}]}}}))
+    .await;
+    b.wait_for("/api/v1/clusters/kube", "kube is healthy", |c| c["status"]["health"] == "Healthy").await;
+    let tasks = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}});
+    let epochs: Vec<String> = (1..=6).map(|i| format!("epoch {i}")).collect();
+    let log = epochs.join("\n");
+    // 60 simulated seconds at 10× are 6 s; the container runs 6 s too.
+    let jobs = [
+        (
+            "sim-job",
+            json!({"spec": {"kind": "training", "tasks": tasks, "placement": {"backend_kinds": ["sim"]},
+                "sim": {"duration_seconds": 60}}}),
+            vec!["[sim] task 0 of 1 started on n-0 with 1 GPU"],
+        ),
+        (
+            "kube-job",
+            json!({"spec": {"kind": "training", "tasks": tasks, "placement": {"backend_kinds": ["kubernetes"]},
+                "run": {"image": "busybox", "env": {"FAKE_RUN_SECONDS": "6", "FAKE_LOG": log}}}}),
+            epochs.iter().map(String::as_str).collect(),
+        ),
+    ];
+    for (name, body, expected) in jobs {
+        let path = format!("/api/v1/teams/t/workloads/{name}");
+        put(&path, body).await;
+        b.wait_for_phase("t", name, "Running").await;
+        let chunks = follow(&b, &format!("{path}/logs?follow=true")).await;
+        let text: String = chunks.iter().map(|(_, c)| c.as_str()).collect();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.starts_with(&expected[..1]), "{name}: {text}");
+        assert!(expected.iter().all(|l| lines.contains(l)), "{name}: {text}");
+        if name == "sim-job" {
+            assert_eq!(lines.len(), 11, "start, 9 steps, the end: {text}");
+            assert_eq!(lines[10], "[sim] done: exit code 0", "{text}");
+        }
+        // Followed, not read at the end: the lines came over the run, not in one piece.
+        let (first, last) = (chunks[0].0, chunks[chunks.len() - 1].0);
+        assert!(last - first >= Duration::from_secs(1), "{name}: all within {:?}: {chunks:?}", last - first);
+        b.wait_for_phase("t", name, "Succeeded").await;
+        let (status, _, tail) = b.text(&format!("{path}/logs?tail=2")).await;
+        assert_eq!(status, 200);
+        assert_eq!(tail.lines().collect::<Vec<_>>(), lines[lines.len() - 2..], "{name}");
+        let (status, _, problem) = b.text(&format!("{path}/logs?task=1")).await;
+        assert!(status == 422 && problem.contains("\"task\""), "{status}: {problem}");
+        let (status, _, problem) = b.text(&format!("{path}/logs?attempt=1")).await;
+        assert!(status == 422 && problem.contains("\"attempt\""), "{status}: {problem}");
+    }
+    drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }

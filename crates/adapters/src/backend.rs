@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use berth_core::cluster::ClusterKind;
 use berth_core::workload::{Run, WorkloadKind};
@@ -144,6 +146,26 @@ pub enum BackendError {
     Unsupported(String),
 }
 
+/// What a caller wants of a job's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogRequest {
+    /// Which task (0-based: a training job's rank, a serving job's replica).
+    pub task: u32,
+    /// Only the last this many lines.
+    pub tail: Option<u32>,
+    /// Keep the stream open and send each new line as it is printed, until the task ends.
+    pub follow: bool,
+}
+
+/// A job's output as it arrives: chunks of whole lines.
+pub type LogStream = futures_util::stream::BoxStream<'static, Result<String, BackendError>>;
+
+/// The last `tail` lines of `lines` (all when `None`), as one text.
+pub fn last_lines(lines: &[String], tail: Option<u32>) -> String {
+    let skip = tail.map_or(0, |t| lines.len().saturating_sub(t as usize));
+    lines[skip..].concat()
+}
+
 /// What every backend implements.
 ///
 /// # Guarantees an implementation gives
@@ -187,6 +209,14 @@ pub trait ClusterBackend: Send + Sync {
 
     /// Asks the job to stop; it gets `grace` to checkpoint before it is killed.
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError>;
+
+    /// What a task of the job printed: all of it, or its last `tail` lines; with `follow`,
+    /// the stream goes on with each new line until the task ends. Backends whose jobs write
+    /// to files on the cluster (Slurm) have no such call: their output is read from the file.
+    async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {
+        let _ = request;
+        Err(BackendError::Unsupported(format!("{} clusters serve no logs of job {key}", self.kind().as_str())))
+    }
 
     /// Sets how many replicas a serving job (inference, notebook) runs.
     async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
+pub use backend::{
+    BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus, LogRequest,
+    LogStream, last_lines,
+};
 use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec};
 use uuid::Uuid;
 

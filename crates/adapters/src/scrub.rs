@@ -12,6 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::cluster::ClusterKind;
 
+use futures_util::StreamExt;
+
+use crate::backend::{LogRequest, LogStream};
 use crate::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest, JobStatus};
 
 /// What stands in for a piece of a credential.
@@ -31,19 +34,24 @@ impl Scrubbed {
     }
 
     fn clean(&self, e: BackendError) -> BackendError {
-        let text = |mut s: String| {
-            for piece in &self.pieces {
-                if s.contains(piece.as_str()) {
-                    s = s.replace(piece.as_str(), HIDDEN);
-                }
+        scrub(&self.pieces, e)
+    }
+}
+
+/// `e` with every piece of the credential replaced.
+fn scrub(pieces: &[String], e: BackendError) -> BackendError {
+    let text = |mut s: String| {
+        for piece in pieces {
+            if s.contains(piece.as_str()) {
+                s = s.replace(piece.as_str(), HIDDEN);
             }
-            s
-        };
-        match e {
-            BackendError::Unreachable(m) => BackendError::Unreachable(text(m)),
-            BackendError::Rejected(m) => BackendError::Rejected(text(m)),
-            BackendError::Unsupported(m) => BackendError::Unsupported(text(m)),
         }
+        s
+    };
+    match e {
+        BackendError::Unreachable(m) => BackendError::Unreachable(text(m)),
+        BackendError::Rejected(m) => BackendError::Rejected(text(m)),
+        BackendError::Unsupported(m) => BackendError::Unsupported(text(m)),
     }
 }
 
@@ -103,6 +111,12 @@ impl ClusterBackend for Scrubbed {
 
     async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {
         self.inner.scale(key, replicas).await.map_err(|e| self.clean(e))
+    }
+
+    async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {
+        let stream = self.inner.clone().logs(key, request).await.map_err(|e| self.clean(e))?;
+        let pieces = self.pieces.clone();
+        Ok(stream.map(move |chunk| chunk.map_err(|e| scrub(&pieces, e))).boxed())
     }
 }
 

@@ -34,7 +34,15 @@ use berth_core::cluster::{ClusterKind, SimSpec};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
+use futures_util::StreamExt;
+
+use crate::backend::{
+    BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus, LogRequest,
+    LogStream, last_lines,
+};
+
+/// How often a followed log looks for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
 
 /// Where the simulator reads the time, in milliseconds since the Unix epoch.
 #[derive(Debug, Clone)]
@@ -213,6 +221,17 @@ impl SimCluster {
         let now = self.clock.now_ms().max(s.time);
         s.advance(now);
         (Locked(s), now)
+    }
+
+    /// What task `task` of the job printed so far, and whether the job has ended.
+    fn printed(&self, key: JobKey, task: u32) -> Result<(Vec<String>, bool), BackendError> {
+        let (s, now) = self.reach()?;
+        let &j = s.by_key.get(&key).ok_or_else(|| BackendError::Rejected(format!("no job {key}")))?;
+        let tasks = s.jobs[j].request.tasks;
+        if task >= tasks {
+            return Err(BackendError::Rejected(format!("job {key} has {tasks} tasks (0 to {})", tasks - 1)));
+        }
+        Ok(s.printed(j, task, now))
     }
 
     /// The state now, or an error when the simulated backend is down.
@@ -442,6 +461,37 @@ impl State {
         Some(placed)
     }
 
+    /// What task `task` of job `j` printed by `now`: a line when it started, one at each
+    /// tenth of its run, one when it ended; and whether the job has ended.
+    fn printed(&self, j: usize, task: u32, now: i64) -> (Vec<String>, bool) {
+        let job = &self.jobs[j];
+        let ended = job.state.is_final();
+        let Some(started) = job.started_ms else { return (Vec::new(), ended) };
+        let node = job.placed.get(task as usize).map_or("?", |&n| self.nodes[n].name.as_str());
+        let gpus = f64::from(job.request.gpus_per_task) / 100.0;
+        let simulated = job.run_ms as f64 * self.config.time_scale / 1000.0;
+        let mut lines = vec![format!("[sim] task {task} of {} started on {node} with {gpus} GPU\n", job.request.tasks)];
+        let until = job.finished_ms.unwrap_or(now).min(now);
+        for step in 1..10 {
+            if started + job.run_ms * step / 10 > until {
+                break;
+            }
+            lines.push(format!(
+                "[sim] step {step}/10: {:.0} of {simulated:.0} simulated seconds\n",
+                simulated * step as f64 / 10.0
+            ));
+        }
+        if ended {
+            let why = job.reason.as_deref().unwrap_or("");
+            lines.push(match (job.state, job.exit_code) {
+                (JobState::Succeeded, _) => "[sim] done: exit code 0\n".to_owned(),
+                (_, Some(code)) => format!("[sim] ended ({:?}): exit code {code} {why}\n", job.state),
+                _ => format!("[sim] ended ({:?}): {why}\n", job.state),
+            });
+        }
+        (lines, ended)
+    }
+
     fn status(&self, j: usize) -> JobStatus {
         let job = &self.jobs[j];
         JobStatus {
@@ -557,6 +607,35 @@ impl ClusterBackend for SimCluster {
     async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError> {
         let (s, _) = self.reach()?;
         Ok(s.by_key.get(&key).map(|&j| s.status(j)))
+    }
+
+    async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {
+        let (lines, ended) = self.printed(key, request.task)?;
+        let first = last_lines(&lines, request.tail);
+        if !request.follow || ended {
+            return Ok(futures_util::stream::once(async move { Ok(first) }).boxed());
+        }
+        let start = (self, (!first.is_empty()).then_some(first), lines.len());
+        let stream = futures_util::stream::unfold(start, move |(sim, first, sent)| async move {
+            if let Some(first) = first {
+                return Some((Ok(first), (sim, None, sent)));
+            }
+            loop {
+                tokio::time::sleep(FOLLOW_POLL).await;
+                let (lines, ended) = match sim.printed(key, request.task) {
+                    Ok(now) => now,
+                    Err(e) => return Some((Err(e), (sim, None, usize::MAX))),
+                };
+                if lines.len() > sent {
+                    let chunk = lines[sent..].concat();
+                    return Some((Ok(chunk), (sim, None, lines.len())));
+                }
+                if ended || sent == usize::MAX {
+                    return None;
+                }
+            }
+        });
+        Ok(stream.boxed())
     }
 
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {

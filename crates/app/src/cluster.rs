@@ -2,13 +2,14 @@
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::cluster::{Cluster, ClusterApply, ClusterKind, NodeView};
+use berth_core::event::AuditVerb;
 use berth_core::page::{Page, PageRequest};
 use berth_core::{ClusterId, Error};
 use berth_store::{PgPool, cluster as store, flavor as flavors};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
@@ -152,7 +153,7 @@ pub async fn cluster_delete(
         });
     }
     store::cluster_delete(&mut tx, ClusterId(cluster.metadata.uid)).await?;
-    audit_delete(&mut tx, &opctx.actor, KIND, &cluster.metadata).await?;
+    audit_change(&mut tx, &opctx.actor, AuditVerb::Delete, KIND, &cluster.metadata).await?;
     berth_store::commit(tx).await?;
     crate::feasibility::forget(db);
     Ok(cluster)

@@ -8,7 +8,7 @@
 //! stands out in review, and a test walks every route as a caller with no grants.
 
 use berth_core::Error;
-use berth_core::auth::{Access, Grant, Principal, Role, SERVICE_ACCOUNT_PREFIX, TeamTree};
+use berth_core::auth::{Access, Grant, Principal, Role, TeamTree};
 use berth_core::event::Actor;
 use berth_core::redact::Redactor;
 use berth_store::PgPool;
@@ -25,17 +25,6 @@ pub struct OpContext {
     pub user_issuer: String,
 }
 
-/// Who audit records name: the subject, except that a user whose `sub` reads like a
-/// service account's (any issuer may send any `sub`) is marked as a user, so the audit log
-/// never shows a user's change as the account's.
-fn actor_subject(principal: &Principal) -> String {
-    if principal.service_account.is_none() && principal.subject.starts_with(SERVICE_ACCOUNT_PREFIX) {
-        format!("user:{}", principal.subject)
-    } else {
-        principal.subject.clone()
-    }
-}
-
 impl OpContext {
     /// The context of an authenticated request.
     ///
@@ -49,7 +38,7 @@ impl OpContext {
     ) -> Result<Self, Error> {
         let admin = Access { principal: &principal, tree: &TeamTree::default() }.is_platform_admin();
         let tree = if admin { TeamTree::default() } else { TeamTree::new(store::team_parents(db).await?) };
-        let actor = Actor::new(actor_subject(&principal), request_id);
+        let actor = Actor::new(principal.owner().subject, request_id);
         Ok(Self { principal, tree, actor, user_issuer: user_issuer.to_owned() })
     }
 

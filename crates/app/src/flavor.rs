@@ -1,6 +1,7 @@
 //! Flavor use cases.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::AuditVerb;
 use berth_core::flavor::{Flavor, FlavorApply};
 use berth_core::page::{Page, PageRequest};
 use berth_core::{Error, FlavorId};
@@ -8,7 +9,7 @@ use berth_store::{PgPool, flavor as store};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, resource_version,
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, resource_version,
 };
 
 const KIND: &str = "flavor";
@@ -95,7 +96,7 @@ pub async fn flavor_delete(
         });
     }
     store::flavor_delete(&mut tx, FlavorId(flavor.metadata.uid)).await?;
-    audit_delete(&mut tx, &opctx.actor, KIND, &flavor.metadata).await?;
+    audit_change(&mut tx, &opctx.actor, AuditVerb::Delete, KIND, &flavor.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(flavor)
 }

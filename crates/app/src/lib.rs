@@ -72,22 +72,23 @@ async fn audit_apply(
     audit_record(&mut **tx, &entry).await
 }
 
-/// Records the deletion of `meta`'s object.
-async fn audit_delete(
+/// Records the deletion (`Delete`) or cancellation (`Cancel`) of `meta`'s object.
+async fn audit_change(
     tx: &mut berth_store::Tx<'_>,
     actor: &Actor,
+    verb: AuditVerb,
     kind: &'static str,
     meta: &ObjectMeta,
 ) -> Result<(), Error> {
     let entry = AuditEntry {
         actor,
-        verb: AuditVerb::Delete,
+        verb,
         kind,
         team: meta.team.as_deref(),
         name: &meta.name,
         uid: meta.uid,
         generation_before: Some(meta.generation),
-        generation_after: None,
+        generation_after: (verb != AuditVerb::Delete).then_some(meta.generation),
     };
     audit_record(&mut **tx, &entry).await
 }

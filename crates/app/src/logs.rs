@@ -1,44 +1,105 @@
-//! A workload's logs: what its job printed. A Slurm job writes its output to a file on
-//! the cluster (`status.backend_ref.output`); berthd reads it where it can (a shared
-//! filesystem, as on the dev clusters) and otherwise says where it is.
+//! A workload's logs: what its job printed. Simulated and Kubernetes jobs serve their
+//! output through their backend (a Kubernetes pod's log, followed as it grows if asked). A
+//! Slurm job writes its output to a file on the cluster (`status.backend_ref.output`);
+//! berthd reads it where it can (a shared filesystem, as on the dev clusters) and otherwise
+//! says where it is.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
+use berth_adapters::{BackendError, JobKey, LogRequest, LogStream, Registry};
 use berth_core::Error;
+use berth_core::cluster::ClusterKind;
+use futures_util::StreamExt;
 
 use crate::context::OpContext;
 use crate::workload::not_found;
 
-/// The most of a log one answer carries: its last MiB.
+/// The most of a Slurm output file one answer carries: its last MiB.
 pub const MAX_BYTES: u64 = 1 << 20;
 
-/// The job's output of the workload's current attempt: all of it (up to its last
-/// [`MAX_BYTES`]), or its last `tail` lines.
+/// Which output a caller wants.
+#[derive(Debug, Clone, Default)]
+pub struct LogsQuery {
+    /// The task (0-based); 0 by default.
+    pub task: u32,
+    /// The attempt; the current one by default.
+    pub attempt: Option<u32>,
+    /// Only the last this many lines.
+    pub tail: Option<u32>,
+    /// Keep sending lines as they are printed, until the task ends.
+    pub follow: bool,
+}
+
+/// What a task of the workload's job printed: all of it (a Slurm file up to its last
+/// [`MAX_BYTES`]), or its last `tail` lines, and with `follow` each new line until the task
+/// ends (where the backend serves logs; a Slurm file is read as it is).
 ///
 /// # Errors
-/// [`Error::NotFound`]; [`Error::Conflict`] when the workload has no job yet, its backend
-/// keeps no output file, or berthd cannot read the file (the message says where it is);
-/// store errors.
+/// [`Error::NotFound`]; [`Error::Invalid`] for an attempt the workload has not reached or a
+/// task it does not have; [`Error::Conflict`] when the workload has no job yet, or its
+/// output cannot be read here (the message says why and where it is);
+/// [`Error::Unavailable`] when its cluster does not answer; store errors.
 pub async fn workload_logs(
     db: &sqlx::PgPool,
     opctx: &OpContext,
+    backends: &Registry,
     team: &str,
     name: &str,
-    tail: Option<u32>,
-) -> Result<String, Error> {
+    query: &LogsQuery,
+) -> Result<LogStream, Error> {
     opctx.access().read_team(team)?;
     let workload = berth_store::workload::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
-    let Some(job) = workload.status.backend_ref else {
+    let current = workload.status.attempt;
+    let attempt = query.attempt.unwrap_or(current);
+    if attempt > current {
+        return Err(Error::invalid("attempt", format!("{team}/{name} is on attempt {current}")));
+    }
+    if query.task >= workload.spec.tasks.count {
+        let count = workload.spec.tasks.count;
+        return Err(Error::invalid("task", format!("{team}/{name} has {count} tasks (0 to {})", count - 1)));
+    }
+    let job = workload.status.backend_ref.as_ref();
+    let Some(cluster_name) = job.map(|j| j.cluster.clone()).or(workload.status.admission.map(|a| a.cluster)) else {
         return Err(Error::conflict(
             "status.backend_ref",
             format!(
-                "{team}/{name} has no job on a cluster yet (phase {:?}), so nothing to read",
-                workload.status.phase
+                "{team}/{name} has no job on a cluster yet (phase {}), so nothing to read",
+                workload.status.phase.as_str()
             ),
         ));
     };
-    let Some(path) = job.output else {
+    let cluster = berth_store::cluster::cluster_fetch(db, &cluster_name)
+        .await?
+        .ok_or_else(|| Error::conflict("status.admission.cluster", format!("cluster {cluster_name} is gone")))?;
+    if cluster.spec.kind == ClusterKind::Slurm {
+        let text = slurm_output(job.filter(|_| attempt == current), query.tail).await?;
+        return Ok(futures_util::stream::once(async move { Ok(text) }).boxed());
+    }
+    let backend = backends.backend(&cluster).map_err(|e| unreadable(&cluster_name, &e))?;
+    let key = JobKey { workload: workload.metadata.uid, attempt };
+    let request = LogRequest { task: query.task, tail: query.tail, follow: query.follow };
+    backend.logs(key, request).await.map_err(|e| unreadable(&cluster_name, &e))
+}
+
+fn unreadable(cluster: &str, e: &BackendError) -> Error {
+    match e {
+        BackendError::Unreachable(m) => Error::Unavailable(format!("cluster {cluster} did not answer: {m}")),
+        BackendError::Rejected(m) | BackendError::Unsupported(m) => {
+            Error::conflict("status.backend_ref", format!("cluster {cluster} has no logs to give: {m}"))
+        }
+    }
+}
+
+/// A Slurm job's output file, read here where the filesystem is shared with the cluster.
+async fn slurm_output(job: Option<&berth_core::workload::BackendRef>, tail: Option<u32>) -> Result<String, Error> {
+    let Some(job) = job else {
+        return Err(Error::conflict(
+            "attempt",
+            "Berth knows where the output of the current attempt of a Slurm job is only".to_owned(),
+        ));
+    };
+    let Some(path) = job.output.clone() else {
         return Err(Error::conflict(
             "status.backend_ref.output",
             format!("job {} on cluster {} keeps no output file Berth can read", job.job_id, job.cluster),

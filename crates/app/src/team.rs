@@ -2,6 +2,7 @@
 //! fit in their parent's) are checked here under the team-tree lock.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::AuditVerb;
 use berth_core::page::{Page, PageRequest};
 use berth_core::team::{Quota, QuotaPreview, Team, TeamApply, check_guarantees_nest};
 use berth_core::{Error, TeamId};
@@ -9,7 +10,7 @@ use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
@@ -190,7 +191,7 @@ pub async fn team_delete(
         });
     }
     store::team_delete(&mut tx, uid).await?;
-    audit_delete(&mut tx, &opctx.actor, KIND, &team.metadata).await?;
+    audit_change(&mut tx, &opctx.actor, AuditVerb::Delete, KIND, &team.metadata).await?;
     berth_store::commit(tx).await?;
     crate::feasibility::forget(db);
     Ok(team)

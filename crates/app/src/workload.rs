@@ -1,26 +1,30 @@
 //! Workload use cases.
 
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
+use berth_core::event::AuditVerb;
 use berth_core::event::EventType;
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::workload::{
-    CHANGEABLE_AFTER_ADMISSION, Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch, WorkloadSpec,
-    WorkloadStatus, WorkloadSummary,
+    CHANGEABLE_AFTER_ADMISSION, Cancellation, Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch,
+    WorkloadSpec, WorkloadStatus, WorkloadSummary,
 };
 use berth_core::{Error, FieldError, WorkloadId};
 use berth_store::event::event_record;
-use berth_store::workload::{NewWorkload, WorkloadFilter};
+use berth_store::idempotency::{self, KeyScope};
+use berth_store::workload::{NewWorkload, StatusWrite, WorkloadFilter};
 use berth_store::{PgPool, team as teams, workload as store};
 use chrono::Utc;
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_delete, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
 const KIND: &str = "workload";
+/// `?owner=me`: the caller's own workloads.
+pub const OWNER_ME: &str = "me";
 const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
 
 /// Creates or replaces a workload. A new workload starts `Pending`.
@@ -100,7 +104,9 @@ async fn write_workload(
     let actor = &opctx.actor;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+    let owner = opctx.principal.owner();
     let new = NewWorkload {
+        owner: Some(&owner),
         uid: WorkloadId::new(),
         team_uid,
         team,
@@ -145,7 +151,9 @@ async fn write_workload(
                     None => continue,
                 },
                 ApplyAction::Update { generation } => {
-                    let uid = WorkloadId(existing.as_ref().expect("update implies existing").metadata.uid);
+                    let existing = existing.as_ref().expect("update implies existing");
+                    opctx.access().change_workload(team, existing.metadata.owner.as_ref())?;
+                    let uid = WorkloadId(existing.metadata.uid);
                     let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;
                     let message = format!("spec changed (generation {generation})");
                     (w, Applied::Updated, "SpecUpdated", message)
@@ -168,18 +176,66 @@ async fn write_workload(
 /// the team already uses, and nothing is written. Each workload gets its `Created` event
 /// and audit record, as if submitted alone; they come back in the order given.
 ///
+/// With an idempotency key, the first successful answer is recorded (for a day) in the
+/// same transaction as the workloads, and a retry with the key — by the same caller, to the
+/// same team, with the same batch — gets that answer instead of creating anything
+/// (`Batch::replayed`); a concurrent retry waits for the first to finish.
+///
 /// # Errors
 /// [`Error::NotFound`] when the team does not exist; [`Error::Invalid`] naming every broken
 /// field as `/items/{i}/...` (an item without a name, a repeated name, a `resource_version`,
-/// an unknown flavor, a workload that can never run); [`Error::Conflict`] naming the first item whose name is taken; store
-/// errors.
+/// an unknown flavor, a workload that can never run), or `Idempotency-Key` when the key was
+/// used with another batch; [`Error::Conflict`] naming the first item whose name is taken;
+/// store errors.
 pub async fn workload_create_batch(
     db: &PgPool,
     opctx: &OpContext,
     team: &str,
     batch: &WorkloadBatch,
-) -> Result<Vec<Workload>, Error> {
-    create_batch(db, opctx, team, batch, Write::Commit).await
+    idempotency_key: Option<&str>,
+) -> Result<Batch, Error> {
+    let Some(key) = idempotency_key else {
+        return Ok(Batch { items: create_batch(db, opctx, team, batch, Write::Commit, None).await?, replayed: false });
+    };
+    opctx.access().write_workloads(team)?;
+    berth_core::validation::check_idempotency_key(key).map_err(|m| Error::invalid(IDEMPOTENCY_KEY, m))?;
+    let caller = opctx.principal.owner();
+    let scope = KeyScope { caller: &caller, team, key };
+    let hash = berth_auth::token_sha256(&serde_json::to_string(batch).map_err(|e| Error::Internal(e.to_string()))?);
+    for _ in 0..CREATE_RACE_ATTEMPTS {
+        if let Some(first) = idempotency::idempotency_fetch(db, &scope).await? {
+            return replay(first, &hash);
+        }
+        match create_batch(db, opctx, team, batch, Write::Commit, Some((&scope, &hash))).await {
+            Err(Error::Unavailable(m)) if m == KEY_TAKEN => continue,
+            created => return Ok(Batch { items: created?, replayed: false }),
+        }
+    }
+    Err(Error::Unavailable(format!("Idempotency-Key {key:?} kept being used concurrently; retry")))
+}
+
+/// What a batch created, and whether it is the recorded answer to an earlier request with
+/// the same idempotency key.
+#[derive(Debug)]
+pub struct Batch {
+    pub items: Vec<Workload>,
+    pub replayed: bool,
+}
+
+/// The header an idempotency key comes in, as errors name it.
+pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+/// Internal: another request claimed the key between our read and our claim.
+const KEY_TAKEN: &str = "idempotency key taken";
+
+fn replay(first: idempotency::Recorded, hash: &[u8]) -> Result<Batch, Error> {
+    if first.request_hash != hash {
+        return Err(Error::invalid(
+            IDEMPOTENCY_KEY,
+            "this key was used with a different batch; use a new key for a new request",
+        ));
+    }
+    let items = serde_json::from_value(first.response).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(Batch { items, replayed: true })
 }
 
 /// [`workload_create_batch`]'s every check, and the workloads as they would be, without
@@ -193,7 +249,7 @@ pub async fn workload_create_batch_dry_run(
     team: &str,
     batch: &WorkloadBatch,
 ) -> Result<Vec<Workload>, Error> {
-    create_batch(db, opctx, team, batch, Write::RollBack).await
+    create_batch(db, opctx, team, batch, Write::RollBack, None).await
 }
 
 async fn create_batch(
@@ -202,6 +258,7 @@ async fn create_batch(
     team: &str,
     batch: &WorkloadBatch,
     write: Write,
+    idempotency_key: Option<(&KeyScope<'_>, &[u8])>,
 ) -> Result<Vec<Workload>, Error> {
     opctx.access().write_workloads(team)?;
     let actor = &opctx.actor;
@@ -277,6 +334,7 @@ async fn create_batch(
     crate::feasibility::refuse_impossible(db, opctx, team, &specs).await?;
     let empty = Labels::new();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
+    let owner = opctx.principal.owner();
     let new: Vec<NewWorkload<'_>> = items
         .iter()
         .zip(&names)
@@ -288,9 +346,15 @@ async fn create_batch(
             labels: item.metadata.labels.as_ref().unwrap_or(&empty),
             spec: &item.spec,
             status: &status,
+            owner: Some(&owner),
         })
         .collect();
     let mut tx = berth_store::begin(db).await?;
+    if let Some((scope, hash)) = idempotency_key
+        && !idempotency::idempotency_claim(&mut tx, scope, hash).await?
+    {
+        return Err(Error::Unavailable(KEY_TAKEN.into()));
+    }
     let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE, actor).await?;
     if created.len() < new.len() {
         // Some names are taken: nothing of the batch is kept.
@@ -305,11 +369,16 @@ async fn create_batch(
             None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
         });
     }
+    let redactor = opctx.redactor();
+    let created: Vec<Workload> = created.into_iter().map(|w| redactor.workload(w)).collect();
+    if let Some((scope, _)) = idempotency_key {
+        let answer = serde_json::to_value(&created).map_err(|e| Error::Internal(e.to_string()))?;
+        idempotency::idempotency_answer(&mut tx, scope, &answer).await?;
+    }
     if write == Write::Commit {
         berth_store::commit(tx).await?;
     }
-    let redactor = opctx.redactor();
-    Ok(created.into_iter().map(|w| redactor.workload(w)).collect())
+    Ok(created)
 }
 
 /// Fetches a workload.
@@ -343,6 +412,11 @@ pub async fn workload_list(
             filter.teams = None;
         }
         None => filter.teams = opctx.visible_teams(),
+    }
+    if filter.owner_subject.as_deref() == Some(OWNER_ME) {
+        let me = opctx.principal.owner();
+        filter.owner_subject = Some(me.subject);
+        filter.owner_issuer = Some(me.issuer);
     }
     let page = store::workload_list(db, &filter, page).await?;
     let redactor = opctx.redactor();
@@ -398,7 +472,8 @@ async fn team_must_exist(db: &PgPool, team: &str) -> Result<(), Error> {
 /// and then remove it. Returns the workload as it was at deletion.
 ///
 /// # Errors
-/// [`Error::NotFound`], [`Error::PreconditionFailed`], store errors.
+/// [`Error::NotFound`]; [`Error::Forbidden`] unless the caller owns the workload or
+/// administers its team; [`Error::PreconditionFailed`]; store errors.
 pub async fn workload_delete(
     db: &PgPool,
     opctx: &OpContext,
@@ -409,8 +484,7 @@ pub async fn workload_delete(
     opctx.access().write_workloads(team)?;
     let actor = &opctx.actor;
     let mut tx = berth_store::begin(db).await?;
-    let workload = store::workload_fetch_for_update(&mut tx, team, name).await?.ok_or_else(|| not_found(team, name))?;
-    apply::check_delete(resource_version(&workload.metadata)?, if_match)?;
+    let workload = lock_to_change(&mut tx, opctx, team, name, if_match).await?;
     let uid = WorkloadId(workload.metadata.uid);
     if workload.metadata.deletion_timestamp.is_some() {
         return Ok(workload);
@@ -428,9 +502,85 @@ pub async fn workload_delete(
         gone.metadata.deletion_timestamp = Some(Utc::now());
         gone
     };
-    audit_delete(&mut tx, actor, KIND, &deleted.metadata).await?;
+    audit_change(&mut tx, actor, AuditVerb::Delete, KIND, &deleted.metadata).await?;
     berth_store::commit(tx).await?;
     Ok(opctx.redactor().workload(deleted))
+}
+
+/// Cancels a workload and keeps it, as `scancel` does: one without a job ends `Cancelled`
+/// at once; one with a job is marked (`status.cancellation`) and the controllers stop the
+/// job with the cancel grace period and then end it `Cancelled`. Its events and times stay,
+/// until retention removes it. Cancelling again while it stops answers the same.
+///
+/// # Errors
+/// [`Error::NotFound`]; [`Error::Forbidden`] unless the caller owns the workload or
+/// administers its team; [`Error::Conflict`] when it has ended or is being deleted;
+/// [`Error::PreconditionFailed`]; store errors.
+pub async fn workload_cancel(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Workload, Error> {
+    opctx.access().write_workloads(team)?;
+    let mut tx = berth_store::begin(db).await?;
+    let w = lock_to_change(&mut tx, opctx, team, name, if_match).await?;
+    let phase = w.status.phase;
+    if phase.is_final() {
+        return Err(Error::conflict("/status/phase", format!("{team}/{name} has already ended ({})", phase.as_str())));
+    }
+    if w.metadata.deletion_timestamp.is_some() {
+        return Err(Error::conflict("/metadata/deletion_timestamp", format!("{team}/{name} is being deleted")));
+    }
+    if w.status.cancellation.is_some() {
+        return Ok(opctx.redactor().workload(w));
+    }
+    let now = Utc::now();
+    let by = opctx.actor.subject.clone();
+    let cancellation = Some(Cancellation { requested_at: now, by: by.clone() });
+    // Pending or Admitted: no job was made from it yet (a dispatch already under way finds
+    // the workload ended, and the orphan collector cancels what it made).
+    let (status, reason, message) = if phase.reached_backend() {
+        let status = WorkloadStatus { cancellation, ..w.status.clone() };
+        (status, "CancelRequested", format!("cancel requested by {by}; stopping the backend job"))
+    } else {
+        let message = format!("cancelled by {by} before it reached a backend");
+        let status = WorkloadStatus {
+            phase: Phase::Cancelled,
+            reason: Some("Cancelled".into()),
+            message: Some(message.clone()),
+            finished_at: Some(now),
+            pending_reason: None,
+            queue_position: None,
+            cancellation,
+            ..w.status.clone()
+        };
+        (status, "Cancelled", message)
+    };
+    let uid = WorkloadId(w.metadata.uid);
+    let write = StatusWrite { uid, resource_version: resource_version(&w.metadata)?, status };
+    store::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await?;
+    event_record(&mut *tx, KIND, uid.0, EventType::Normal, reason, &message).await?;
+    audit_change(&mut tx, &opctx.actor, AuditVerb::Cancel, KIND, &w.metadata).await?;
+    berth_store::commit(tx).await?;
+    let cancelled = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    Ok(opctx.redactor().workload(cancelled))
+}
+
+/// The workload, locked for a change (cancel, delete) by the caller: 404 when it does not
+/// exist, 403 unless the caller may change it, 412 when `if_match` is stale.
+async fn lock_to_change(
+    tx: &mut berth_store::Tx<'_>,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Workload, Error> {
+    let w = store::workload_fetch_for_update(tx, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    opctx.access().change_workload(team, w.metadata.owner.as_ref())?;
+    apply::check_delete(resource_version(&w.metadata)?, if_match)?;
+    Ok(w)
 }
 
 /// Once admitted, a workload holds its shape on its cluster (the job was made from it), so

@@ -367,6 +367,7 @@ async fn through_berth(
         backends: Arc::new(backends),
         config: Config::default(),
         epoch: None,
+        clock: berth_controllers::Clock::default(),
     };
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");
     // Until the cluster's first inventory is in (it lists every job slurmctld remembers,
@@ -399,7 +400,7 @@ async fn through_berth(
             if mode == Mode::Batches {
                 for first in (s * BATCH..n).step_by(SUBMITTERS * BATCH) {
                     let items: Vec<_> = (first..n.min(first + BATCH)).map(workload).collect();
-                    berth_app::workload::workload_create_batch(&db, &actor, "bench", &parse(json!({"items": items})))
+                    berth_app::workload::workload_create_batch(&db, &actor, "bench", &parse(json!({"items": items})), None)
                         .await
                         .expect("submit");
                 }

@@ -70,6 +70,7 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
         backends: Arc::new(Registry::new(None)),
         config: Config::default(),
         epoch: Some(epoch),
+        clock: berth_controllers::Clock::default(),
     };
     // Record the inventories before the burst.
     berth_controllers::cluster_health::reconcile(&ctx).await?;

@@ -10,7 +10,10 @@
 //! - [`dispatcher`]: admitted → a backend job (looked up by key first) → dispatched;
 //! - [`status_sync`]: backend job state → running / succeeded / failed; drift;
 //! - [`preemption`]: cancels preempted jobs with a grace period, then requeues or fails;
-//! - [`deletion`]: cancels the job of a deleted workload, then removes the workload;
+//! - [`deletion`]: cancels the job of a deleted or cancelled workload, then removes the
+//!   workload or ends it `Cancelled`;
+//! - [`estimates`]: when each pending workload should start (the scheduler run forward);
+//! - [`retention`]: removes workloads that ended longer ago than the retention period;
 //! - [`orphans`]: cancels backend jobs carrying Berth's key that no workload owns;
 //! - [`cluster_health`]: inventory refresh, unreachable clusters, re-placement.
 //!
@@ -19,14 +22,17 @@
 //! [`Context::begin`], which fences it with the lease's epoch ([`leader`]): a replica that
 //! lost the lease cannot write.
 
+mod clock;
 pub mod cluster_health;
 pub mod deletion;
 pub mod dispatcher;
+pub mod estimates;
 mod explain;
 pub mod leader;
 pub mod orphans;
 pub mod preemption;
 pub mod preview;
+pub mod retention;
 pub mod runner;
 pub mod scheduler;
 pub mod snapshot;
@@ -41,6 +47,8 @@ use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_store::PgPool;
 use chrono::{DateTime, Utc};
+
+pub use crate::clock::Clock;
 
 /// The kind events about workloads are recorded under.
 pub const EVENT_KIND: &str = "workload";
@@ -68,6 +76,8 @@ pub struct Config {
     pub orphan_grace: Duration,
     /// Pending time after which capacity is reserved for a workload.
     pub starvation_after: Duration,
+    /// How long an ended workload is kept before it is removed.
+    pub retention: Duration,
 }
 
 impl Default for Config {
@@ -82,6 +92,7 @@ impl Default for Config {
             cancel_grace: Duration::from_secs(30),
             orphan_grace: Duration::from_secs(60),
             starvation_after: Duration::from_secs(3600),
+            retention: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -95,6 +106,8 @@ pub struct Context {
     /// The lease epoch every write is fenced with; `None` outside a lease (a test or a
     /// tool driving the reconcilers by hand, alone on its database).
     pub epoch: Option<i64>,
+    /// The time as the controllers read it.
+    pub clock: Clock,
 }
 
 impl Context {
@@ -143,6 +156,7 @@ fn requeued(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
         attempt: w.status.attempt + 1,
         submitted_at: w.status.submitted_at,
         preempted_for: w.status.preempted_for,
+        cancellation: w.status.cancellation.clone(),
         reason: Some(reason.into()),
         message: Some(message),
         ..WorkloadStatus::default()

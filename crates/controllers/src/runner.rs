@@ -13,7 +13,9 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::{Context, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
+use crate::{
+    Context, cluster_health, deletion, dispatcher, estimates, orphans, preemption, retention, scheduler, status_sync,
+};
 
 /// The channel the store's triggers notify on.
 pub const CHANNEL: &str = "berth_changes";
@@ -28,6 +30,12 @@ pub trait Report: Serialize + Send {
 /// burst of 1,000 submissions is 1,000 wake-ups); wake-ups within the gap become one pass.
 /// (Preemption and deletion use the scheduler's `min_cycle_interval`.)
 const DISPATCHER_GAP: Duration = Duration::from_millis(20);
+
+/// How often pending work's start is estimated again.
+const ESTIMATE_PERIOD: Duration = Duration::from_secs(10);
+
+/// How often retention looks for workloads to remove (it counts in days).
+const RETENTION_PERIOD: Duration = Duration::from_secs(300);
 
 /// A controller's loop: name, what wakes it, its interval, the least gap between passes,
 /// and its pass.
@@ -48,13 +56,15 @@ pass!(deletion_pass, deletion);
 pass!(status_sync_pass, status_sync);
 pass!(orphans_pass, orphans);
 pass!(cluster_health_pass, cluster_health);
+pass!(retention_pass, retention);
+pass!(estimates_pass, estimates);
 
 /// Starts every controller (the one list of them); they run until the returned set is
 /// shut down.
 pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     let c = &ctx.config;
     let woken: Vec<Arc<Notify>> = (0..4).map(|_| Arc::new(Notify::new())).collect();
-    let loops: [Loop; 7] = [
+    let loops: [Loop; 9] = [
         ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
         ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
         ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
@@ -62,6 +72,8 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
         ("status_sync", None, c.sync_interval, Duration::ZERO, status_sync_pass),
         ("orphans", None, c.resync, Duration::ZERO, orphans_pass),
         ("cluster_health", None, c.health_interval, Duration::ZERO, cluster_health_pass),
+        ("retention", None, RETENTION_PERIOD, Duration::ZERO, retention_pass),
+        ("estimates", None, ESTIMATE_PERIOD, Duration::ZERO, estimates_pass),
     ];
     let mut set = JoinSet::new();
     for (name, wake, every, gap, pass) in loops {

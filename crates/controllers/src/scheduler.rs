@@ -108,6 +108,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             admission: Some(admission),
             pending_reason: None,
             queue_position: None,
+            estimated_start: None,
             preempted_for: None,
             reason: None,
             message: Some(message),
@@ -117,7 +118,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     for p in &plan.preemptions {
         let w = &world.workloads[built.running[p.victim]];
-        if w.status.phase == Phase::Preempting || w.metadata.deletion_timestamp.is_some() {
+        if w.status.phase == Phase::Preempting || w.stopping() {
             continue;
         }
         let (cause, by) = match p.cause {

@@ -106,13 +106,13 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 preemptible: w.spec.preemptible,
                 borrowed: a.borrowed,
                 started_at: seconds(w.status.started_at.unwrap_or(w.metadata.update_timestamp)),
-                preempting: phase == Phase::Preempting || w.metadata.deletion_timestamp.is_some(),
+                preempting: phase == Phase::Preempting || w.stopping(),
                 cluster,
                 flavor,
                 tasks,
                 placement,
             });
-        } else if phase == Phase::Pending && w.metadata.deletion_timestamp.is_none() {
+        } else if phase == Phase::Pending && !w.stopping() {
             let flavors: Vec<usize> =
                 w.spec.tasks.resources.flavors.iter().filter_map(|f| flavor_ix.get(f.as_str()).copied()).collect();
             if tasks.gpus > MAX_GPUS_PER_NODE * ONE_GPU || flavors.is_empty() {

@@ -87,7 +87,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
         // leave it for the next pass.
         let same =
             read.get(&w.metadata.uid).is_some_and(|b| b.attempt == w.status.attempt && b.phase == w.status.phase);
-        if !same || w.metadata.deletion_timestamp.is_some() {
+        if !same || w.stopping() {
             continue;
         }
         if let Some(next) = next_status(w, job.as_ref()) {

@@ -22,6 +22,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::error::Error;
+use crate::meta::Owner;
 use crate::validation::Validator;
 
 /// A role. Grants it names are scoped to a team subtree, or global when no team is named.
@@ -110,6 +111,20 @@ pub struct Principal {
     /// Every grant: those carried by a Berth-issued token and the role bindings of the
     /// subject.
     pub grants: Vec<Grant>,
+}
+
+impl Principal {
+    /// The owner recorded on what this principal submits: its subject and issuer, except
+    /// that a user whose `sub` reads like a service account's (any issuer may send any
+    /// `sub`) is marked as a user, so nothing a user does is ever shown as an account's.
+    pub fn owner(&self) -> Owner {
+        let subject = if self.service_account.is_none() && self.subject.starts_with(SERVICE_ACCOUNT_PREFIX) {
+            format!("user:{}", self.subject)
+        } else {
+            self.subject.clone()
+        };
+        Owner { subject, issuer: self.issuer.clone() }
+    }
 }
 
 /// Team names and their parents: enough to find any team's ancestors.
@@ -219,6 +234,28 @@ impl Access<'_> {
         } else {
             Err(forbidden(format!("you may not change workloads of team {team:?}")))
         }
+    }
+
+    /// 404 unless visible; 403 unless the principal may change, cancel or delete a workload
+    /// of `team` owned by `owner`: its owner (a member or above), a team-admin over the
+    /// team, a platform admin. A workload without a recorded owner is the admins'.
+    ///
+    /// # Errors
+    /// As described.
+    pub fn change_workload(&self, team: &str, owner: Option<&Owner>) -> Result<(), Error> {
+        self.write_workloads(team)?;
+        if self.administers(team) || owner.is_some_and(|o| *o == self.principal.owner()) {
+            return Ok(());
+        }
+        Err(forbidden(match owner {
+            Some(o) => format!(
+                "this workload is {}'s: only its owner or an admin of team {team:?} may change or cancel it",
+                o.subject
+            ),
+            None => {
+                format!("this workload has no recorded owner: only an admin of team {team:?} may change or cancel it")
+            }
+        }))
     }
 
     /// Whether the principal administers the subtree of `team` (the team included).

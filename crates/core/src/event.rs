@@ -47,6 +47,8 @@ pub enum AuditVerb {
     Create,
     Update,
     Delete,
+    /// A workload's cancellation.
+    Cancel,
 }
 
 impl AuditVerb {
@@ -55,6 +57,7 @@ impl AuditVerb {
             Self::Create => "create",
             Self::Update => "update",
             Self::Delete => "delete",
+            Self::Cancel => "cancel",
         }
     }
 
@@ -63,6 +66,7 @@ impl AuditVerb {
         match s {
             "create" => Self::Create,
             "delete" => Self::Delete,
+            "cancel" => Self::Cancel,
             _ => Self::Update,
         }
     }

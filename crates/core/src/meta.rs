@@ -35,6 +35,20 @@ pub struct ObjectMeta {
     /// Set when deletion was requested and is still being finished by the controllers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<DateTime<Utc>>,
+    /// For workloads: who submitted it, set by Berth from the caller's token (absent on
+    /// workloads submitted before owners were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+}
+
+/// Who submitted a workload: the subject of the token (a user's `sub`, or
+/// `serviceaccount:{name}`) and its issuer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Owner {
+    #[schema(example = "alice")]
+    pub subject: String,
+    #[schema(example = "https://login.example.org")]
+    pub issuer: String,
 }
 
 /// Metadata as a client sends it in a PUT body.
@@ -73,4 +87,6 @@ pub struct ApplyMeta {
     pub update_timestamp: Option<DateTime<Utc>>,
     /// Read-only; ignored.
     pub deletion_timestamp: Option<DateTime<Utc>>,
+    /// Read-only (set from the submitter's token); ignored.
+    pub owner: Option<Owner>,
 }

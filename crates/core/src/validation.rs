@@ -185,6 +185,17 @@ pub fn check_label_value(value: &str) -> Result<(), String> {
     }
 }
 
+/// An `Idempotency-Key`: 1 to 255 visible ASCII characters (a UUID is the usual choice).
+///
+/// # Errors
+/// The reason, in words.
+pub fn check_idempotency_key(key: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("must be 1 to 255 visible ASCII characters (a UUID, say)".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -335,6 +335,10 @@ pub struct WorkloadStatus {
     pub pending_reason: Option<PendingReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<QueuePosition>,
+    /// While pending: when it is expected to start, and on what basis; absent when that
+    /// cannot be estimated (it waits for work without a runtime limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start: Option<StartEstimate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -358,6 +362,38 @@ pub struct WorkloadStatus {
     /// one is not admitted again (it would take what that one needs and be preempted again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_for: Option<uuid::Uuid>,
+    /// Set when someone cancelled the workload (`POST .../cancel`) while it had a job: the
+    /// job is stopped with the cancel grace period and the workload then ends `Cancelled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellation: Option<Cancellation>,
+}
+
+/// When a pending workload is expected to start: the scheduler run forward, assuming
+/// running work ends at its `max_runtime_seconds` and nothing else arrives (work usually
+/// ends earlier, so the estimate is more often late than early).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StartEstimate {
+    pub at: DateTime<Utc>,
+    /// What the estimate rests on, in words.
+    #[schema(example = "when nlp/pretrain reaches its max_runtime_seconds; 3 workloads start before it")]
+    pub basis: String,
+}
+
+/// Who cancelled a workload, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Cancellation {
+    pub requested_at: DateTime<Utc>,
+    /// The subject who asked.
+    #[schema(example = "alice")]
+    pub by: String,
+}
+
+impl Workload {
+    /// Whether the workload is on its way out: its deletion or cancellation was requested,
+    /// so it neither waits for admission nor keeps what it holds.
+    pub fn stopping(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some() || self.status.cancellation.is_some()
+    }
 }
 
 /// Pending workloads in queue order (`GET /api/v1/queue`).
@@ -395,7 +431,7 @@ pub struct Workload {
 
 /// The body of `PUT /api/v1/teams/{team}/workloads/{name}`. `status` is accepted and
 /// ignored.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadApply {
     #[serde(default)]
@@ -408,7 +444,7 @@ pub struct WorkloadApply {
 
 /// The body of `POST /api/v1/teams/{team}/workloads`: new workloads of one team, created
 /// together or not at all. Each names itself in `metadata.name`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadBatch {
     /// 1 to 1,000 workloads (`MAX_ITEMS`), each as `PUT` takes it.

@@ -40,6 +40,7 @@ enum Route {
     Resources { group: String, version: String },
     Collection { rt: &'static ResourceType, namespace: Option<String> },
     Object { rt: &'static ResourceType, namespace: String, name: String, target: Target },
+    PodLog { namespace: String, name: String },
 }
 
 impl Route {
@@ -76,6 +77,9 @@ impl Route {
             }
             ["namespaces", ns, plural, name] => Ok(object(find(plural, true)?, ns, name, Target::Object)),
             ["namespaces", ns, plural, name, "status"] => Ok(object(find(plural, true)?, ns, name, Target::Status)),
+            ["namespaces", ns, "pods", name, "log"] if group.is_empty() => {
+                Ok(Self::PodLog { namespace: (*ns).to_string(), name: (*name).to_string() })
+            }
             [plural, name] | [plural, name, "status"] => {
                 let rt = find(plural, false)?;
                 if rt.namespaced {
@@ -92,6 +96,7 @@ impl Route {
     fn counted_as(&self) -> String {
         match self {
             Self::Collection { rt, .. } | Self::Object { rt, .. } => rt.plural.to_string(),
+            Self::PodLog { .. } => "pods/log".to_string(),
             Self::Version => "/version".to_string(),
             Self::CoreVersions => "/api".to_string(),
             Self::Groups => "/apis".to_string(),
@@ -186,6 +191,9 @@ fn serve(
         (Route::Collection { rt, namespace: None }, &Method::POST) if !rt.namespaced => {
             let created = shared.lock().create(rt, "", parse_json(body)?)?;
             Ok(json_response(StatusCode::CREATED, &created))
+        }
+        (Route::PodLog { namespace, name }, &Method::GET) => {
+            crate::logs::respond(shared, &namespace, &name, crate::logs::LogQuery::parse(query)?)
         }
         (Route::Object { rt, namespace, name, .. }, &Method::GET) => {
             Ok(ok(shared.lock().get(rt, &namespace, &name)?))

@@ -33,6 +33,7 @@ mod discovery;
 mod disruption;
 mod http;
 mod kubeconfig;
+mod logs;
 mod meta;
 mod nodes;
 mod operations;

@@ -409,3 +409,40 @@ async fn evictions_and_lost_nodes_fail_pods_with_disruption_conditions() {
     })
     .await;
 }
+
+/// A pod's log as a kubelet serves it: what the fake container printed so far, its last
+/// lines, the stream of a followed log ending with the container, and the real errors.
+#[tokio::test]
+async fn a_pod_log_grows_as_the_container_prints_and_follows_to_its_end() {
+    use futures_util::{AsyncBufReadExt, TryStreamExt};
+    use kube::api::LogParams;
+
+    let (_server, client) = start(gpu_cluster()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.logs("nothing", &LogParams::default()).await.map(|_| ()).expect_err("no such pod");
+    // Six lines over 1.2 s: one at the start, then one every 0.2 s.
+    let lines = "one\ntwo\nthree\nfour\nfive\nsix";
+    let vars = [("FAKE_RUN_SECONDS", "1.2"), ("FAKE_LOG", lines)];
+    pods.create(&PostParams::default(), &pod("printer", "busybox", &vars, 0)).await.unwrap();
+    eventually("the pod runs", || async { (phase(&pods.get("printer").await.ok()?) == "Running").then_some(()) }).await;
+    let early = pods.logs("printer", &LogParams::default()).await.unwrap();
+    assert!(early.starts_with("one\n") && early.lines().count() < 6, "{early:?}");
+
+    let follow = LogParams { follow: true, ..LogParams::default() };
+    let started = std::time::Instant::now();
+    let mut stream = pods.log_stream("printer", &follow).await.unwrap().lines();
+    let mut seen = Vec::new();
+    while let Some(line) = stream.try_next().await.unwrap() {
+        seen.push((line, started.elapsed()));
+    }
+    let text: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(text, lines.lines().collect::<Vec<_>>());
+    assert!(seen[5].1 - seen[0].1 >= std::time::Duration::from_millis(300), "lines came as printed: {seen:?}");
+    assert_eq!(phase(&pods.get("printer").await.unwrap()), "Succeeded", "the stream ended with the container");
+
+    let tail = LogParams { tail_lines: Some(2), ..LogParams::default() };
+    assert_eq!(pods.logs("printer", &tail).await.unwrap(), "five\nsix\n");
+    let wrong = LogParams { container: Some("sidecar".into()), ..LogParams::default() };
+    let e = pods.logs("printer", &wrong).await.expect_err("no such container");
+    assert!(e.to_string().contains("container sidecar is not valid for pod printer"), "{e}");
+}

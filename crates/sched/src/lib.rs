@@ -7,10 +7,12 @@
 //! - [`feasible`]: what can never run as submitted (it claims no fair share);
 //! - [`nodes`]: per-GPU bookkeeping and gang bin packing;
 //! - [`check`]: the invariants every plan must hold, for tests and trace replay;
-//! - [`what_if`]: a change applied to a snapshot, and how the plan differs.
+//! - [`what_if`]: a change applied to a snapshot, and how the plan differs;
+//! - [`estimate`]: when pending work should start, the scheduler run forward in time.
 
 pub mod check;
 pub mod cycle;
+pub mod estimate;
 pub mod fair_share;
 pub mod feasible;
 pub mod nodes;

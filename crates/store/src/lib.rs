@@ -15,6 +15,7 @@ pub mod controller;
 pub mod dispatch;
 pub mod event;
 pub mod flavor;
+pub mod idempotency;
 pub mod identity;
 mod row;
 pub mod team;

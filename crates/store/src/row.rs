@@ -31,6 +31,7 @@ impl<S, T> ObjectRow<S, T> {
             creation_timestamp: self.created_at,
             update_timestamp: self.updated_at,
             deletion_timestamp: None,
+            owner: None,
         };
         (meta, self.spec.0, self.status.0)
     }

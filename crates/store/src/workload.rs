@@ -1,6 +1,6 @@
 //! SQL for workloads.
 
-use berth_core::meta::{Labels, ObjectMeta};
+use berth_core::meta::{Labels, ObjectMeta, Owner};
 use berth_core::page::{PAGE_BYTES, Page, PageRequest, encode_cursor};
 use berth_core::selector::LabelSelector;
 use berth_core::workload::{Phase, Workload, WorkloadKind, WorkloadSpec, WorkloadStatus};
@@ -24,6 +24,7 @@ struct WorkloadRow {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     deletion_timestamp: Option<DateTime<Utc>>,
+    owner: Option<Json<Owner>>,
 }
 
 /// A [`WorkloadRow`] of a budgeted page, with how many rows the page's key query found.
@@ -39,6 +40,7 @@ struct PagedRow {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     deletion_timestamp: Option<DateTime<Utc>>,
+    owner: Option<Json<Owner>>,
     fetched: i64,
 }
 
@@ -56,6 +58,7 @@ impl From<PagedRow> for WorkloadRow {
             created_at: r.created_at,
             updated_at: r.updated_at,
             deletion_timestamp: r.deletion_timestamp,
+            owner: r.owner,
         }
     }
 }
@@ -73,6 +76,7 @@ impl From<WorkloadRow> for Workload {
                 creation_timestamp: r.created_at,
                 update_timestamp: r.updated_at,
                 deletion_timestamp: r.deletion_timestamp,
+                owner: r.owner.map(|o| o.0),
             },
             spec: r.spec.0,
             status: r.status.0,
@@ -90,6 +94,10 @@ pub struct WorkloadFilter {
     pub cluster: Option<String>,
     pub kind: Option<WorkloadKind>,
     pub labels: LabelSelector,
+    /// Only workloads whose owner has this subject.
+    pub owner_subject: Option<String>,
+    /// ... and this issuer.
+    pub owner_issuer: Option<String>,
 }
 
 /// Fetches a workload by team and name.
@@ -100,7 +108,7 @@ pub async fn workload_fetch(db: impl PgExecutor<'_>, team: &str, name: &str) -> 
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE team_name = $1 AND name = $2"#,
         team,
         name
@@ -123,7 +131,7 @@ pub async fn workload_fetch_for_update(
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE team_name = $1 AND name = $2 FOR UPDATE"#,
         team,
         name
@@ -143,6 +151,7 @@ pub struct NewWorkload<'a> {
     pub labels: &'a Labels,
     pub spec: &'a WorkloadSpec,
     pub status: &'a WorkloadStatus,
+    pub owner: Option<&'a Owner>,
 }
 
 /// Inserts a workload; `None` when another writer created the name first.
@@ -152,11 +161,11 @@ pub struct NewWorkload<'a> {
 pub async fn workload_insert(tx: &mut PgConnection, w: &NewWorkload<'_>) -> Result<Option<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status, owner)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
            ON CONFLICT (team_name, name) DO NOTHING
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
         w.uid.0,
         w.team_uid.0,
         w.team,
@@ -167,6 +176,7 @@ pub async fn workload_insert(tx: &mut PgConnection, w: &NewWorkload<'_>) -> Resu
         Json(w.labels) as _,
         Json(w.spec) as _,
         Json(w.status) as _,
+        w.owner.map(Json) as _,
     )
     .fetch_optional(tx)
     .await
@@ -192,7 +202,7 @@ pub async fn workload_update_spec(
                resource_version = nextval('resource_version_seq'), updated_at = now()
            WHERE uid = $1
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
         uid.0,
         Json(labels) as _,
         Json(spec) as _,
@@ -218,7 +228,7 @@ pub async fn workload_mark_deleted(tx: &mut PgConnection, uid: WorkloadId) -> Re
                resource_version = nextval('resource_version_seq'), updated_at = now()
            WHERE uid = $1
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp"#,
+                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
         uid.0,
     )
     .fetch_one(tx)
@@ -267,11 +277,13 @@ pub async fn workload_list(
                      AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) ne WHERE w.labels ->> ne.key = ne.value)
                      AND ($9::text IS NULL OR (team_name, name) > ($9, $10))
                      AND ($12::text[] IS NULL OR team_name = ANY($12))
+                     AND ($14::text IS NULL OR owner ->> 'subject' = $14)
+                     AND ($15::text IS NULL OR owner ->> 'issuer' = $15)
                    ORDER BY team_name, name
                    LIMIT $11) matching
            ), counted AS (SELECT uid, size, running, count(*) OVER () AS fetched FROM keys)
            SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, c.fetched AS "fetched!"
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _", c.fetched AS "fetched!"
            FROM counted c JOIN workloads w ON w.uid = c.uid
            WHERE c.running - c.size < $13
            ORDER BY team_name, name"#,
@@ -288,6 +300,8 @@ pub async fn workload_list(
         i64::from(page.limit) + 1,
         filter.teams.as_deref(),
         PAGE_BYTES,
+        filter.owner_subject.as_deref(),
+        filter.owner_issuer.as_deref(),
     )
     .fetch_all(db)
     .await
@@ -331,7 +345,7 @@ pub async fn workload_queue(
                    LIMIT $2) head
            )
            SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM keys k JOIN workloads w ON w.uid = k.uid
            WHERE k.running - k.size < $3
            ORDER BY k.ord"#,
@@ -440,15 +454,16 @@ pub async fn workload_create_many(
     let labels: Vec<Json<&Labels>> = items.iter().map(|w| Json(w.labels)).collect();
     let specs: Vec<Json<&WorkloadSpec>> = items.iter().map(|w| Json(w.spec)).collect();
     let statuses: Vec<Json<&WorkloadStatus>> = items.iter().map(|w| Json(w.status)).collect();
+    let owners: Vec<Option<Json<&Owner>>> = items.iter().map(|w| w.owner.map(Json)).collect();
     // Only what Postgres decides comes back; the rest is what was sent.
     let rows = sqlx::query!(
         r#"WITH w AS (
-               INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
+               INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status, owner)
                SELECT i.uid, i.team_uid, i.team_name, i.name, i.kind, i.phase,
-                      ARRAY(SELECT jsonb_array_elements_text(i.flavors)), i.labels, i.spec, i.status
+                      ARRAY(SELECT jsonb_array_elements_text(i.flavors)), i.labels, i.spec, i.status, i.owner
                FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
-                           $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[])
-                    AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status)
+                           $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[], $14::jsonb[])
+                    AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status, owner)
                ON CONFLICT (team_name, name) DO NOTHING
                RETURNING uid, team_name, name, generation, resource_version, created_at, updated_at
            ), e AS (
@@ -474,6 +489,7 @@ pub async fn workload_create_many(
         event_message,
         actor.subject,
         actor.request_id,
+        &owners as _,
     )
     .fetch_all(db)
     .await
@@ -494,6 +510,7 @@ pub async fn workload_create_many(
                     creation_timestamp: r.created_at,
                     update_timestamp: r.updated_at,
                     deletion_timestamp: None,
+                    owner: w.owner.cloned(),
                 },
                 spec: w.spec.clone(),
                 status: w.status.clone(),
@@ -531,7 +548,7 @@ pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workloa
                                         OR coalesce(jsonb_array_length(spec #> '{run,command}'), 0) > 0
                                       THEN '["(elided)"]'::jsonb END)))
                     AS "spec!: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
            ORDER BY uid"#
     )
@@ -556,7 +573,7 @@ pub async fn workload_claim(
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE phase = $1 AND NOT (uid = ANY($2))
            ORDER BY updated_at LIMIT $3
            FOR UPDATE SKIP LOCKED"#,
@@ -675,7 +692,7 @@ pub async fn workload_list_in_phases(
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL) = $2
            ORDER BY uid"#,
         &phases as &[&str],
@@ -687,6 +704,60 @@ pub async fn workload_list_in_phases(
     .map_err(db_error)
 }
 
+/// Unfinished workloads in any of `phases` whose deletion or cancellation was requested,
+/// by uid.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_stopping(db: impl PgExecutor<'_>, phases: &[Phase]) -> Result<Vec<Workload>, Error> {
+    let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+           FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL OR status ? 'cancellation')
+           ORDER BY uid"#,
+        &phases as &[&str],
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// Removes up to `limit` workloads that ended before `before`, with a `Removed` event for
+/// each; how many it removed.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_remove_ended_before(
+    tx: &mut PgConnection,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64, Error> {
+    let removed = sqlx::query_scalar!(
+        r#"WITH gone AS (
+               DELETE FROM workloads
+               WHERE uid IN (SELECT uid FROM workloads
+                             WHERE phase IN ('Succeeded', 'Failed', 'Cancelled')
+                               AND (status ->> 'finished_at')::timestamptz < $1
+                             LIMIT $2)
+               RETURNING uid
+           ), e AS (
+               INSERT INTO events (object_kind, object_uid, type, reason, message)
+               SELECT 'workload', uid, 'Normal', 'Removed', 'removed: it ended longer ago than the retention period'
+               FROM gone
+           )
+           SELECT count(*) AS "n!" FROM gone"#,
+        before,
+        limit,
+    )
+    .fetch_one(tx)
+    .await
+    .map_err(db_error)?;
+    Ok(u64::try_from(removed).unwrap_or(0))
+}
+
 /// The given workloads, by uid.
 ///
 /// # Errors
@@ -695,7 +766,7 @@ pub async fn workload_fetch_many(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Resu
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE uid = ANY($1) ORDER BY uid"#,
         uids,
     )

@@ -23,9 +23,11 @@ export function Queue() {
           <tr>
             <th scope="col" class="num">Position</th>
             <th scope="col">Workload</th>
+            <th scope="col">Owner</th>
             <th scope="col" class="num">GPUs</th>
             <th scope="col">Flavors</th>
             <th scope="col">Why it waits</th>
+            <th scope="col">Expected start</th>
           </tr>
         </thead>
         <tbody>
@@ -37,9 +39,13 @@ export function Queue() {
                   {w.metadata.team}/{w.metadata.name}
                 </a>
               </td>
+              <td>{w.metadata.owner?.subject ?? ""}</td>
               <td class="num">{fmt(gpusOf(w))}</td>
               <td>{w.spec.tasks.resources.flavors.join(", ")}</td>
               <td class="reason">{w.status.pending_reason?.message ?? <span class="muted">not yet considered</span>}</td>
+              <td title={w.status.estimated_start?.basis}>
+                {w.status.estimated_start ? new Date(w.status.estimated_start.at).toLocaleString() : <span class="muted">unknown</span>}
+              </td>
             </tr>
           ))}
         </tbody>

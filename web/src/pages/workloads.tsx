@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import { PHASES, Page, Team, Workload, WorkloadEvent, all, api, gpusOf } from "../api";
+import { ApiError, Me, PHASES, Page, Team, Workload, WorkloadEvent, abilities, all, api, apiText, gpusOf } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
 
@@ -13,15 +13,17 @@ export function Workloads() {
   const [team, setTeam] = useState(params.get("team") ?? "");
   const [phase, setPhase] = useState(params.get("phase") ?? "");
   const [kind, setKind] = useState(params.get("kind") ?? "");
+  const [mine, setMine] = useState(params.get("owner") === "me");
   const [pages, setPages] = useState<string[]>([]);
   const query = new URLSearchParams({ limit: "100" });
   if (team) query.set("team", team);
   if (phase) query.set("phase", phase);
   if (kind) query.set("kind", kind);
+  if (mine) query.set("owner", "me");
   const cursor = pages[pages.length - 1];
   if (cursor) query.set("cursor", cursor);
   const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60000);
-  const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, cursor]);
+  const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, mine, cursor]);
   const filter = (set: (v: string) => void) => (e: Event) => {
     set((e.currentTarget as HTMLSelectElement).value);
     setPages([]);
@@ -57,6 +59,17 @@ export function Workloads() {
             ))}
           </select>
         </label>
+        <label>
+          <input
+            type="checkbox"
+            checked={mine}
+            onChange={(e) => {
+              setMine((e.currentTarget as HTMLInputElement).checked);
+              setPages([]);
+            }}
+          />{" "}
+          Mine only
+        </label>
       </form>
       {error && <p class="error" role="alert">{error.message}</p>}
       {!page ? (
@@ -68,6 +81,7 @@ export function Workloads() {
               <tr>
                 <th scope="col">Team</th>
                 <th scope="col">Name</th>
+                <th scope="col">Owner</th>
                 <th scope="col">Kind</th>
                 <th scope="col">Phase</th>
                 <th scope="col" class="num">GPUs</th>
@@ -82,6 +96,7 @@ export function Workloads() {
                   <td>
                     <a href={`#/workload/${w.metadata.team}/${w.metadata.name}`}>{w.metadata.name}</a>
                   </td>
+                  <td>{w.metadata.owner?.subject ?? ""}</td>
                   <td>{w.spec.kind}</td>
                   <td>
                     <span class={`badge ${w.status.phase.toLowerCase()}`}>{w.status.phase}</span>
@@ -108,24 +123,31 @@ export function Workloads() {
   );
 }
 
-/// One workload: status, where it runs, its spec and its events.
-export function WorkloadDetail() {
+const FINAL = ["Succeeded", "Failed", "Cancelled"];
+
+/// One workload: status, where it runs, what it printed, its spec and its events; its
+/// owner (or an admin) may cancel it.
+export function WorkloadDetail({ me }: { me: Me }) {
   const [, , team, name] = location.hash.split("?")[0].split("/");
   const path = `/api/v1/teams/${team}/workloads/${name}`;
-  const [data, error] = usePoll(async () => {
+  const [data, error, reload] = usePoll(async () => {
     const [workload, events] = await Promise.all([
       api<Workload>(path),
       all<WorkloadEvent>(`${path}/events`),
     ]);
     return { workload, events };
   });
+  const [cancelError, setCancelError] = useState<string | null>(null);
   if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const { workload: w, events } = data;
   const s = w.status;
+  const estimate = s.estimated_start && `${when(s.estimated_start.at)} (${s.estimated_start.basis})`;
   const facts: [string, string | number | undefined][] = [
     ["Phase", s.phase],
+    ["Owner", w.metadata.owner?.subject],
     ["Why", s.pending_reason?.message ?? s.message],
     ["Queue position", s.queue_position && `${s.queue_position.global} overall, ${s.queue_position.team} in the team`],
+    ["Estimated start", s.phase === "Pending" ? (estimate ?? "not known: it waits for work without a runtime limit") : undefined],
     ["Cluster / flavor", s.admission && `${s.admission.cluster} / ${s.admission.flavor}${s.admission.borrowed ? " (borrowed)" : ""}`],
     ["Backend job", s.backend_ref && `${s.backend_ref.job_id} on ${s.backend_ref.cluster}`],
     ["GPUs", fmt(gpusOf(w))],
@@ -133,13 +155,38 @@ export function WorkloadDetail() {
     ["Submitted", when(s.submitted_at)],
     ["Started", when(s.started_at)],
     ["Finished", when(s.finished_at)],
+    ["Cancelled by", s.cancellation && `${s.cancellation.by} at ${when(s.cancellation.requested_at)}`],
     ["Exit code", s.exit_code],
   ];
+  const can = abilities(me);
+  const mayCancel =
+    !FINAL.includes(s.phase) &&
+    !s.cancellation &&
+    !w.metadata.deletion_timestamp &&
+    (w.metadata.owner?.subject === me.subject || can.platformAdmin || can.adminOf.length > 0);
+  const cancel = async () => {
+    if (!confirm(`Cancel ${team}/${name}? Its job is stopped; the workload and its history stay.`)) return;
+    try {
+      await api(`${path}/cancel`, { method: "POST" });
+      setCancelError(null);
+      reload();
+    } catch (e) {
+      setCancelError(e instanceof ApiError ? e.message : String(e));
+    }
+  };
   return (
     <>
       <h1>
         {team}/{name}
       </h1>
+      {mayCancel && (
+        <div class="actions">
+          <button type="button" onClick={cancel}>
+            Cancel workload
+          </button>
+        </div>
+      )}
+      {cancelError && <p class="error" role="alert">{cancelError}</p>}
       <dl class="facts">
         {facts
           .filter(([, v]) => v !== undefined && v !== "")
@@ -150,6 +197,7 @@ export function WorkloadDetail() {
             </>
           ))}
       </dl>
+      <Logs path={path} live={!FINAL.includes(s.phase)} started={!!s.backend_ref || !!s.admission} />
       <h2>Events</h2>
       <ol class="timeline">
         {events.map((e) => (
@@ -160,6 +208,28 @@ export function WorkloadDetail() {
       </ol>
       <h2>Spec</h2>
       <pre class="spec">{JSON.stringify(w.spec, null, 2)}</pre>
+    </>
+  );
+}
+
+/// The last 200 lines the workload's job printed (task 0), read again every 5 s while it
+/// runs; where Berth cannot read them, the API's reason (and where they are).
+function Logs({ path, live, started }: { path: string; live: boolean; started: boolean }) {
+  const [text, error] = usePoll(
+    () => (started ? apiText(`${path}/logs?tail=200`) : Promise.resolve("")),
+    [started, live],
+    live ? 5000 : 3_600_000,
+  );
+  return (
+    <>
+      <h2>Logs</h2>
+      {!started ? (
+        <p class="muted">No job{live ? " yet" : ""}: nothing printed.</p>
+      ) : error ? (
+        <p class="muted" data-testid="logs-unavailable">{error.message}</p>
+      ) : (
+        <pre class="logs" data-testid="logs">{text ?? "Loading…"}</pre>
+      )}
     </>
   );
 }

@@ -34,17 +34,17 @@ use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use self::manifest::{CONTAINER, Manifest, key_of};
 pub use self::manifest::{KEY_LABEL, MANAGED_BY, PRODUCT_LABEL};
-use self::manifest::{Manifest, key_of};
 use self::observe::{deployment_status, job_status, key_selector, pods_by_key};
-use crate::backend::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest, JobStatus};
+use crate::backend::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest, JobStatus, LogRequest, LogStream};
 
 /// How long one API call may take, and how long a first listing may take to arrive.
 const TIMEOUT: Duration = Duration::from_secs(15);
@@ -405,6 +405,40 @@ impl ClusterBackend for KubernetesCluster {
         }
     }
 
+    async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {
+        let c = self.connected().await?;
+        let selector = ListParams::default().labels(&key_selector(key));
+        let pods = call(Api::<Pod>::all(c.client.clone()).list(&selector)).await?.items;
+        let pod = task_pod(pods, request.task).ok_or_else(|| {
+            BackendError::Rejected(format!("job {key} has no pod for task {} (yet, or any more)", request.task))
+        })?;
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(c.client.clone(), &namespace);
+        let params = LogParams {
+            container: Some(CONTAINER.to_owned()),
+            follow: request.follow,
+            tail_lines: request.tail.map(i64::from),
+            ..LogParams::default()
+        };
+        if !request.follow {
+            let text = call(api.logs(&name, &params)).await?;
+            return Ok(futures_util::stream::once(async move { Ok(text) }).boxed());
+        }
+        // Opening the stream is bounded; reading it is not (it lasts as long as the task).
+        let reader = call(api.log_stream(&name, &params)).await?;
+        let lines = futures_util::io::AsyncBufReadExt::lines(reader);
+        Ok(lines
+            .map(|line| {
+                line.map(|mut l| {
+                    l.push('\n');
+                    l
+                })
+                .map_err(|e| BackendError::Unreachable(format!("reading the pod's log: {e}")))
+            })
+            .boxed())
+    }
+
     async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {
         let c = self.connected().await?;
         let Some((Found::Deployment, status)) = find(c, key, self.gang_timeout()).await? else {
@@ -416,6 +450,23 @@ impl ClusterBackend for KubernetesCluster {
         call(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ())
     }
 }
+
+/// The pod of a task: an Indexed Job's pod whose completion index is the task (the newest,
+/// when a pod was replaced), or a Deployment's `task`-th pod by age.
+fn task_pod(mut pods: Vec<Pod>, task: u32) -> Option<Pod> {
+    let index = |p: &Pod| p.metadata.labels.as_ref()?.get(COMPLETION_INDEX)?.parse::<u32>().ok();
+    pods.sort_by(|a, b| {
+        let created = |p: &Pod| p.metadata.creation_timestamp.clone().map(|t| t.0);
+        created(a).cmp(&created(b)).then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    if pods.iter().any(|p| index(p).is_some()) {
+        return pods.into_iter().rev().find(|p| index(p) == Some(task));
+    }
+    pods.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).nth(task as usize)
+}
+
+/// The label an Indexed Job's pods carry with their index.
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
 /// What kind of object a job is.
 enum Found {

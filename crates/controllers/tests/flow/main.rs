@@ -469,3 +469,103 @@ async fn a_running_workload_cannot_be_shrunk_so_nothing_is_admitted_onto_its_ful
     assert_eq!(p.workload("nlp", "big").await.spec.tasks.resources.gpus, 8.0);
     assert_eq!(p.jobs("sim-a").await.len(), 1, "only the big workload's job");
 }
+
+/// Pending work gets an estimated start from the running work's `max_runtime_seconds` and
+/// the queue ahead of it; in a simulated run whose runtimes are known, the estimates made
+/// at submission are compared with the actual starts (the distribution is printed).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn estimated_starts_match_the_actual_starts_when_runtimes_are_known(db: berth_store::PgPool) {
+    const STEP: i64 = 5;
+    let p = Plane::new(db).await;
+    p.team("a", None, 16, None).await;
+    p.cluster("c", 2, json!({})).await;
+    // 14 workloads of 4, 8 or 16 GPUs running 5 to 20 minutes, each limited to its runtime
+    // (a job that reaches its limit exactly still succeeds).
+    let shapes = [(1, 8.0), (1, 4.0), (2, 8.0), (1, 8.0), (1, 4.0), (1, 4.0), (1, 8.0)];
+    let mut names = Vec::new();
+    for i in 0..14 {
+        let (count, gpus) = shapes[i % shapes.len()];
+        let minutes = [5, 10, 15, 20][i % 4] as u64;
+        let name = format!("w{i}");
+        let extra = json!({"sim": {"duration_seconds": minutes * 60}, "max_runtime_seconds": minutes * 60});
+        p.submit("a", &name, count, gpus, extra).await;
+        names.push(name);
+    }
+    p.step().await;
+    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    let mut estimated = std::collections::HashMap::new();
+    for name in &names {
+        let w = p.workload("a", name).await;
+        if w.status.phase == Phase::Pending {
+            let e =
+                w.status.estimated_start.clone().unwrap_or_else(|| panic!("{name} has no estimate: {:?}", w.status));
+            assert!(e.basis.contains("max_runtime_seconds"), "{}", e.basis);
+            estimated.insert(name.clone(), e.at);
+        } else {
+            assert!(w.status.estimated_start.is_none(), "{name} is {:?}: no estimate", w.status.phase);
+        }
+    }
+    assert!(estimated.len() >= 8, "most of them wait: {estimated:?}");
+    for _ in 0..1500 {
+        // Ends seen, then admissions and dispatches, in one step: a start lags the end
+        // that allows it by less than a step.
+        p.advance(STEP);
+        status_sync::reconcile(&p.ctx).await.unwrap();
+        scheduler::reconcile(&p.ctx).await.unwrap();
+        dispatcher::reconcile(&p.ctx).await.unwrap();
+        status_sync::reconcile(&p.ctx).await.unwrap();
+        let mut started = true;
+        for name in estimated.keys() {
+            started &= p.workload("a", name).await.status.started_at.is_some();
+        }
+        if started {
+            break;
+        }
+    }
+    let mut errors = Vec::new();
+    for (name, at) in &estimated {
+        let started = p.workload("a", name).await.status.started_at.unwrap_or_else(|| panic!("{name} never started"));
+        errors.push((started - *at).num_seconds());
+    }
+    errors.sort_unstable();
+    let q = |f: f64| errors[((errors.len() - 1) as f64 * f).round() as usize];
+    println!(
+        "estimated_start error (actual − estimate, s) over {} workloads: min {} p50 {} p90 {} max {} (controllers step every {STEP} s)",
+        errors.len(),
+        errors[0],
+        q(0.5),
+        q(0.9),
+        errors[errors.len() - 1]
+    );
+    // Each job of a chain starts up to a step after the end that allows it: a chain of
+    // four starts up to four steps late.
+    assert!(errors.iter().all(|e| (-2..=4 * STEP + 2).contains(e)), "{errors:?}");
+}
+
+/// A workload waiting for work without a runtime limit has no estimate.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 16, None).await;
+    p.cluster("c", 2, json!({})).await;
+    p.submit("a", "forever", 2, 8.0, json!({})).await;
+    p.step().await;
+    p.submit("a", "next", 1, 8.0, json!({"max_runtime_seconds": 600})).await;
+    p.step().await;
+    let status = berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((status.pending, status.estimated), (1, 0));
+    assert!(p.workload("a", "next").await.status.estimated_start.is_none());
+    // Once the first has a limit, the second has an estimate: when the limit is reached.
+    // (A running workload's limit can change: it holds nothing.)
+    let input = serde_json::from_value(json!({"spec": {"kind": "training",
+        "tasks": {"count": 2, "resources": {"flavors": ["h100"], "gpus": 8.0}},
+        "sim": {"duration_seconds": 600}, "max_runtime_seconds": 3600}}))
+    .unwrap();
+    berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "a", "forever", &input, None).await.unwrap();
+    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    let forever = p.workload("a", "forever").await;
+    let e = p.workload("a", "next").await.status.estimated_start.expect("an estimate");
+    let expected = forever.status.started_at.unwrap() + chrono::TimeDelta::seconds(3600);
+    assert!((e.at - expected).num_seconds().abs() <= 1, "{} vs {expected}", e.at);
+    assert!(e.basis.starts_with("when a/forever reaches its max_runtime_seconds"), "{}", e.basis);
+}

@@ -26,15 +26,19 @@ impl Plane {
         let clock = Arc::new(AtomicI64::new(chrono::Utc::now().timestamp_millis()));
         let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
         let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
-        let plane =
-            Self { ctx: Context { db, backends, config, epoch: None }, clock, actor: OpContext::system("test") };
+        let plane = Self {
+            ctx: Context { db, backends, config, epoch: None, clock: Default::default() },
+            clock,
+            actor: OpContext::system("test"),
+        };
         plane.flavor("h100").await;
         plane
     }
 
-    /// Moves the simulated clusters' clock forward.
+    /// Moves the simulated clusters' clock, and the controllers', forward.
     pub fn advance(&self, seconds: i64) {
         self.clock.fetch_add(seconds * 1000, Ordering::SeqCst);
+        self.ctx.clock.advance(Duration::from_secs(seconds.unsigned_abs()));
     }
 
     pub async fn flavor(&self, name: &str) {

@@ -80,7 +80,13 @@ impl Plane {
             orphan_grace: Duration::from_secs(5),
             ..Config::default()
         };
-        let ctx = Context { db, backends: Arc::new(backends), config, epoch: None };
+        let ctx = Context {
+            db,
+            backends: Arc::new(backends),
+            config,
+            epoch: None,
+            clock: berth_controllers::Clock::default(),
+        };
         let actor = OpContext::system("test");
         for dev in devs.values() {
             let flavor = serde_json::from_value(json!({"spec": {}})).unwrap();

@@ -28,6 +28,8 @@ pub(crate) struct PodClock {
     pub pull_failed: Option<Instant>,
     /// When its deletion was requested (SIGTERM sent).
     pub stop_requested: Option<Instant>,
+    /// When each of its containers terminated (its log ends there).
+    pub terminated: HashMap<String, Instant>,
 }
 
 /// How one container behaves, read from its env.
@@ -38,12 +40,17 @@ struct Behavior {
     sigterm: Duration,
 }
 
-fn env_value<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+pub(crate) fn env_value<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
     container.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
 }
 
 fn seconds(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+/// How long the container runs before it exits of itself; `None`: until stopped.
+pub(crate) fn run_time(container: &Container, default_run_seconds: f64, runs_forever: bool) -> Option<Duration> {
+    behavior(container, default_run_seconds, runs_forever).run
 }
 
 fn behavior(container: &Container, default_run_seconds: f64, runs_forever: bool) -> Behavior {
@@ -172,7 +179,7 @@ fn start(pod: &mut Value, spec: &[Container], pod_ip: &str, host_ip: Option<&str
 }
 
 /// Terminates the containers whose time has come; sets the phase once all have terminated.
-fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &PodClock, grace: Duration, now: Instant) {
+fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &mut PodClock, grace: Duration, now: Instant) {
     let Some(started) = clock.started else {
         return;
     };
@@ -193,6 +200,9 @@ fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &PodClock
                 (Some(n), _) if now >= n => (plan.exit_code, plan.reason),
                 _ => continue,
             };
+            if let Some(name) = status["name"].as_str() {
+                clock.terminated.insert(name.to_owned(), now);
+            }
             status["state"] = json!({"terminated": {
                 "exitCode": exit_code,
                 "reason": reason,

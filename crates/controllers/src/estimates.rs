@@ -1,0 +1,97 @@
+//! Start-time estimates for pending work: the world as the scheduler sees it, run forward
+//! by [`berth_sched::estimate`], written into each pending workload's
+//! `status.estimated_start` when it moved by a minute or more (or its basis changed), so a
+//! stable queue costs no writes.
+
+use berth_core::workload::{Phase, StartEstimate, WorkloadStatus};
+use berth_core::{Error, WorkloadId};
+use berth_store::workload::StatusWrite;
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Serialize;
+
+use crate::{Context, snapshot, version};
+
+/// The most cycles one estimate simulates.
+const MAX_STEPS: usize = 64;
+/// Less movement than this is not written.
+const MOVED: TimeDelta = TimeDelta::seconds(60);
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EstimateStatus {
+    pub pending: usize,
+    pub estimated: usize,
+    pub updated: usize,
+}
+
+impl crate::runner::Report for EstimateStatus {
+    fn changes(&self) -> usize {
+        // Its writes wake the scheduler, never itself: it runs again on its period.
+        0
+    }
+}
+
+/// # Errors
+/// Store errors.
+pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
+    let mut world = crate::scheduler::load_world(&ctx.db).await?;
+    world.now = ctx.clock.now();
+    let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
+    let s = &built.snapshot;
+    let limit = |i: usize| world.workloads[i].spec.max_runtime_seconds.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+    let ends: Vec<Option<i64>> = built
+        .running
+        .iter()
+        .map(|&i| {
+            let started = world.workloads[i].status.started_at.unwrap_or(world.now).timestamp();
+            limit(i).map(|m| started.saturating_add(m))
+        })
+        .collect();
+    let runtimes: Vec<Option<i64>> = built.pending.iter().map(|&i| limit(i)).collect();
+    let estimates = berth_sched::estimate::start_times(s, &ends, &runtimes, MAX_STEPS);
+    let mut status = EstimateStatus { pending: built.pending.len(), ..Default::default() };
+    let names: std::collections::HashMap<String, String> = world
+        .workloads
+        .iter()
+        .map(|x| {
+            (
+                x.metadata.uid.to_string(),
+                format!("{}/{}", x.metadata.team.as_deref().unwrap_or_default(), x.metadata.name),
+            )
+        })
+        .collect();
+    let mut writes = Vec::new();
+    for (p, estimate) in built.pending.iter().zip(estimates) {
+        let w = &world.workloads[*p];
+        let next = estimate.map(|e| {
+            let when = match &e.after {
+                Some(id) => format!("when {} reaches its max_runtime_seconds", names.get(id).unwrap_or(id)),
+                None => "now: what it needs is free".to_owned(),
+            };
+            StartEstimate { at: at(e.at), basis: format!("{when}; {} workloads start before it", e.ahead) }
+        });
+        status.estimated += usize::from(next.is_some());
+        if w.status.phase == Phase::Pending && moved(w.status.estimated_start.as_ref(), next.as_ref()) {
+            let next = WorkloadStatus { estimated_start: next, ..w.status.clone() };
+            writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+        }
+    }
+    if !writes.is_empty() {
+        let mut tx = ctx.begin().await?;
+        status.updated = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?.len();
+        berth_store::commit(tx).await?;
+    }
+    Ok(status)
+}
+
+fn at(seconds: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(seconds, 0).unwrap_or_default()
+}
+
+/// Whether the estimate changed enough to be written.
+fn moved(before: Option<&StartEstimate>, after: Option<&StartEstimate>) -> bool {
+    match (before, after) {
+        (None, None) => false,
+        (Some(b), Some(a)) => (a.at - b.at).abs() >= MOVED || a.basis != b.basis,
+        _ => true,
+    }
+}

@@ -1,0 +1,107 @@
+//! Start-time estimates: the scheduler run forward in time. Each step plans a cycle at the
+//! step's time, turns what it admits into running work (ending `max_runtime_seconds` later),
+//! then jumps to the next moment running work must end and frees what it held. A pending
+//! workload's estimate is the first step that admits it; there is none when it would wait
+//! for work that has no runtime limit (or beyond the last step). The estimate assumes that
+//! running work ends at its limit (most end earlier: the estimate is then late) and that
+//! nothing else arrives (work submitted later with a higher priority or a team with more
+//! claim can make it early).
+
+use std::collections::HashMap;
+
+use crate::cycle::schedule;
+use crate::snapshot::{Running, Snapshot};
+
+/// When a pending workload is expected to start, and why then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Estimate {
+    /// Seconds, on the snapshot's clock.
+    pub at: i64,
+    /// The running workload whose end (at its runtime limit) frees what it needs; `None`
+    /// when what it needs is free at the snapshot's time.
+    pub after: Option<String>,
+    /// How many workloads the simulated cycles admitted before it.
+    pub ahead: usize,
+}
+
+/// The estimated start of each of `s.pending` (by index). `running_ends[i]` is when
+/// `s.running[i]` must end (`None`: no limit); `runtimes[i]` is `s.pending[i]`'s runtime
+/// limit in seconds. At most `max_steps` cycles are simulated.
+pub fn start_times(
+    s: &Snapshot,
+    running_ends: &[Option<i64>],
+    runtimes: &[Option<i64>],
+    max_steps: usize,
+) -> Vec<Option<Estimate>> {
+    let mut out: Vec<Option<Estimate>> = vec![None; s.pending.len()];
+    let mut snap = s.clone();
+    // Where each pending workload of `snap` came from, and each running one's end.
+    let mut origin: Vec<usize> = (0..s.pending.len()).collect();
+    let mut ends: Vec<Option<i64>> = running_ends.to_vec();
+    // Work being preempted is about to go.
+    for (end, r) in ends.iter_mut().zip(&snap.running) {
+        if r.preempting {
+            *end = Some(s.now);
+        }
+    }
+    let mut freed_by: Option<String> = None;
+    let mut admitted = 0;
+    for _ in 0..max_steps {
+        let Ok(plan) = schedule(&snap) else { break };
+        let mut taken = vec![false; snap.pending.len()];
+        for a in &plan.admissions {
+            let p = &snap.pending[a.workload];
+            out[origin[a.workload]] = Some(Estimate { at: snap.now, after: freed_by.clone(), ahead: admitted });
+            admitted += 1;
+            taken[a.workload] = true;
+            snap.running.push(Running {
+                id: p.id.clone(),
+                team: p.team,
+                priority: p.priority,
+                preemptible: p.preemptible,
+                borrowed: a.borrowed,
+                started_at: snap.now,
+                preempting: false,
+                cluster: a.cluster,
+                flavor: a.flavor,
+                tasks: p.tasks,
+                placement: a.placement.clone(),
+            });
+            ends.push(runtimes[origin[a.workload]].map(|r| snap.now + r.max(1)));
+        }
+        // Victims of the plan stop at once (their grace period is not modelled).
+        for p in &plan.preemptions {
+            ends[p.victim] = Some(snap.now);
+        }
+        // The admitted leave the queue; references between the rest follow them.
+        let mut new_ix: HashMap<usize, usize> = HashMap::new();
+        let mut kept = Vec::new();
+        let mut kept_origin = Vec::new();
+        for (i, p) in std::mem::take(&mut snap.pending).into_iter().enumerate() {
+            if !taken[i] {
+                new_ix.insert(i, kept.len());
+                kept.push(p);
+                kept_origin.push(origin[i]);
+            }
+        }
+        for p in &mut kept {
+            p.preempted_for = p.preempted_for.and_then(|i| new_ix.get(&i).copied());
+        }
+        snap.pending = kept;
+        origin = kept_origin;
+        if snap.pending.is_empty() {
+            break;
+        }
+        // The next moment running work must end; nothing ends: nothing more can be said.
+        let Some(next) = ends.iter().flatten().copied().min() else { break };
+        let next = next.max(snap.now);
+        let ending: Vec<usize> = (0..ends.len()).filter(|&i| ends[i].is_some_and(|e| e <= next)).collect();
+        freed_by = ending.last().map(|&i| snap.running[i].id.clone());
+        for &i in ending.iter().rev() {
+            snap.running.remove(i);
+            ends.remove(i);
+        }
+        snap.now = next;
+    }
+    out
+}
