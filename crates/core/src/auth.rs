@@ -410,7 +410,7 @@ impl RoleBinding {
 }
 
 /// The body that creates a role binding.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRoleBinding {
     /// A user's `sub`, or `serviceaccount:{name}` for an existing service account.

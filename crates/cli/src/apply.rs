@@ -1,0 +1,541 @@
+//! `berth apply` and `berth diff`: files of the API's own objects, compared with the
+//! server field by field, and applied in dependency order.
+//!
+//! A document is the API's body plus its kind:
+//!
+//! ```yaml
+//! kind: Team            # Flavor | Team | Cluster | RoleBinding | Workload
+//! metadata:
+//!   name: nlp
+//!   labels: {owner: platform}
+//! spec:
+//!   parent: research
+//!   quotas: [{flavor: h100, guaranteed: 8}]
+//! ```
+//!
+//! A workload also names its team (`metadata.team`); a role binding has no name (its
+//! spec is the API's: `subject`, `role`, `team`, `issuer`). Specs are read into the
+//! server's own types, so a file with an unknown or mistyped field is refused before
+//! anything is sent, and a spec is compared with the server's with every default filled
+//! in: a field the file leaves out is its default, on both sides.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use berth_core::cluster::ClusterSpec;
+use berth_core::flavor::FlavorSpec;
+use berth_core::meta::Labels;
+use berth_core::selector::LabelSelector;
+use berth_core::team::TeamSpec;
+use berth_core::workload::WorkloadSpec;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::client::{ApiError, Client, seg};
+
+/// The kinds a file may hold, in the order they are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Kind {
+    Flavor,
+    Team,
+    Cluster,
+    RoleBinding,
+    Workload,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "Flavor" => Self::Flavor,
+            "Team" => Self::Team,
+            "Cluster" => Self::Cluster,
+            "RoleBinding" => Self::RoleBinding,
+            "Workload" => Self::Workload,
+            _ => return None,
+        })
+    }
+
+    pub fn noun(self) -> &'static str {
+        match self {
+            Self::Flavor => "flavor",
+            Self::Team => "team",
+            Self::Cluster => "cluster",
+            Self::RoleBinding => "rolebinding",
+            Self::Workload => "workload",
+        }
+    }
+
+    /// The spec with every default filled in, as the server stores it.
+    fn normalize(self, spec: &Value) -> Result<Value, String> {
+        fn norm<T: serde::de::DeserializeOwned + Serialize>(spec: &Value) -> Result<Value, String> {
+            let typed: T = serde_path_to_error::deserialize(spec.clone())
+                .map_err(|e| format!("spec.{}: {}", e.path(), e.inner()))?;
+            Ok(serde_json::to_value(typed).expect("a spec serializes"))
+        }
+        match self {
+            Self::Flavor => norm::<FlavorSpec>(spec),
+            Self::Team => norm::<TeamSpec>(spec),
+            Self::Cluster => norm::<ClusterSpec>(spec),
+            Self::Workload => norm::<WorkloadSpec>(spec),
+            Self::RoleBinding => norm::<berth_core::auth::NewRoleBinding>(spec),
+        }
+    }
+}
+
+/// One object of the files.
+#[derive(Debug, Clone)]
+pub struct Document {
+    pub kind: Kind,
+    pub name: String,
+    pub team: Option<String>,
+    pub labels: Labels,
+    /// Normalized.
+    pub spec: Value,
+    /// `file` or `file#N` (the Nth document of a file, from 1).
+    pub source: String,
+}
+
+impl Document {
+    /// `team/nlp`, `workload/nlp/train`.
+    pub fn id(&self) -> String {
+        match &self.team {
+            Some(team) => format!("{}/{team}/{}", self.kind.noun(), self.name),
+            None => format!("{}/{}", self.kind.noun(), self.name),
+        }
+    }
+
+    fn path(&self) -> String {
+        object_path(self.kind, self.team.as_deref(), &self.name)
+    }
+
+    fn body(&self) -> Value {
+        json!({"metadata": {"labels": self.labels}, "spec": self.spec})
+    }
+}
+
+fn object_path(kind: Kind, team: Option<&str>, name: &str) -> String {
+    match kind {
+        Kind::Flavor => format!("/api/v1/flavors/{}", seg(name)),
+        Kind::Team => format!("/api/v1/teams/{}", seg(name)),
+        Kind::Cluster => format!("/api/v1/clusters/{}", seg(name)),
+        Kind::Workload => format!("/api/v1/teams/{}/workloads/{}", seg(team.unwrap_or_default()), seg(name)),
+        Kind::RoleBinding => "/api/v1/role-bindings".to_owned(),
+    }
+}
+
+/// Reads every document of `paths` (files, or directories of `.yaml`, `.yml` and `.json`
+/// files, read in name order).
+pub fn read(paths: &[PathBuf]) -> Result<Vec<Document>> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect(p, &mut files)?;
+    }
+    let mut docs = Vec::new();
+    let mut problems = Vec::new();
+    for file in files {
+        let text = if file == Path::new("-") {
+            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        } else {
+            std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+        };
+        let mut n = 0;
+        for de in serde_norway::Deserializer::from_str(&text) {
+            n += 1;
+            let value = match Value::deserialize_from(de) {
+                Ok(Value::Null) => continue,
+                Ok(v) => v,
+                Err(e) => {
+                    problems.push(format!("{}#{n}: {e}", file.display()));
+                    continue;
+                }
+            };
+            match document(&value, format!("{}#{n}", file.display())) {
+                Ok(d) => docs.push(d),
+                Err(e) => problems.push(e),
+            }
+        }
+    }
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for d in &docs {
+        if d.kind != Kind::RoleBinding
+            && let Some(first) = seen.insert(d.id(), d.source.clone())
+        {
+            problems.push(format!("{}: {} is also in {first}", d.source, d.id()));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    Ok(docs)
+}
+
+trait FromDeserializer: Sized {
+    fn deserialize_from(de: serde_norway::Deserializer<'_>) -> Result<Self, serde_norway::Error>;
+}
+
+impl FromDeserializer for Value {
+    fn deserialize_from(de: serde_norway::Deserializer<'_>) -> Result<Self, serde_norway::Error> {
+        serde::Deserialize::deserialize(de)
+    }
+}
+
+fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    if path == Path::new("-") || path.is_file() {
+        out.push(path.to_owned());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    for e in entries {
+        if e.is_dir() {
+            collect(&e, out)?;
+        } else if e.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json") {
+            out.push(e);
+        }
+    }
+    Ok(())
+}
+
+fn document(v: &Value, source: String) -> Result<Document, String> {
+    let at = |m: String| format!("{source}: {m}");
+    let kind = v["kind"]
+        .as_str()
+        .ok_or_else(|| at("kind: required (Flavor, Team, Cluster, RoleBinding or Workload)".into()))?;
+    let kind = Kind::parse(kind)
+        .ok_or_else(|| at(format!("kind: {kind:?} is not one of Flavor, Team, Cluster, RoleBinding, Workload")))?;
+    let spec = kind.normalize(&v["spec"]).map_err(at)?;
+    let meta = &v["metadata"];
+    let labels: Labels = serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
+        .map_err(|e| at(format!("metadata.labels: {e}")))?;
+    let (name, team) = match kind {
+        Kind::RoleBinding => {
+            let b: berth_core::auth::NewRoleBinding =
+                serde_json::from_value(spec.clone()).map_err(|e| at(e.to_string()))?;
+            (format!("{} {} {}", b.subject, b.role.as_str(), b.team.as_deref().unwrap_or("(global)")), None)
+        }
+        _ => {
+            let name = meta["name"].as_str().ok_or_else(|| at("metadata.name: required".into()))?.to_owned();
+            let team = meta["team"].as_str().map(str::to_owned);
+            if kind == Kind::Workload && team.is_none() {
+                return Err(at("metadata.team: required for a workload".into()));
+            }
+            (name, team.filter(|_| kind == Kind::Workload))
+        }
+    };
+    Ok(Document { kind, name, team, labels, spec, source })
+}
+
+/// What applying a document does.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Create,
+    Change,
+    Unchanged,
+    Delete,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub kind: Kind,
+    pub id: String,
+    pub action: Action,
+    /// `field: before → after` for a change.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+    /// What the scheduler would do (a team's quota change, `--dry-run` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preview: Vec<String>,
+    #[serde(skip)]
+    pub doc: Option<Document>,
+    /// The version the plan read (the write is conditional on it).
+    #[serde(skip)]
+    pub version: Option<String>,
+    #[serde(skip)]
+    pub path: String,
+}
+
+/// Compares the documents with the server; with `prune`, objects of the kinds
+/// Flavor, Team and Cluster that carry the selector's labels and are in no file are
+/// deleted (children before parents).
+pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelector>) -> Result<Vec<Step>, ApiError> {
+    let mut ordered: Vec<&Document> = docs.iter().collect();
+    let depth = team_depths(docs);
+    ordered.sort_by_key(|d| (d.kind, depth.get(d.name.as_str()).copied().unwrap_or(0), d.id()));
+    let mut steps = Vec::new();
+    let bindings = if docs.iter().any(|d| d.kind == Kind::RoleBinding) {
+        client.items("/api/v1/role-bindings").await?
+    } else {
+        Vec::new()
+    };
+    for d in ordered {
+        let path = d.path();
+        let mut step = Step {
+            kind: d.kind,
+            id: d.id(),
+            action: Action::Unchanged,
+            changes: Vec::new(),
+            preview: Vec::new(),
+            doc: Some(d.clone()),
+            version: None,
+            path: path.clone(),
+        };
+        if d.kind == Kind::RoleBinding {
+            let exists = bindings.iter().any(|b| {
+                b["subject"] == d.spec["subject"]
+                    && b["role"] == d.spec["role"]
+                    && b["team"] == d.spec["team"]
+                    && (d.spec["issuer"].is_null() || b["issuer"] == d.spec["issuer"])
+            });
+            step.action = if exists { Action::Unchanged } else { Action::Create };
+            steps.push(step);
+            continue;
+        }
+        match client.get_opt(&path).await? {
+            None => step.action = Action::Create,
+            Some(current) => {
+                step.version = current["metadata"]["resource_version"].as_str().map(str::to_owned);
+                let theirs = d.kind.normalize(&current["spec"]).unwrap_or_else(|_| current["spec"].clone());
+                let mut changes = Vec::new();
+                diff("spec", &theirs, &d.spec, &mut changes);
+                let labels = |l: &Value| if l.is_null() { json!({}) } else { l.clone() };
+                diff("metadata.labels", &labels(&current["metadata"]["labels"]), &json!(d.labels), &mut changes);
+                if !changes.is_empty() {
+                    step.action = Action::Change;
+                    step.changes = changes;
+                }
+            }
+        }
+        steps.push(step);
+    }
+    if let Some(selector) = prune {
+        let named: HashSet<String> = docs.iter().map(Document::id).collect();
+        let mut doomed = Vec::new();
+        for (kind, list) in
+            [(Kind::Cluster, "/api/v1/clusters"), (Kind::Team, "/api/v1/teams"), (Kind::Flavor, "/api/v1/flavors")]
+        {
+            let mut found: Vec<(usize, Value)> = Vec::new();
+            let items = client.list(list).await?;
+            let parents: HashMap<String, Option<String>> = items
+                .iter()
+                .map(|t| (cell_str(&t["metadata"]["name"]), t["spec"]["parent"].as_str().map(str::to_owned)))
+                .collect();
+            for item in items {
+                let name = cell_str(&item["metadata"]["name"]);
+                let labels: Labels = serde_json::from_value(item["metadata"]["labels"].clone()).unwrap_or_default();
+                if !selector.matches(&labels) || named.contains(&format!("{}/{name}", kind.noun())) {
+                    continue;
+                }
+                let mut depth = 0;
+                let mut up = parents.get(&name).cloned().flatten();
+                while let Some(p) = up {
+                    depth += 1;
+                    up = parents.get(&p).cloned().flatten();
+                }
+                found.push((depth, item));
+            }
+            // Children first.
+            found.sort_by(|a, b| {
+                b.0.cmp(&a.0).then_with(|| cell_str(&a.1["metadata"]["name"]).cmp(&cell_str(&b.1["metadata"]["name"])))
+            });
+            for (_, item) in found {
+                let name = cell_str(&item["metadata"]["name"]);
+                doomed.push(Step {
+                    kind,
+                    id: format!("{}/{name}", kind.noun()),
+                    action: Action::Delete,
+                    changes: Vec::new(),
+                    preview: Vec::new(),
+                    doc: None,
+                    version: item["metadata"]["resource_version"].as_str().map(str::to_owned),
+                    path: object_path(kind, None, &name),
+                });
+            }
+        }
+        steps.extend(doomed);
+    }
+    Ok(steps)
+}
+
+fn cell_str(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+/// How deep each team of the files is under other teams of the files (parents first).
+fn team_depths(docs: &[Document]) -> HashMap<&str, usize> {
+    let parents: HashMap<&str, &str> = docs
+        .iter()
+        .filter(|d| d.kind == Kind::Team)
+        .filter_map(|d| Some((d.name.as_str(), d.spec["parent"].as_str()?)))
+        .collect();
+    let mut depths = HashMap::new();
+    for d in docs.iter().filter(|d| d.kind == Kind::Team) {
+        let (mut depth, mut at) = (0, d.name.as_str());
+        while let Some(p) = parents.get(at) {
+            depth += 1;
+            at = p;
+            if depth > parents.len() {
+                break;
+            }
+        }
+        depths.insert(d.name.as_str(), depth);
+    }
+    depths
+}
+
+/// Adds what differs between `before` and `after` under `at`, as `field: before → after`
+/// (`+ field: value` for an added field, `- field: value` for a removed one).
+pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let keys: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+            for k in keys {
+                let field = format!("{at}.{k}");
+                match (b.get(k), a.get(k)) {
+                    (Some(x), Some(y)) => diff(&field, x, y, out),
+                    (None, Some(y)) if !y.is_null() => out.push(format!("+ {field}: {}", compact(y))),
+                    (Some(x), None) if !x.is_null() => out.push(format!("- {field}: {}", compact(x))),
+                    _ => {}
+                }
+            }
+        }
+        (Value::Array(b), Value::Array(a)) if b.len() == a.len() => {
+            for (i, (x, y)) in b.iter().zip(a).enumerate() {
+                diff(&format!("{at}[{i}]"), x, y, out);
+            }
+        }
+        _ if before != after => out.push(format!("{at}: {} → {}", compact(before), compact(after))),
+        _ => {}
+    }
+}
+
+fn compact(v: &Value) -> String {
+    v.to_string()
+}
+
+/// Asks the server what each team change would do to admitted and running work.
+pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError> {
+    for step in steps.iter_mut().filter(|s| s.kind == Kind::Team && matches!(s.action, Action::Change)) {
+        let Some(doc) = &step.doc else { continue };
+        let answer = client.post(&format!("{}/preview", step.path), Some(&doc.body())).await?;
+        let mut lines: Vec<String> =
+            answer["summary"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
+        for f in answer["fair_shares"].as_array().into_iter().flatten() {
+            if f["before"] != f["after"] {
+                let share = |v: &Value| crate::output::gpus(v.as_f64().unwrap_or(0.0));
+                let (team, flavor) = (f["team"].as_str().unwrap_or(""), f["flavor"].as_str().unwrap_or(""));
+                lines.push(format!(
+                    "fair share of {team} on {flavor}: {} → {} GPUs",
+                    share(&f["before"]),
+                    share(&f["after"])
+                ));
+            }
+        }
+        if lines.is_empty() {
+            lines.push("no running or waiting work would change".into());
+        }
+        step.preview = lines;
+    }
+    Ok(())
+}
+
+/// Prints a plan for people.
+pub fn print(steps: &[Step], dry_run: bool) {
+    for s in steps {
+        let (mark, what) = match s.action {
+            Action::Create => ("+", if dry_run { "would be created" } else { "created" }),
+            Action::Change => ("~", if dry_run { "would change" } else { "changed" }),
+            Action::Unchanged => ("=", "unchanged"),
+            Action::Delete => ("-", if dry_run { "would be deleted (pruned)" } else { "deleted (pruned)" }),
+        };
+        println!("{mark} {} {what}", s.id);
+        for c in &s.changes {
+            println!("    {c}");
+        }
+        for p in &s.preview {
+            println!("    preview: {p}");
+        }
+    }
+    let count = |f: fn(&Action) -> bool| steps.iter().filter(|s| f(&s.action)).count();
+    println!(
+        "{}: {} to create, {} to change, {} unchanged, {} to delete",
+        if dry_run { "Plan" } else { "Applied" },
+        count(|a| matches!(a, Action::Create)),
+        count(|a| matches!(a, Action::Change)),
+        count(|a| matches!(a, Action::Unchanged)),
+        count(|a| matches!(a, Action::Delete)),
+    );
+}
+
+/// Carries the plan out, in its order; each change and delete is conditional on the
+/// version the plan read, so a concurrent change is reported rather than overwritten.
+pub async fn execute(client: &Client, steps: &[Step]) -> Result<()> {
+    for s in steps {
+        let result = match (&s.action, &s.doc) {
+            (Action::Unchanged, _) => continue,
+            (Action::Create, Some(d)) if d.kind == Kind::RoleBinding => client.post(&s.path, Some(&d.spec)).await,
+            (Action::Create, Some(d)) => client.put(&s.path, &d.body(), None).await,
+            (Action::Change, Some(d)) => client.put(&s.path, &d.body(), s.version.as_deref()).await,
+            (Action::Delete, _) => client.delete(&s.path, s.version.as_deref()).await,
+            (_, None) => continue,
+        };
+        if let Err(e) = result {
+            let why = match e.status() {
+                Some(409 | 412) => format!("{e}\n  (it changed since the plan was made: run apply again)"),
+                _ => e.to_string(),
+            };
+            let source = s.doc.as_ref().map_or(String::new(), |d| format!(" ({})", d.source));
+            return Err(anyhow!(e)).context(format!("{}{source}: {why}", s.id));
+        }
+    }
+    Ok(())
+}
+
+/// Groups what a plan changes, for `-o json`.
+pub fn as_json(steps: &[Step]) -> Value {
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in steps {
+        *by.entry(match s.action {
+            Action::Create => "create",
+            Action::Change => "change",
+            Action::Unchanged => "unchanged",
+            Action::Delete => "delete",
+        })
+        .or_default() += 1;
+    }
+    json!({"steps": steps, "counts": by})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diff_names_each_field_that_changed() {
+        let mut out = Vec::new();
+        let before = json!({"quotas": [{"flavor": "h100", "guaranteed": 8}], "parent": null, "d": "x"});
+        let after = json!({"quotas": [{"flavor": "h100", "guaranteed": 12}], "parent": "r"});
+        diff("spec", &before, &after, &mut out);
+        assert_eq!(out, ["- spec.d: \"x\"", "spec.parent: null → \"r\"", "spec.quotas[0].guaranteed: 8 → 12"]);
+    }
+
+    #[test]
+    fn documents_are_read_into_the_servers_types_and_bad_ones_named() {
+        let good = json!({"kind": "Team", "metadata": {"name": "nlp"}, "spec": {"quotas": [{"flavor": "h100", "guaranteed": 2}]}});
+        let d = document(&good, "f#1".into()).unwrap();
+        assert_eq!(d.spec["quotas"][0]["weight"], 1, "defaults are filled in: {}", d.spec);
+        let bad = json!({"kind": "Team", "metadata": {"name": "nlp"}, "spec": {"quota": []}});
+        let e = document(&bad, "f#2".into()).unwrap_err();
+        assert!(e.starts_with("f#2: spec"), "{e}");
+        let e =
+            document(&json!({"kind": "Workload", "metadata": {"name": "w"}, "spec": {}}), "f#3".into()).unwrap_err();
+        assert!(e.contains("spec"), "{e}");
+        let e = document(&json!({"kind": "Pod"}), "f#4".into()).unwrap_err();
+        assert!(e.contains("not one of"), "{e}");
+    }
+}

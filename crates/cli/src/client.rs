@@ -1,0 +1,193 @@
+//! The REST API as the CLI calls it: JSON in and out, a bearer token, and the API's
+//! problems (RFC 9457) kept whole so they can be shown field by field.
+
+use std::fmt;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// Exit codes scripts can rely on.
+pub mod exit {
+    /// `berth diff`: the files and the server differ.
+    pub const DIFFERENT: i32 = 1;
+    /// Bad usage, or a file that cannot be read.
+    pub const USAGE: i32 = 2;
+    /// The API refused the request (4xx): the problem is printed.
+    pub const REFUSED: i32 = 3;
+    /// Berth did not answer, or failed (5xx).
+    pub const UNAVAILABLE: i32 = 4;
+}
+
+/// A failed call.
+#[derive(Debug)]
+pub enum ApiError {
+    /// The API answered with a problem.
+    Problem { status: u16, title: String, detail: String, errors: Vec<(String, String)> },
+    /// No answer.
+    Unreachable(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Problem { status, .. } => Some(*status),
+            Self::Unreachable(_) => None,
+        }
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Problem { status, .. } if *status < 500 => exit::REFUSED,
+            _ => exit::UNAVAILABLE,
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreachable(why) => write!(f, "Berth did not answer: {why}"),
+            Self::Problem { status, title, detail, errors } => {
+                write!(f, "{status} {title}")?;
+                if !detail.is_empty() && errors.is_empty() {
+                    write!(f, ": {detail}")?;
+                }
+                for (field, message) in errors {
+                    write!(f, "\n  {field}: {message}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(server: &str, token: Option<String>) -> Self {
+        let http = reqwest::Client::builder().user_agent(concat!("berth-cli/", env!("CARGO_PKG_VERSION"))).build();
+        Self { base: server.trim_end_matches('/').to_owned(), token, http: http.expect("an HTTP client") }
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// Sends and reads the JSON answer (`Null` for an empty one).
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, ApiError> {
+        let response = req.send().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
+        if !status.is_success() {
+            return Err(problem(status, &text));
+        }
+        Ok(if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, ApiError> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
+    /// `None` for a 404.
+    pub async fn get_opt(&self, path: &str) -> Result<Option<Value>, ApiError> {
+        match self.get(path).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The items of a list that is not paged (role bindings).
+    pub async fn items(&self, path: &str) -> Result<Vec<Value>, ApiError> {
+        Ok(self.get(path).await?["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Every item of a paged list.
+    pub async fn list(&self, path: &str) -> Result<Vec<Value>, ApiError> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let mut url = format!("{path}{sep}limit=500");
+            if let Some(c) = &cursor {
+                url.push_str(&format!("&cursor={c}"));
+            }
+            let page = self.get(&url).await?;
+            items.extend(page["items"].as_array().cloned().unwrap_or_default());
+            match page["next"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return Ok(items),
+            }
+        }
+    }
+
+    pub async fn put(&self, path: &str, body: &Value, if_match: Option<&str>) -> Result<Value, ApiError> {
+        let mut req = self.request(Method::PUT, path).json(body);
+        if let Some(v) = if_match {
+            req = req.header("If-Match", format!("\"{v}\""));
+        }
+        self.send(req).await
+    }
+
+    pub async fn post(&self, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+        let mut req = self.request(Method::POST, path);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        self.send(req).await
+    }
+
+    pub async fn delete(&self, path: &str, if_match: Option<&str>) -> Result<Value, ApiError> {
+        let mut req = self.request(Method::DELETE, path);
+        if let Some(v) = if_match {
+            req = req.header("If-Match", format!("\"{v}\""));
+        }
+        self.send(req).await
+    }
+}
+
+/// A problem from its answer; a body that is not one is its detail.
+pub fn problem(status: StatusCode, text: &str) -> ApiError {
+    let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let errors = body["errors"]
+        .as_array()
+        .map(|errors| {
+            errors
+                .iter()
+                .map(|e| (e["field"].as_str().unwrap_or("").to_owned(), e["message"].as_str().unwrap_or("").to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    ApiError::Problem {
+        status: status.as_u16(),
+        title: body["title"].as_str().unwrap_or(status.canonical_reason().unwrap_or("")).to_owned(),
+        detail: body["detail"]
+            .as_str()
+            .map_or_else(|| if body.is_null() { text.to_owned() } else { String::new() }, str::to_owned),
+        errors,
+    }
+}
+
+/// A path segment, escaped.
+pub fn seg(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

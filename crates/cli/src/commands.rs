@@ -1,0 +1,785 @@
+//! Each command: what it asks the API and how it shows the answer.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde_json::{Value, json};
+
+use crate::apply::{self, Action};
+use crate::client::{Client, exit, seg};
+use crate::config::{Config, Context};
+use crate::output::{self, Format, age, cell, gpus, structured, table};
+use crate::submit;
+
+/// What every command reaches.
+pub struct Env<'a> {
+    pub client: &'a Client,
+    /// The context's team.
+    pub team: Option<String>,
+    pub out: Format,
+}
+
+impl Env<'_> {
+    /// The team a command is about: given, else the context's, else the one team the
+    /// caller is a member or admin of.
+    async fn team(&self, given: Option<String>) -> Result<String> {
+        if let Some(t) = given.or(self.team.clone()) {
+            return Ok(t);
+        }
+        let me = self.client.get("/api/v1/me").await?;
+        let mut teams: Vec<String> = me["grants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["role"] == "member" || g["role"] == "team-admin")
+            .filter_map(|g| g["team"].as_str().map(str::to_owned))
+            .collect();
+        teams.dedup();
+        match teams.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => bail!("say which team: --team NAME (or `berth login --team NAME`)"),
+            many => bail!("you are in several teams ({}): say which with --team", many.join(", ")),
+        }
+    }
+}
+
+pub async fn login(
+    mut config: Config,
+    context: Option<&str>,
+    server: &str,
+    token: Option<String>,
+    team: Option<String>,
+) -> Result<i32> {
+    let token = match token {
+        Some(t) => t,
+        None => {
+            eprintln!(
+                "Paste a token for {server} (from your administrator, `berthd token create`, or your identity provider), then press Enter:"
+            );
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).context("reading the token")?;
+            line.trim().to_owned()
+        }
+    };
+    if token.is_empty() {
+        bail!("no token given");
+    }
+    let me = Client::new(server, Some(token.clone())).get("/api/v1/me").await.context("checking the token")?;
+    let name = context.map(str::to_owned).or(config.current.clone()).unwrap_or_else(|| "default".to_owned());
+    let previous = config.contexts.get(&name).and_then(|c| c.team.clone());
+    config
+        .contexts
+        .insert(name.clone(), Context { server: server.to_owned(), token: Some(token), team: team.or(previous) });
+    config.current = Some(name.clone());
+    let path = config.save()?;
+    eprintln!("Signed in to {server} as {} (context {name:?} in {})", cell(&me["subject"]), path.display());
+    Ok(0)
+}
+
+pub async fn apply(env: &Env<'_>, files: &[PathBuf], dry_run: bool, prune: Option<String>) -> Result<i32> {
+    let docs = apply::read(files)?;
+    let selector = match &prune {
+        Some(s) => {
+            Some(berth_core::selector::LabelSelector::parse("selector", s).map_err(|e| anyhow!("--selector: {e}"))?)
+        }
+        None => None,
+    };
+    let mut steps = apply::plan(env.client, &docs, selector.as_ref()).await?;
+    if dry_run {
+        apply::preview(env.client, &mut steps).await?;
+    } else {
+        apply::execute(env.client, &steps).await?;
+    }
+    if !structured(env.out, &apply::as_json(&steps)) {
+        apply::print(&steps, dry_run);
+    }
+    Ok(0)
+}
+
+pub async fn diff(env: &Env<'_>, files: &[PathBuf]) -> Result<i32> {
+    let docs = apply::read(files)?;
+    let steps = apply::plan(env.client, &docs, None).await?;
+    let differs = steps.iter().any(|s| !matches!(s.action, Action::Unchanged));
+    if !structured(env.out, &apply::as_json(&steps)) {
+        for s in steps.iter().filter(|s| !matches!(s.action, Action::Unchanged)) {
+            match s.action {
+                Action::Create => println!("+ {} (not on the server)", s.id),
+                _ => {
+                    println!("~ {}", s.id);
+                    s.changes.iter().for_each(|c| println!("    {c}"));
+                }
+            }
+        }
+    }
+    Ok(if differs { exit::DIFFERENT } else { 0 })
+}
+
+/// What `get` and `describe` name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ObjectKind {
+    #[value(alias = "flavor")]
+    Flavors,
+    #[value(alias = "team")]
+    Teams,
+    #[value(alias = "cluster")]
+    Clusters,
+    #[value(alias = "workload", alias = "wl")]
+    Workloads,
+    #[value(alias = "rolebinding")]
+    Rolebindings,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    kind: ObjectKind,
+    name: Option<String>,
+    /// Workloads of this team [default: all you can see]
+    #[arg(long)]
+    team: Option<String>,
+    /// Label selector (workloads)
+    #[arg(short = 'l', long)]
+    selector: Option<String>,
+    /// Only workloads submitted by this subject; `me` for yours
+    #[arg(long)]
+    owner: Option<String>,
+    /// Only workloads in this phase
+    #[arg(long)]
+    phase: Option<String>,
+    /// Keep watching: print the table again whenever it changes
+    #[arg(short, long)]
+    watch: bool,
+}
+
+pub async fn get(env: &Env<'_>, a: GetArgs) -> Result<i32> {
+    let c = env.client;
+    if let Some(name) = &a.name {
+        let path = match a.kind {
+            ObjectKind::Workloads => {
+                format!("/api/v1/teams/{}/workloads/{}", seg(&env.team(a.team.clone()).await?), seg(name))
+            }
+            ObjectKind::Rolebindings => format!("/api/v1/role-bindings/{}", seg(name)),
+            kind => format!("{}/{}", collection(kind), seg(name)),
+        };
+        let object = c.get(&path).await?;
+        if !structured(env.out, &object) {
+            rows(a.kind, &[object], env.out == Format::Wide);
+        }
+        return Ok(0);
+    }
+    let mut query = Vec::new();
+    if a.kind == ObjectKind::Workloads {
+        for (k, v) in [("team", &a.team), ("label_selector", &a.selector), ("owner", &a.owner), ("phase", &a.phase)] {
+            if let Some(v) = v {
+                query.push(format!("{k}={}", seg(v)));
+            }
+        }
+    }
+    let path = if query.is_empty() {
+        collection(a.kind).to_owned()
+    } else {
+        format!("{}?{}", collection(a.kind), query.join("&"))
+    };
+    let mut last = String::new();
+    loop {
+        let items = if a.kind == ObjectKind::Rolebindings { c.items(&path).await? } else { c.list(&path).await? };
+        let shown = json!({"items": items});
+        let text = shown.to_string();
+        if text != last {
+            if !structured(env.out, &shown) {
+                if !last.is_empty() {
+                    println!();
+                }
+                rows(a.kind, &items, env.out == Format::Wide);
+            }
+            last = text;
+        }
+        if !a.watch {
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+fn collection(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::Flavors => "/api/v1/flavors",
+        ObjectKind::Teams => "/api/v1/teams",
+        ObjectKind::Clusters => "/api/v1/clusters",
+        ObjectKind::Workloads => "/api/v1/workloads",
+        ObjectKind::Rolebindings => "/api/v1/role-bindings",
+    }
+}
+
+fn gpus_of(w: &Value) -> f64 {
+    let t = &w["spec"]["tasks"];
+    t["count"].as_f64().unwrap_or(0.0) * t["resources"]["gpus"].as_f64().unwrap_or(0.0)
+}
+
+fn rows(kind: ObjectKind, items: &[Value], wide: bool) {
+    match kind {
+        ObjectKind::Flavors => table(
+            &["NAME", "GPU MEMORY GIB", "SLURM GRES", "DESCRIPTION"],
+            &items
+                .iter()
+                .map(|f| {
+                    let s = &f["spec"];
+                    vec![
+                        cell(&f["metadata"]["name"]),
+                        cell(&s["gpu_memory_gib"]),
+                        cell(&s["slurm"]["gres_type"]),
+                        cell(&s["description"]),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        ObjectKind::Teams => table(
+            &["NAME", "PARENT", "QUOTAS (guaranteed/limit)", "ALLOCATED"],
+            &items
+                .iter()
+                .map(|t| {
+                    let quotas: Vec<String> = t["spec"]["quotas"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|q| {
+                            format!(
+                                "{}: {}/{}",
+                                cell(&q["flavor"]),
+                                cell(&q["guaranteed"]),
+                                q["limit"].as_u64().map_or("-".into(), |l| l.to_string())
+                            )
+                        })
+                        .collect();
+                    let used: Vec<String> = t["status"]["usage"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|u| {
+                            format!("{}: {}", cell(&u["flavor"]), gpus(u["subtree_allocated"].as_f64().unwrap_or(0.0)))
+                        })
+                        .collect();
+                    vec![cell(&t["metadata"]["name"]), cell(&t["spec"]["parent"]), quotas.join(", "), used.join(", ")]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        ObjectKind::Clusters => table(
+            &["NAME", "KIND", "HEALTH", "GPUS FREE/TOTAL", "CORDONED", "API"],
+            &items
+                .iter()
+                .map(|c| {
+                    let inv = c["status"]["inventory"].as_array().cloned().unwrap_or_default();
+                    let (free, total) = inv.iter().fold((0.0, 0.0), |(f, t), i| {
+                        (f + i["gpus_free"].as_f64().unwrap_or(0.0), t + i["gpus_total"].as_f64().unwrap_or(0.0))
+                    });
+                    vec![
+                        cell(&c["metadata"]["name"]),
+                        cell(&c["spec"]["kind"]),
+                        cell(&c["status"]["health"]),
+                        format!("{}/{}", gpus(free), gpus(total)),
+                        if c["spec"]["cordoned"] == true { "yes".into() } else { String::new() },
+                        if wide { cell(&c["status"]["api"]) } else { String::new() },
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        ObjectKind::Workloads => {
+            let mut headers = vec!["TEAM", "NAME", "OWNER", "KIND", "PHASE", "GPUS", "CLUSTER", "AGE"];
+            if wide {
+                headers.extend(["POSITION", "ESTIMATED START", "WHY"]);
+            }
+            let rows: Vec<Vec<String>> = items
+                .iter()
+                .map(|w| {
+                    let (m, s) = (&w["metadata"], &w["status"]);
+                    let mut row = vec![
+                        cell(&m["team"]),
+                        cell(&m["name"]),
+                        cell(&m["owner"]["subject"]),
+                        cell(&w["spec"]["kind"]),
+                        cell(&s["phase"]),
+                        gpus(gpus_of(w)),
+                        cell(&s["admission"]["cluster"]),
+                        age(&m["creation_timestamp"]),
+                    ];
+                    if wide {
+                        row.push(cell(&s["queue_position"]["global"]));
+                        row.push(age(&s["estimated_start"]["at"]));
+                        row.push(cell(&s["pending_reason"]["message"]).chars().take(80).collect());
+                    }
+                    row
+                })
+                .collect();
+            table(&headers, &rows);
+        }
+        ObjectKind::Rolebindings => table(
+            &["ID", "SUBJECT", "ROLE", "TEAM", "ISSUER"],
+            &items
+                .iter()
+                .map(|b| {
+                    vec![cell(&b["id"]), cell(&b["subject"]), cell(&b["role"]), cell(&b["team"]), cell(&b["issuer"])]
+                })
+                .collect::<Vec<_>>(),
+        ),
+    }
+}
+
+pub async fn describe(env: &Env<'_>, kind: ObjectKind, name: &str, team: Option<String>) -> Result<i32> {
+    if kind != ObjectKind::Workloads {
+        return get(
+            env,
+            GetArgs { kind, name: Some(name.to_owned()), team, selector: None, owner: None, phase: None, watch: false },
+        )
+        .await;
+    }
+    let path = format!("/api/v1/teams/{}/workloads/{}", seg(&env.team(team).await?), seg(name));
+    let w = env.client.get(&path).await?;
+    let events = env.client.list(&format!("{path}/events")).await?;
+    if structured(env.out, &json!({"workload": w, "events": events})) {
+        return Ok(0);
+    }
+    let (m, s) = (&w["metadata"], &w["status"]);
+    let mut facts: Vec<(&str, String)> = vec![
+        ("Name", format!("{}/{}", cell(&m["team"]), cell(&m["name"]))),
+        ("Owner", cell(&m["owner"]["subject"])),
+        ("Kind", cell(&w["spec"]["kind"])),
+        ("Phase", cell(&s["phase"])),
+        ("Reason", cell(&s["pending_reason"]["message"]).to_string() + &cell(&s["message"])),
+        (
+            "Queue position",
+            s["queue_position"]["global"]
+                .as_u64()
+                .map_or(String::new(), |g| format!("{g} overall, {} in the team", cell(&s["queue_position"]["team"]))),
+        ),
+        ("Estimated start", estimate(s)),
+        (
+            "GPUs",
+            format!(
+                "{} ({} × {})",
+                gpus(gpus_of(&w)),
+                cell(&w["spec"]["tasks"]["count"]),
+                cell(&w["spec"]["tasks"]["resources"]["gpus"])
+            ),
+        ),
+        (
+            "Flavors",
+            w["spec"]["tasks"]["resources"]["flavors"]
+                .as_array()
+                .map(|f| f.iter().map(cell).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+        ),
+        ("Cluster", cell(&s["admission"]["cluster"])),
+        (
+            "Placement",
+            s["admission"]["placement"]
+                .as_array()
+                .map(|p| p.iter().map(|t| cell(&t["node"])).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+        ),
+        ("Backend job", cell(&s["backend_ref"]["job_id"])),
+        ("Attempt", cell(&s["attempt"])),
+        ("Submitted", cell(&s["submitted_at"])),
+        ("Started", cell(&s["started_at"])),
+        ("Finished", cell(&s["finished_at"])),
+        ("Exit code", cell(&s["exit_code"])),
+        ("Cancelled by", cell(&s["cancellation"]["by"])),
+    ];
+    facts.retain(|(_, v)| !v.is_empty());
+    let width = facts.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in facts {
+        println!("{k:<width$}  {v}");
+    }
+    println!("Events:");
+    for e in events {
+        println!("  {}  {:<18} {}", cell(&e["time"]), cell(&e["reason"]), cell(&e["message"]));
+    }
+    Ok(0)
+}
+
+fn estimate(s: &Value) -> String {
+    match s["estimated_start"]["at"].as_str() {
+        Some(at) => format!("{at} ({}; {})", age(&s["estimated_start"]["at"]), cell(&s["estimated_start"]["basis"])),
+        None if s["phase"] == "Pending" => "not known (it waits for work without a runtime limit)".into(),
+        None => String::new(),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Shape {
+    /// Team [default: the context's, or your only team]
+    #[arg(long)]
+    team: Option<String>,
+    /// Workload name [default: the script's job name, else generated]
+    #[arg(long)]
+    name: Option<String>,
+    /// GPUs per task
+    #[arg(long)]
+    gpus: Option<f64>,
+    /// Flavor of the GPUs
+    #[arg(long)]
+    flavor: Option<String>,
+    /// Tasks (a training job's ranks)
+    #[arg(long)]
+    tasks: Option<u32>,
+    /// Nodes: one task per node unless --tasks is given
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Runtime limit: 4h, 30m, 2d or Slurm's 01:00:00, 1-12:00
+    #[arg(long)]
+    time: Option<String>,
+    /// CPUs per task
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Priority within the team, -1000 to 1000
+    #[arg(long, allow_hyphen_values = true)]
+    priority: Option<i32>,
+    /// Whether Berth may preempt it
+    #[arg(long)]
+    preemptible: Option<bool>,
+    /// Workload kind: training, batch, inference, notebook
+    #[arg(long)]
+    kind: Option<String>,
+    /// Run time on a simulated cluster, in seconds
+    #[arg(long)]
+    sim_seconds: Option<f64>,
+    /// Labels, key=value
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Check everything and show the workload; submit nothing
+    #[arg(long)]
+    dry_run: bool,
+}
+
+impl Shape {
+    fn onto(&self, r: &mut submit::Request) -> Result<()> {
+        macro_rules! set {
+            ($($from:ident => $to:ident),*) => { $(if let Some(v) = &self.$from { r.$to = Some(v.clone()); })* };
+        }
+        set!(team => team, name => name, flavor => flavor, tasks => tasks, nodes => nodes, cpus => cpus_per_task, priority => priority, preemptible => preemptible, kind => kind, sim_seconds => sim_seconds, gpus => gpus_per_task);
+        if let Some(t) = &self.time {
+            r.time_seconds = Some(
+                submit::slurm_time(t).ok_or_else(|| anyhow!("--time {t}: not a time (4h, 30m, 01:00:00, 1-12:00)"))?,
+            );
+        }
+        for l in &self.labels {
+            let (k, v) = l.split_once('=').ok_or_else(|| anyhow!("--label {l}: not key=value"))?;
+            r.labels.push((k.to_owned(), v.to_owned()));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    shape: Shape,
+    /// The batch script (`-` for standard input)
+    script: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    shape: Shape,
+    /// Container image
+    #[arg(long)]
+    image: String,
+    /// Environment variables, NAME=value
+    #[arg(long = "env")]
+    env: Vec<String>,
+    /// The command and its arguments
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Parses `#BERTH` words as the submit options.
+#[derive(Debug, clap::Parser)]
+#[command(no_binary_name = true)]
+struct Directives {
+    #[command(flatten)]
+    shape: Shape,
+}
+
+pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
+    let script = if a.script == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading the script")?
+    } else {
+        std::fs::read_to_string(&a.script).with_context(|| format!("reading {}", a.script.display()))?
+    };
+    let (sbatch, berth) = submit::directives(&script);
+    let mut r = submit::Request::default();
+    submit::read_sbatch(&sbatch, &mut r)?;
+    if !r.ignored.is_empty() {
+        eprintln!("note: #SBATCH options Berth does not use: {}", r.ignored.join(" "));
+    }
+    let directives = <Directives as clap::Parser>::try_parse_from(&berth).map_err(|e| anyhow!("#BERTH: {e}"))?;
+    directives.shape.onto(&mut r)?;
+    a.shape.onto(&mut r)?;
+    create(env, r, &script, None, a.shape.dry_run || directives.shape.dry_run).await
+}
+
+pub async fn run(env: &Env<'_>, a: RunArgs) -> Result<i32> {
+    let mut r = submit::Request { image: Some(a.image.clone()), ..Default::default() };
+    a.shape.onto(&mut r)?;
+    let mut vars = serde_json::Map::new();
+    for e in &a.env {
+        let (k, v) = e.split_once('=').ok_or_else(|| anyhow!("--env {e}: not NAME=value"))?;
+        vars.insert(k.to_owned(), json!(v));
+    }
+    create(env, r, "", Some((a.command, vars)), a.shape.dry_run).await
+}
+
+/// Resolves the flavor, builds the spec and creates the workload (a generated name when
+/// none is given, and an idempotency key so a retried submit is not doubled).
+async fn create(
+    env: &Env<'_>,
+    r: submit::Request,
+    script: &str,
+    command: Option<(Vec<String>, serde_json::Map<String, Value>)>,
+    dry_run: bool,
+) -> Result<i32> {
+    let c = env.client;
+    let team = env.team(r.team.clone()).await?;
+    let flavor = flavor(c, &r).await?;
+    let mut spec = submit::spec(&r, &flavor, script)?;
+    if let Some((command, vars)) = command {
+        spec["run"] = json!({"command": command, "image": r.image, "env": vars});
+    }
+    let labels: serde_json::Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    let mut metadata = json!({"labels": labels});
+    match r.name.as_deref().map(|n| (n, submit::dns_label(n))) {
+        Some((n, Some(label))) if label == n => metadata["name"] = json!(label),
+        Some((_, Some(label))) => metadata["generate_name"] = json!(format!("{}-", &label[..label.len().min(57)])),
+        _ => metadata["generate_name"] = json!("job-"),
+    }
+    let body = json!({"items": [{"metadata": metadata, "spec": spec}]});
+    let path = format!("/api/v1/teams/{}/workloads{}", seg(&team), if dry_run { "?dry_run=true" } else { "" });
+    let key = uuid::Uuid::new_v4().to_string();
+    let answer = c.send(c.request(reqwest::Method::POST, &path).header("Idempotency-Key", key).json(&body)).await?;
+    let w = &answer["items"][0];
+    if !structured(env.out, w) {
+        let what = if dry_run { "would be submitted" } else { "submitted" };
+        println!("workload {}/{} {what} ({} GPUs of {flavor})", team, cell(&w["metadata"]["name"]), gpus(gpus_of(w)));
+    }
+    Ok(0)
+}
+
+/// The flavor a request names: `--flavor`, else the GPU type (a flavor's name or its Slurm
+/// GRES type), else the partition (the flavor a cluster's Slurm partition holds), else the
+/// only flavor there is.
+async fn flavor(c: &Client, r: &submit::Request) -> Result<String> {
+    if let Some(f) = &r.flavor {
+        return Ok(f.clone());
+    }
+    let flavors = c.list("/api/v1/flavors").await?;
+    let name = |f: &Value| cell(&f["metadata"]["name"]);
+    if let Some(ty) = &r.gpu_type {
+        return flavors
+            .iter()
+            .find(|f| name(f) == *ty)
+            .or_else(|| flavors.iter().find(|f| f["spec"]["slurm"]["gres_type"] == ty.as_str()))
+            .map(name)
+            .ok_or_else(|| {
+                anyhow!("no flavor is named {ty:?} or has the Slurm GRES type {ty:?}: see `berth get flavors`")
+            });
+    }
+    if let Some(p) = &r.partition {
+        let clusters = c.list("/api/v1/clusters").await?;
+        return clusters
+            .iter()
+            .flat_map(|c| c["spec"]["slurm"]["partitions"].as_array().cloned().unwrap_or_default())
+            .find(|part| part["name"] == p.as_str())
+            .map(|part| cell(&part["flavor"]))
+            .ok_or_else(|| anyhow!("no cluster has a Slurm partition {p:?}: name the flavor with --flavor"));
+    }
+    match flavors.as_slice() {
+        [only] => Ok(name(only)),
+        _ => bail!(
+            "say which GPUs: --flavor NAME, or #SBATCH --gres=gpu:TYPE:N (flavors: {})",
+            flavors.iter().map(name).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
+    let team = env.team(team).await?;
+    let w = env.client.post(&format!("/api/v1/teams/{}/workloads/{}/cancel", seg(&team), seg(name)), None).await?;
+    if !structured(env.out, &w) {
+        let phase = cell(&w["status"]["phase"]);
+        if phase == "Cancelled" {
+            println!("workload {team}/{name} cancelled");
+        } else {
+            println!("workload {team}/{name} is being cancelled: its job gets the grace period to stop");
+        }
+    }
+    Ok(0)
+}
+
+pub struct LogOptions {
+    pub follow: bool,
+    pub tail: Option<u32>,
+    pub task: Option<u32>,
+    pub attempt: Option<u32>,
+}
+
+pub async fn logs(env: &Env<'_>, name: &str, team: Option<String>, o: LogOptions) -> Result<i32> {
+    use std::io::Write as _;
+    let team = env.team(team).await?;
+    let mut query = vec![format!("follow={}", o.follow)];
+    for (k, v) in [("tail", o.tail), ("task", o.task), ("attempt", o.attempt)] {
+        if let Some(v) = v {
+            query.push(format!("{k}={v}"));
+        }
+    }
+    let path = format!("/api/v1/teams/{}/workloads/{}/logs?{}", seg(&team), seg(name), query.join("&"));
+    let mut response = env
+        .client
+        .request(reqwest::Method::GET, &path)
+        .send()
+        .await
+        .map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        return Err(crate::client::problem(status, &text).into());
+    }
+    let mut stdout = std::io::stdout();
+    while let Some(chunk) = response.chunk().await.map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))? {
+        stdout.write_all(&chunk)?;
+        stdout.flush()?;
+    }
+    Ok(0)
+}
+
+/// Words on what would let a waiting workload run, by its reason's code.
+fn unblock(code: &str) -> &'static str {
+    match code {
+        "QuotaLimitReached" => {
+            "its team (or a team above it) is at its limit: wait for the team's running work, or raise the limit"
+        }
+        "GuaranteeExceeded" => {
+            "non-preemptible work runs within the guarantee only: make it preemptible, or raise the guarantee"
+        }
+        "FairShareReached" => {
+            "its team has its fair share: it runs as others' work ends, sooner with a higher priority"
+        }
+        "BorrowingPaused" => "borrowing is paused while another team reclaims its guarantee: wait for the reclaim",
+        "WaitingForPreemptor" | "WaitingForReclaim" => {
+            "capacity is being freed for it: it starts when the preempted work stops"
+        }
+        "NotEnoughGpus" | "NoClusterFits" => {
+            "no cluster has that many GPUs free in one place: wait, or ask for fewer GPUs per task"
+        }
+        "Fragmented" => "the free GPUs are spread over nodes: wait, or ask for smaller tasks",
+        "InsufficientCpu" | "InsufficientMemory" => "the nodes lack the CPU or memory it asks for: ask for less",
+        "PlacementMatchesNoCluster" => "its placement (cluster selector, backend kinds) matches no cluster: change it",
+        "ClustersCordoned" => "the clusters it may use are cordoned: wait for an administrator to uncordon them",
+        "TopologyUnsatisfiable" => "no topology block holds all its tasks: relax spec.topology",
+        "Unschedulable" => "it can never run as submitted: change its shape",
+        _ => "it runs when the scheduler finds room",
+    }
+}
+
+pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
+    let team = env.team(team).await?;
+    let w = env.client.get(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name))).await?;
+    let s = &w["status"];
+    let code = cell(&s["pending_reason"]["code"]);
+    let answer = json!({
+        "phase": s["phase"], "reason": s["pending_reason"], "queue_position": s["queue_position"],
+        "estimated_start": s["estimated_start"], "unblock": (!code.is_empty()).then(|| unblock(&code)),
+    });
+    if structured(env.out, &answer) {
+        return Ok(0);
+    }
+    if s["phase"] != "Pending" {
+        println!("{team}/{name} is {}: it is not waiting. {}", cell(&s["phase"]), cell(&s["message"]));
+        return Ok(0);
+    }
+    match s["pending_reason"]["message"].as_str() {
+        Some(m) => println!("{team}/{name} waits: {m}"),
+        None => println!("{team}/{name} waits: the scheduler has not looked at it yet"),
+    }
+    if let Some(g) = s["queue_position"]["global"].as_u64() {
+        println!("Position: {g} in the queue, {} in team {team}", cell(&s["queue_position"]["team"]));
+    }
+    println!("Expected start: {}", estimate(s));
+    if !code.is_empty() {
+        println!("What would let it run: {}", unblock(&code));
+    }
+    Ok(0)
+}
+
+pub async fn queue(env: &Env<'_>, team: Option<String>, limit: u32) -> Result<i32> {
+    let mut path = format!("/api/v1/queue?limit={limit}");
+    if let Some(t) = &team {
+        path.push_str(&format!("&team={}", seg(t)));
+    }
+    let q = env.client.get(&path).await?;
+    if structured(env.out, &q) {
+        return Ok(0);
+    }
+    println!("{} waiting for {} GPUs", cell(&q["total"]), cell(&q["gpus"]));
+    let rows: Vec<Vec<String>> = q["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let s = &w["status"];
+            vec![
+                cell(&s["queue_position"]["global"]),
+                format!("{}/{}", cell(&w["metadata"]["team"]), cell(&w["metadata"]["name"])),
+                cell(&w["metadata"]["owner"]["subject"]),
+                gpus(gpus_of(w)),
+                age(&s["estimated_start"]["at"]),
+                cell(&s["pending_reason"]["message"]),
+            ]
+        })
+        .collect();
+    table(&["POS", "WORKLOAD", "OWNER", "GPUS", "START", "WHY"], &rows);
+    Ok(0)
+}
+
+pub async fn top(env: &Env<'_>) -> Result<i32> {
+    let teams = env.client.list("/api/v1/teams").await?;
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for t in &teams {
+        for u in t["status"]["usage"].as_array().into_iter().flatten() {
+            let quota = t["spec"]["quotas"].as_array().into_iter().flatten().find(|q| q["flavor"] == u["flavor"]);
+            let guaranteed = quota.map_or(Value::Null, |q| q["guaranteed"].clone());
+            out.push(json!({"team": t["metadata"]["name"], "flavor": u["flavor"], "allocated": u["allocated"],
+                "borrowed": u["borrowed"], "fair_share": u["fair_share"], "guaranteed": guaranteed,
+                "subtree_allocated": u["subtree_allocated"]}));
+            rows.push(vec![
+                cell(&t["metadata"]["name"]),
+                cell(&u["flavor"]),
+                cell(&u["allocated"]),
+                cell(&u["subtree_allocated"]),
+                cell(&guaranteed),
+                cell(&u["borrowed"]),
+                output::gpus(u["fair_share"].as_f64().unwrap_or(0.0)),
+            ]);
+        }
+    }
+    if !structured(env.out, &json!({"items": out})) {
+        table(&["TEAM", "FLAVOR", "GPUS", "WITH SUBTEAMS", "GUARANTEED", "BORROWED", "FAIR SHARE"], &rows);
+    }
+    Ok(0)
+}
+
+pub async fn preview(env: &Env<'_>, name: &str, file: &Path) -> Result<i32> {
+    let docs = apply::read(&[file.to_owned()])?;
+    let doc = docs
+        .iter()
+        .find(|d| d.kind == apply::Kind::Team && d.name == name)
+        .ok_or_else(|| anyhow!("{} has no Team named {name}", file.display()))?;
+    let body = json!({"metadata": {"labels": doc.labels}, "spec": doc.spec});
+    let p = env.client.post(&format!("/api/v1/teams/{}/preview", seg(name)), Some(&body)).await?;
+    if !structured(env.out, &p) {
+        for line in p["summary"].as_array().into_iter().flatten() {
+            println!("{}", cell(line));
+        }
+    }
+    Ok(0)
+}

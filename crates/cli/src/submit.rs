@@ -1,0 +1,363 @@
+//! `berth submit SCRIPT`: a batch script becomes a workload. Its `#SBATCH` lines are read
+//! as sbatch reads them (so an existing script submits unchanged), then its `#BERTH`
+//! lines (the `berth submit` options), then the command line; a later one wins.
+//!
+//! | sbatch | Berth |
+//! | --- | --- |
+//! | `--job-name`, `-J` | the name (made a DNS label; `generate_name` when it is not one) |
+//! | `--nodes`, `-N` | one task per node, unless tasks are given |
+//! | `--ntasks`, `-n`; `--ntasks-per-node` | `tasks.count` |
+//! | `--gres=gpu[:TYPE]:N`, `--gpus-per-node` | N GPUs per node, split over its tasks; TYPE names a flavor by its name or its `slurm.gres_type` |
+//! | `--gpus`, `-G`; `--gpus-per-task` | GPUs in all, or per task |
+//! | `--cpus-per-task`, `-c`; `--mem` (per node); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
+//! | `--time`, `-t` | `max_runtime_seconds` |
+//! | `--partition`, `-p` | the flavor a cluster's Slurm partition of that name holds |
+//!
+//! Other `#SBATCH` options are listed on standard error and left out.
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+/// What a script and the command line ask for, before it is a spec.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Request {
+    pub name: Option<String>,
+    pub team: Option<String>,
+    pub nodes: Option<u32>,
+    pub tasks: Option<u32>,
+    pub tasks_per_node: Option<u32>,
+    pub gpus_per_node: Option<f64>,
+    pub gpus_per_task: Option<f64>,
+    pub gpus_total: Option<f64>,
+    /// A GRES type or flavor name.
+    pub gpu_type: Option<String>,
+    pub partition: Option<String>,
+    pub flavor: Option<String>,
+    pub cpus_per_task: Option<u32>,
+    pub mem_per_node_mib: Option<u64>,
+    pub mem_per_cpu_mib: Option<u64>,
+    pub time_seconds: Option<u64>,
+    pub priority: Option<i32>,
+    pub preemptible: Option<bool>,
+    pub image: Option<String>,
+    pub kind: Option<String>,
+    pub sim_seconds: Option<f64>,
+    pub labels: Vec<(String, String)>,
+    /// `#SBATCH` options Berth does not read.
+    pub ignored: Vec<String>,
+}
+
+/// The `#SBATCH` and `#BERTH` words of a script, in order (up to its first command, as
+/// sbatch reads them).
+pub fn directives(script: &str) -> (Vec<String>, Vec<String>) {
+    let (mut sbatch, mut berth) = (Vec::new(), Vec::new());
+    for (i, line) in script.lines().enumerate() {
+        let t = line.trim();
+        if i == 0 && t.starts_with("#!") {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("#SBATCH") {
+            sbatch.extend(words(rest));
+        } else if let Some(rest) = t.strip_prefix("#BERTH") {
+            berth.extend(words(rest));
+        } else if !(t.is_empty() || t.starts_with('#')) {
+            break;
+        }
+    }
+    (sbatch, berth)
+}
+
+/// Splits on whitespace, keeping quoted words whole; a `#` after a space starts a comment.
+fn words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    for c in s.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, '#') if cur.is_empty() => break,
+            (None, c) if c.is_whitespace() => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Reads sbatch's options into `r`.
+pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
+    let mut i = 0;
+    while i < words.len() {
+        let w = &words[i];
+        let (opt, inline) = match w.split_once('=') {
+            Some((o, v)) if o.starts_with("--") => (o.to_owned(), Some(v.to_owned())),
+            _ => (w.clone(), None),
+        };
+        let long = match opt.as_str() {
+            "-J" => "--job-name",
+            "-N" => "--nodes",
+            "-n" => "--ntasks",
+            "-c" => "--cpus-per-task",
+            "-t" => "--time",
+            "-p" => "--partition",
+            "-G" => "--gpus",
+            other => other,
+        };
+        const TAKES_VALUE: [&str; 14] = [
+            "--job-name",
+            "--nodes",
+            "--ntasks",
+            "--ntasks-per-node",
+            "--cpus-per-task",
+            "--time",
+            "--partition",
+            "--gpus",
+            "--gres",
+            "--gpus-per-node",
+            "--gpus-per-task",
+            "--mem",
+            "--mem-per-cpu",
+            "--priority",
+        ];
+        let takes = TAKES_VALUE.contains(&long);
+        let value = if !takes {
+            None
+        } else if inline.is_some() {
+            inline
+        } else {
+            i += 1;
+            Some(words.get(i).cloned().ok_or_else(|| anyhow::anyhow!("#SBATCH {opt}: a value is missing"))?)
+        };
+        let v = value.as_deref().unwrap_or_default();
+        let bad = |what: &str| anyhow::anyhow!("#SBATCH {long}={v}: {what}");
+        match long {
+            "--job-name" => r.name = Some(v.to_owned()),
+            "--nodes" => {
+                r.nodes = Some(v.split('-').next().unwrap_or(v).parse().map_err(|_| bad("not a number of nodes"))?)
+            }
+            "--ntasks" => r.tasks = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
+            "--ntasks-per-node" => r.tasks_per_node = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
+            "--cpus-per-task" => r.cpus_per_task = Some(v.parse().map_err(|_| bad("not a number of CPUs"))?),
+            "--time" => {
+                r.time_seconds =
+                    Some(slurm_time(v).ok_or_else(|| bad("not a Slurm time (minutes, HH:MM:SS, D-HH:MM…)"))?)
+            }
+            "--partition" => r.partition = Some(v.split(',').next().unwrap_or(v).to_owned()),
+            "--gres" => {
+                let (ty, n) = gres(v).ok_or_else(|| bad("not gpu[:TYPE]:COUNT"))?;
+                r.gpu_type = ty.or(r.gpu_type.take());
+                r.gpus_per_node = Some(n);
+            }
+            "--gpus" | "--gpus-per-node" | "--gpus-per-task" => {
+                let (ty, n) = match v.rsplit_once(':') {
+                    Some((t, n)) => (Some(t.to_owned()), n),
+                    None => (None, v),
+                };
+                let n: f64 = n.parse().map_err(|_| bad("not a number of GPUs"))?;
+                r.gpu_type = ty.or(r.gpu_type.take());
+                match long {
+                    "--gpus" => r.gpus_total = Some(n),
+                    "--gpus-per-node" => r.gpus_per_node = Some(n),
+                    _ => r.gpus_per_task = Some(n),
+                }
+            }
+            "--mem" => r.mem_per_node_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 32G)"))?),
+            "--mem-per-cpu" => r.mem_per_cpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 4G)"))?),
+            "--priority" => r.priority = Some(v.parse().map_err(|_| bad("not a number"))?),
+            _ => r.ignored.push(w.clone()),
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// `gpu:h100:2`, `gpu:2` → (type, count).
+fn gres(v: &str) -> Option<(Option<String>, f64)> {
+    let first = v.split(',').find(|g| g.starts_with("gpu"))?;
+    let parts: Vec<&str> = first.split(':').collect();
+    match parts.as_slice() {
+        ["gpu"] => Some((None, 1.0)),
+        ["gpu", n] if n.parse::<f64>().is_ok() => Some((None, n.parse().ok()?)),
+        ["gpu", t] => Some((Some((*t).to_owned()), 1.0)),
+        ["gpu", t, n] => Some((Some((*t).to_owned()), n.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`; also `4h`,
+/// `30m`, `2d` as `berth submit --time` takes them.
+pub fn slurm_time(v: &str) -> Option<u64> {
+    let v = v.trim();
+    if let Some(n) = v.strip_suffix('d') {
+        return n.parse::<u64>().ok().map(|n| n * 86_400);
+    }
+    if let Some(n) = v.strip_suffix('h') {
+        return n.parse::<u64>().ok().map(|n| n * 3600);
+    }
+    if let Some(n) = v.strip_suffix('m') {
+        return n.parse::<u64>().ok().map(|n| n * 60);
+    }
+    if let Some(n) = v.strip_suffix('s') {
+        return n.parse::<u64>().ok();
+    }
+    let (days, rest) = match v.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, Some(r)),
+        None => (0, None),
+    };
+    let nums: Vec<u64> = rest.unwrap_or(v).split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let secs = match (rest.is_some(), nums.as_slice()) {
+        (false, [m]) => m * 60,
+        (false, [m, s]) => m * 60 + s,
+        (_, [h, m, s]) => h * 3600 + m * 60 + s,
+        (true, [h]) => h * 3600,
+        (true, [h, m]) => h * 3600 + m * 60,
+        _ => return None,
+    };
+    Some(days * 86_400 + secs)
+}
+
+/// `32G`, `500M`, `1T`, `4096` (MiB, as Slurm) → MiB.
+fn mib(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (n, unit) = v.find(|c: char| c.is_ascii_alphabetic()).map_or((v, ""), |i| v.split_at(i));
+    let n: u64 = n.parse().ok()?;
+    Some(match unit.to_ascii_uppercase().as_str() {
+        "" | "M" | "MB" => n,
+        "K" | "KB" => n.div_ceil(1024),
+        "G" | "GB" => n * 1024,
+        "T" | "TB" => n * 1024 * 1024,
+        _ => return None,
+    })
+}
+
+/// A DNS label from a job name, or `None` when it cannot be one.
+pub fn dns_label(name: &str) -> Option<String> {
+    let s: String =
+        name.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let s = s.trim_matches('-').to_owned();
+    (!s.is_empty() && s.len() <= 63).then_some(s)
+}
+
+/// The workload spec: `flavor` is the flavor the request's GPU type or partition named
+/// (resolved by the caller against the server's flavors and clusters).
+pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
+    let nodes = r.nodes.unwrap_or(1).max(1);
+    let tasks = match (r.tasks, r.tasks_per_node) {
+        (Some(n), _) => n,
+        (None, Some(per)) => per * nodes,
+        (None, None) => nodes,
+    };
+    if tasks == 0 {
+        bail!("a workload has at least one task");
+    }
+    let per_node_tasks = f64::from(tasks) / f64::from(nodes);
+    let gpus = match (r.gpus_per_task, r.gpus_per_node, r.gpus_total) {
+        (Some(g), ..) => g,
+        (None, Some(g), _) => g / per_node_tasks,
+        (None, None, Some(g)) => g / f64::from(tasks),
+        (None, None, None) => 0.0,
+    };
+    let mut resources = json!({"flavors": [flavor], "gpus": gpus});
+    if let Some(c) = r.cpus_per_task {
+        resources["cpus"] = json!(c);
+    }
+    let memory = match (r.mem_per_node_mib, r.mem_per_cpu_mib) {
+        (Some(m), _) => Some((m as f64 / per_node_tasks).floor() as u64),
+        (None, Some(m)) => Some(m * u64::from(r.cpus_per_task.unwrap_or(1))),
+        _ => None,
+    };
+    if let Some(m) = memory {
+        resources["memory_mib"] = json!(m);
+    }
+    let kind = r.kind.clone().unwrap_or_else(|| if tasks > 1 { "training".into() } else { "batch".into() });
+    let mut spec = json!({
+        "kind": kind,
+        "tasks": {"count": tasks, "resources": resources},
+        "run": {"script": script},
+    });
+    if let Some(t) = r.time_seconds {
+        spec["max_runtime_seconds"] = json!(t);
+    }
+    if let Some(p) = r.priority {
+        spec["priority"] = json!(p);
+    }
+    if let Some(p) = r.preemptible {
+        spec["preemptible"] = json!(p);
+    }
+    if let Some(image) = &r.image {
+        spec["run"]["image"] = json!(image);
+    }
+    if let Some(s) = r.sim_seconds {
+        spec["sim"] = json!({"duration_seconds": s});
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(script: &str) -> Request {
+        let (sbatch, _) = directives(script);
+        let mut r = Request::default();
+        read_sbatch(&sbatch, &mut r).unwrap();
+        r
+    }
+
+    #[test]
+    fn an_sbatch_script_reads_as_sbatch_reads_it() {
+        let script = "#!/bin/bash\n#SBATCH --job-name=Train_LLM\n#SBATCH --gres=gpu:h100:2 --nodes=2\n#SBATCH -t 01:00:00\n#SBATCH --mem=64G -c 8 --mail-type=END # a comment\n\nsrun python train.py\n#SBATCH --nodes=9\n";
+        let r = read(script);
+        assert_eq!(r.name.as_deref(), Some("Train_LLM"));
+        assert_eq!((r.nodes, r.gpus_per_node, r.gpu_type.as_deref()), (Some(2), Some(2.0), Some("h100")));
+        assert_eq!(r.time_seconds, Some(3600));
+        assert_eq!((r.mem_per_node_mib, r.cpus_per_task), (Some(65_536), Some(8)));
+        assert_eq!(r.ignored, ["--mail-type=END"], "the directive after the first command is not read");
+        let spec = spec(&r, "h100", script).unwrap();
+        assert_eq!(
+            spec["tasks"],
+            json!({"count": 2, "resources": {"flavors": ["h100"], "gpus": 2.0, "cpus": 8, "memory_mib": 65_536}})
+        );
+        assert_eq!((spec["kind"].as_str(), spec["max_runtime_seconds"].as_u64()), (Some("training"), Some(3600)));
+        assert_eq!(dns_label("Train_LLM").as_deref(), Some("train-llm"));
+    }
+
+    #[test]
+    fn tasks_split_a_nodes_gpus_and_times_read_every_slurm_format() {
+        let r = read("#SBATCH -N 2 --ntasks-per-node=4 --gpus-per-node=8\n");
+        let spec = spec(&r, "a100", "x").unwrap();
+        assert_eq!(
+            (spec["tasks"]["count"].as_u64(), spec["tasks"]["resources"]["gpus"].as_f64()),
+            (Some(8), Some(2.0))
+        );
+        for (t, s) in [
+            ("30", 1800),
+            ("5:30", 330),
+            ("2:00:00", 7200),
+            ("1-0", 86_400),
+            ("1-2:30", 95_400),
+            ("1-00:00:10", 86_410),
+            ("4h", 14_400),
+        ] {
+            assert_eq!(slurm_time(t), Some(s), "{t}");
+        }
+        assert_eq!(slurm_time("soon"), None);
+        assert_eq!(gres("gpu"), Some((None, 1.0)));
+        assert_eq!(gres("gpu:4"), Some((None, 4.0)));
+        assert!(read_sbatch(&["--nodes".into()], &mut Request::default()).is_err());
+        assert_eq!(words(r#"--job-name="a b" -N 1 # note"#), ["--job-name=a b", "-N", "1"]);
+    }
+}

@@ -1,0 +1,364 @@
+//! The built `berth` binary against a real berthd (the workspace's binary), Postgres and
+//! simulated clusters, as a platform engineer and a researcher use it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+const SECRET: &str = "cli-test-secret-of-32-bytes-or-more!";
+
+fn berthd_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_berth")).with_file_name("berthd");
+    assert!(path.exists(), "{} is missing: build the workspace (cargo build) first", path.display());
+    path
+}
+
+fn database_url(db: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (prefix, _) = base.rsplit_once('/').expect("a database in DATABASE_URL");
+    format!("{prefix}/{}", db.connect_options().get_database().expect("a test database"))
+}
+
+/// berthd on a test database, and a directory for the CLI's files.
+struct World {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+    admin: String,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl World {
+    fn start(db: &PgPool) -> Self {
+        Self::start_with(db, &[])
+    }
+
+    fn start_with(db: &PgPool, env: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("berth-cli-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(berthd_binary())
+            .args(["serve"])
+            .env("DATABASE_URL", database_url(db))
+            .env("BERTH_LISTEN", "127.0.0.1:0")
+            .env("BERTH_JWT_SECRET", SECRET)
+            .env("BERTH_CANCEL_GRACE_SECONDS", "1")
+            .env("BERTH_LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn,berthd=info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("berthd starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["message"] == "berthd listening" {
+                    let _ = tx.send(v["address"].as_str().unwrap_or_default().to_owned());
+                }
+            }
+        });
+        let address: String = rx.recv_timeout(Duration::from_secs(60)).expect("berthd listens");
+        let mut world = Self { child, url: format!("http://{address}"), dir, admin: String::new() };
+        world.admin = world.token("admin", "platform-admin", None);
+        world
+    }
+
+    fn token(&self, subject: &str, role: &str, team: Option<&str>) -> String {
+        let mut args = vec!["token", "create", "--subject", subject, "--role", role];
+        if let Some(t) = team {
+            args.extend(["--team", t]);
+        }
+        let out = Command::new(berthd_binary()).args(&args).env("BERTH_JWT_SECRET", SECRET).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// Runs `berth ARGS` as `token` (the admin's when `None`).
+    fn berth_as(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .env("BERTH_SERVER", &self.url)
+            .env("BERTH_TOKEN", token)
+            .env("BERTH_CONFIG", self.dir.join("config.toml"))
+            .env_remove("BERTH_CONTEXT")
+            .output()
+            .expect("berth runs")
+    }
+
+    fn berth(&self, args: &[&str]) -> Output {
+        self.berth_as(&self.admin, args)
+    }
+
+    /// Runs `berth ARGS` and expects success.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.berth(args);
+        assert!(out.status.success(), "berth {}: {}{}", args.join(" "), text(&out.stdout), text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    /// Runs `berth ARGS -o json` and parses what it printed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let out = self.ok(&all);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("berth {}: not JSON ({e}): {out}", all.join(" ")))
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let path = self.dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    fn wait_for(&self, what: &str, args: &[&str], done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = self.json(args);
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "not within a minute: {what}: {v}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const ORG: &str = "
+kind: Flavor
+metadata: {name: h100, labels: {managed-by: gitops}}
+spec: {description: NVIDIA H100, slurm: {gres_type: h100}}
+---
+kind: Team
+metadata: {name: research, labels: {managed-by: gitops}}
+spec: {quotas: [{flavor: h100, guaranteed: 16}]}
+---
+kind: Team
+metadata: {name: nlp, labels: {managed-by: gitops}}
+spec: {parent: research, quotas: [{flavor: h100, guaranteed: 8}]}
+---
+kind: Team
+metadata: {name: vision, labels: {managed-by: gitops}}
+spec: {parent: research, quotas: [{flavor: h100, guaranteed: 4}]}
+";
+
+const CLUSTER: &str = r#"{"kind": "Cluster", "metadata": {"name": "sim-a", "labels": {"managed-by": "gitops"}},
+ "spec": {"kind": "sim", "sim": {"time_scale": 60, "node_groups": [{"name": "n", "count": 2, "flavor": "h100", "gpus_per_node": 8}]}}}"#;
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db: PgPool) {
+    let w = World::start(&db);
+    // A child (old.yaml) is read before its parent (teams.yaml): apply orders them.
+    w.write("org/teams.yaml", ORG);
+    w.write(
+        "org/old.yaml",
+        "kind: Team\nmetadata: {name: old, labels: {managed-by: gitops}}\nspec: {parent: research, quotas: []}\n",
+    );
+    w.write("org/clusters/sim.json", CLUSTER);
+    let org = w.dir.join("org").display().to_string();
+
+    // The plan: everything to create, and nothing written.
+    let plan = w.json(&["apply", "-f", &org, "--dry-run"]);
+    assert_eq!(plan["counts"], serde_json::json!({"create": 6}), "{plan}");
+    let order: Vec<&str> = plan["steps"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(order, ["flavor/h100", "team/research", "team/nlp", "team/old", "team/vision", "cluster/sim-a"]);
+    assert!(w.json(&["get", "teams"])["items"].as_array().unwrap().is_empty());
+
+    let applied = w.ok(&["apply", "-f", &org]);
+    assert!(applied.contains("+ team/nlp created") && applied.contains("Applied: 6 to create"), "{applied}");
+    // Again: nothing to do, nothing written.
+    let again = w.json(&["apply", "-f", &org]);
+    assert_eq!(again["counts"], serde_json::json!({"unchanged": 6}), "{again}");
+    assert_eq!(w.berth(&["diff", "-f", &org]).status.code(), Some(0));
+
+    // One quota changes in the file: diff names the field, the plan adds what the
+    // scheduler would do.
+    let teams = w.dir.join("org/teams.yaml");
+    let changed = std::fs::read_to_string(&teams).unwrap().replace("guaranteed: 8}", "guaranteed: 12}");
+    std::fs::write(&teams, changed).unwrap();
+    let diff = w.berth(&["diff", "-f", &org]);
+    assert_eq!(diff.status.code(), Some(1), "diff exits 1 when something differs");
+    assert!(text(&diff.stdout).contains("~ team/nlp\n    spec.quotas[0].guaranteed: 8 → 12"), "{}", text(&diff.stdout));
+    let dry = w.ok(&["apply", "-f", &org, "--dry-run"]);
+    assert!(dry.contains("~ team/nlp would change") && dry.contains("    preview: "), "{dry}");
+    assert_eq!(w.json(&["get", "team", "nlp"])["spec"]["quotas"][0]["guaranteed"], 8, "a dry run writes nothing");
+    w.ok(&["apply", "-f", &org]);
+    assert_eq!(w.json(&["get", "team", "nlp"])["spec"]["quotas"][0]["guaranteed"], 12);
+
+    // A team leaves the files: --prune deletes what carries the label and is in no file.
+    std::fs::remove_file(w.dir.join("org/old.yaml")).unwrap();
+    let pruned = w.ok(&["apply", "-f", &org, "--prune", "-l", "managed-by=gitops"]);
+    assert!(pruned.contains("- team/old deleted (pruned)"), "{pruned}");
+    let gone = w.berth(&["get", "team", "old"]);
+    assert_eq!(gone.status.code(), Some(3), "{}", text(&gone.stderr));
+
+    // A file the server's types refuse: nothing is sent, the field is named, exit 2.
+    let bad = w.write("bad.yaml", "kind: Team\nmetadata: {name: x}\nspec: {quota: []}\n");
+    let out = w.berth(&["apply", "-f", &bad]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("bad.yaml#1: spec"), "{}", text(&out.stderr));
+    // A rule of the API (a child's guarantee above its parent's): its field message, exit 3.
+    let greedy = w.write(
+        "greedy.yaml",
+        "kind: Team\nmetadata: {name: greedy}\nspec: {parent: research, quotas: [{flavor: h100, guaranteed: 100}]}\n",
+    );
+    let out = w.berth(&["apply", "-f", &greedy]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stderr).contains("\n  /spec/quotas/0/guaranteed: "), "{}", text(&out.stderr));
+
+    for args in [["get", "flavors"], ["get", "teams"], ["get", "clusters"], ["get", "rolebindings"]] {
+        w.json(&args);
+    }
+    let table = w.ok(&["get", "teams"]);
+    assert!(table.starts_with("NAME") && table.contains("research"), "{table}");
+
+    // `berth login` stores the server and token as a context (a file only its owner reads);
+    // later commands need neither.
+    let config = w.dir.join("config.toml");
+    let plain = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .env("BERTH_CONFIG", &config)
+            .env_remove("BERTH_SERVER")
+            .env_remove("BERTH_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let login = plain(&["login", "--server", &w.url, "--with-token", &w.admin, "--team", "nlp", "--context", "test"]);
+    assert!(login.status.success(), "{}", text(&login.stderr));
+    assert!(text(&login.stderr).contains("as admin"), "{}", text(&login.stderr));
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+    let listed = plain(&["get", "clusters", "-o", "json"]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let refused = plain(&["login", "--server", &w.url, "--with-token", "not-a-token"]);
+    assert_eq!(refused.status.code(), Some(3), "a bad token is refused: {}", text(&refused.stderr));
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels_work(db: PgPool) {
+    let w = World::start(&db);
+    w.write("org.yaml", ORG);
+    w.write("cluster.json", CLUSTER);
+    w.ok(&[
+        "apply",
+        "-f",
+        &w.dir.join("org.yaml").display().to_string(),
+        "-f",
+        &w.dir.join("cluster.json").display().to_string(),
+    ]);
+    w.wait_for("the cluster reports its nodes", &["get", "cluster", "sim-a"], |c| c["status"]["health"] == "Healthy");
+    let alice = w.token("alice", "member", Some("nlp"));
+
+    // An sbatch script as it is: 2 nodes × 2 GPUs of type h100, an hour.
+    let script = w.write(
+        "train.sbatch",
+        "#!/bin/bash\n#SBATCH --job-name=train\n#SBATCH --gres=gpu:h100:2 --nodes=2 --time=01:00:00\n#SBATCH --mail-type=END\n#BERTH --sim-seconds 300\n\nsrun python train.py\n",
+    );
+    let out = w.berth_as(&alice, &["submit", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("workload nlp/train submitted (4 GPUs of h100)"), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("--mail-type=END"), "the option left out is named");
+    let train =
+        w.wait_for("train runs", &["get", "workload", "train", "--team", "nlp"], |w| w["status"]["phase"] == "Running");
+    assert_eq!(train["metadata"]["owner"]["subject"], "alice");
+    assert_eq!(train["spec"]["tasks"]["count"], 2);
+    assert_eq!(train["spec"]["max_runtime_seconds"], 3600);
+    // Its logs, followed to the end (300 simulated seconds at 60× are 5 s).
+    let logs = w.berth_as(&alice, &["logs", "-f", "train"]);
+    assert!(logs.status.success(), "{}", text(&logs.stderr));
+    let printed = text(&logs.stdout);
+    assert!(
+        printed.starts_with("[sim] task 0 of 2 started on n-") && printed.ends_with("[sim] done: exit code 0\n"),
+        "{printed}"
+    );
+
+    // Work that waits: the cluster is full, so `why` explains it; cancel keeps it.
+    let big = w.write("big.sh", "#!/bin/sh\n#SBATCH -J hog -N 2 --gpus-per-node=8\nsleep 1000\n");
+    w.ok(&["submit", "--team", "vision", "--sim-seconds", "3600", &big]);
+    w.wait_for("hog runs", &["get", "workload", "hog", "--team", "vision"], |w| w["status"]["phase"] == "Running");
+    let out = w.berth_as(&alice, &["submit", "--name", "waiter", "--gpus", "4", "--sim-seconds", "60", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    w.wait_for("waiter has a reason", &["get", "workload", "waiter", "--team", "nlp"], |w| {
+        w["status"]["pending_reason"].is_object()
+    });
+    let why = w.berth_as(&alice, &["why", "waiter"]);
+    let why = text(&why.stdout);
+    assert!(why.starts_with("nlp/waiter waits: ") && why.contains("What would let it run: "), "{why}");
+    let cancelled = w.berth_as(&alice, &["cancel", "waiter"]);
+    assert!(text(&cancelled.stdout).contains("nlp/waiter cancelled"), "{}", text(&cancelled.stderr));
+    assert_eq!(w.json(&["get", "workload", "waiter", "--team", "nlp"])["status"]["phase"], "Cancelled");
+    // Alice may not cancel vision's work.
+    let refused = w.berth_as(&alice, &["cancel", "hog", "--team", "vision"]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused.stderr));
+
+    // Every command's -o json parses.
+    for args in [
+        vec!["get", "workloads"],
+        vec!["get", "workloads", "--owner", "me"],
+        vec!["describe", "workload", "train", "--team", "nlp"],
+        vec!["why", "waiter", "--team", "nlp"],
+        vec!["queue"],
+        vec!["top"],
+        vec!["diff", "-f", &script.replace("train.sbatch", "org.yaml")],
+    ] {
+        w.json(&args);
+    }
+    let mine = w.berth_as(&alice, &["get", "workloads", "--owner", "me", "-o", "json"]);
+    let names: Vec<String> = serde_json::from_slice::<Value>(&mine.stdout).unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["train", "waiter"]);
+    let described = w.ok(&["describe", "workload", "train", "--team", "nlp"]);
+    assert!(
+        described.contains("Owner") && described.contains("Events:") && described.contains("Admitted"),
+        "{described}"
+    );
+    let completion = w.ok(&["completion", "bash"]);
+    assert!(completion.contains("berth"), "a completion script");
+}
+
+/// `examples/demo` is the demo world `scripts/run` seeds: applied to it, nothing differs;
+/// and `examples/train.sbatch` submits as it is.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_shipped_examples_are_the_demo_world_and_submit_as_they_are(db: PgPool) {
+    let w = World::start_with(&db, &[("BERTH_DEMO", "true"), ("BERTH_DEMO_INTERVAL_SECONDS", "3600")]);
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let demo = examples.join("demo").display().to_string();
+    w.wait_for("the demo world is seeded", &["get", "teams"], |t| t["items"].as_array().is_some_and(|i| i.len() == 4));
+    let diff = w.berth(&["diff", "-f", &demo]);
+    assert_eq!(diff.status.code(), Some(0), "{}{}", text(&diff.stdout), text(&diff.stderr));
+    let script = examples.join("train.sbatch").display().to_string();
+    let dry = w.json(&["submit", "--dry-run", &script]);
+    assert_eq!(dry["metadata"]["team"], "nlp");
+    assert_eq!(dry["spec"]["tasks"]["count"], 2);
+    assert_eq!(dry["spec"]["tasks"]["resources"]["gpus"], 4.0);
+    assert_eq!(dry["spec"]["tasks"]["resources"]["cpus"], 16.0);
+    assert!(
+        w.json(&["get", "workloads", "--team", "nlp"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["metadata"]["name"] != dry["metadata"]["name"])
+    );
+}
