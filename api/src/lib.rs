@@ -12,7 +12,7 @@ pub mod state;
 mod strict;
 pub mod telemetry;
 
-mod ops;
+pub mod ops;
 
 pub use ops::metrics_router;
 

@@ -96,6 +96,10 @@ struct SecurityArgs {
     /// The audience tokens from the OIDC issuer must carry.
     #[arg(long, env = "BERTH_OIDC_AUDIENCE", default_value = "berth")]
     oidc_audience: String,
+    /// The OAuth client registered at the OIDC issuer for `berth login` (a public client
+    /// allowed the device-code grant); advertised at `/auth/config`.
+    #[arg(long, env = "BERTH_OIDC_CLI_CLIENT_ID")]
+    oidc_cli_client_id: Option<String>,
     /// The issuer's JWKS URL; default: discovered from its openid-configuration.
     #[arg(long, env = "BERTH_OIDC_JWKS_URL")]
     oidc_jwks_url: Option<String>,
@@ -211,6 +215,11 @@ impl SecurityArgs {
             cors_origins,
             metrics_here: self.metrics_listen.is_empty(),
             web_dir: Some(self.web_dir.clone()),
+            login: berthd::ops::LoginConfig {
+                oidc: self.oidc_issuer.clone().zip(self.oidc_cli_client_id.clone()).map(|(issuer, client_id)| {
+                    berthd::ops::OidcLogin { issuer, client_id, audience: self.oidc_audience.clone() }
+                }),
+            },
             limits: berthd::server::ConnectionLimits {
                 header_read: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
                 idle: Duration::from_secs(self.idle_timeout_seconds.max(1)),

@@ -15,7 +15,39 @@ use crate::problem::ApiError;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).routes(routes!(metrics))
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(auth_config))
+}
+
+/// How clients sign in: what `berth login` asks before it has a token.
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct LoginConfig {
+    /// The organisation's identity provider, when Berth accepts its tokens and a client is
+    /// registered there for the CLI's device-code flow (`BERTH_OIDC_CLI_CLIENT_ID`);
+    /// absent: sign in with a token from an administrator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcLogin>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct OidcLogin {
+    /// The issuer (`iss`); its `/.well-known/openid-configuration` names the endpoints.
+    pub issuer: String,
+    /// The public client the CLI authenticates as.
+    pub client_id: String,
+    /// The audience (`aud`) Berth requires of the provider's tokens.
+    pub audience: String,
+}
+
+/// How to sign in (public): the identity provider and client for the device-code flow,
+/// when one is configured.
+#[utoipa::path(get, path = "/auth/config", tag = "operations",
+    responses((status = 200, description = "How to sign in", body = LoginConfig)))]
+async fn auth_config(State(s): State<AppState>) -> axum::Json<LoginConfig> {
+    axum::Json(s.http.login.clone())
 }
 
 /// The dashboard: the build in `web_dir` (`index.html` at `/`, its files under

@@ -45,6 +45,8 @@ pub struct HttpConfig {
     pub web_dir: Option<std::path::PathBuf>,
     /// How long connections and requests may take.
     pub limits: crate::server::ConnectionLimits,
+    /// What `GET /auth/config` tells clients about signing in.
+    pub login: crate::ops::LoginConfig,
 }
 
 impl Default for HttpConfig {
@@ -54,6 +56,7 @@ impl Default for HttpConfig {
             metrics_here: true,
             web_dir: None,
             limits: crate::server::ConnectionLimits::default(),
+            login: crate::ops::LoginConfig::default(),
         }
     }
 }

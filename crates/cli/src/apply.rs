@@ -29,7 +29,7 @@ use berth_core::meta::Labels;
 use berth_core::selector::LabelSelector;
 use berth_core::team::TeamSpec;
 use berth_core::workload::WorkloadSpec;
-use serde::Serialize;
+use serde::{Deserialize as _, Serialize};
 use serde_json::{Value, json};
 
 use crate::client::{ApiError, Client, seg};
@@ -142,7 +142,7 @@ pub fn read(paths: &[PathBuf]) -> Result<Vec<Document>> {
         let mut n = 0;
         for de in serde_norway::Deserializer::from_str(&text) {
             n += 1;
-            let value = match Value::deserialize_from(de) {
+            let value = match Value::deserialize(de) {
                 Ok(Value::Null) => continue,
                 Ok(v) => v,
                 Err(e) => {
@@ -168,16 +168,6 @@ pub fn read(paths: &[PathBuf]) -> Result<Vec<Document>> {
         bail!("{}", problems.join("\n"));
     }
     Ok(docs)
-}
-
-trait FromDeserializer: Sized {
-    fn deserialize_from(de: serde_norway::Deserializer<'_>) -> Result<Self, serde_norway::Error>;
-}
-
-impl FromDeserializer for Value {
-    fn deserialize_from(de: serde_norway::Deserializer<'_>) -> Result<Self, serde_norway::Error> {
-        serde::Deserialize::deserialize(de)
-    }
 }
 
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

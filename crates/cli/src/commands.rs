@@ -53,14 +53,7 @@ pub async fn login(
 ) -> Result<i32> {
     let token = match token {
         Some(t) => t,
-        None => {
-            eprintln!(
-                "Paste a token for {server} (from your administrator, `berthd token create`, or your identity provider), then press Enter:"
-            );
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).context("reading the token")?;
-            line.trim().to_owned()
-        }
+        None => obtain_token(server).await?,
     };
     if token.is_empty() {
         bail!("no token given");
@@ -75,6 +68,104 @@ pub async fn login(
     let path = config.save()?;
     eprintln!("Signed in to {server} as {} (context {name:?} in {})", cell(&me["subject"]), path.display());
     Ok(0)
+}
+
+/// How to get a token for `server`: its identity provider's device-code flow when the
+/// server names one (`GET /auth/config`), else a token pasted on standard input.
+async fn obtain_token(server: &str) -> Result<String> {
+    let config = Client::new(server, None).get("/auth/config").await.context("asking the server how to sign in")?;
+    if config["oidc"].is_object() {
+        return device_flow(&config["oidc"]).await;
+    }
+    eprintln!("Paste a token for {server} (from your administrator or `berthd token create`), then press Enter:");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).context("reading the token")?;
+    Ok(line.trim().to_owned())
+}
+
+/// OAuth 2.0 device authorization (RFC 8628): the user approves in a browser; the CLI
+/// polls the token endpoint and keeps the token whose audience is Berth's.
+async fn device_flow(oidc: &Value) -> Result<String> {
+    let http = reqwest::Client::new();
+    let text = |v: &Value, what: &str| {
+        v[what].as_str().map(str::to_owned).ok_or_else(|| anyhow!("the identity provider sent no {what}"))
+    };
+    let (issuer, client_id, audience) = (text(oidc, "issuer")?, text(oidc, "client_id")?, text(oidc, "audience")?);
+    let discovery_url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
+    let discovery: Value = http
+        .get(&discovery_url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await
+        .with_context(|| format!("reading {discovery_url}"))?;
+    let device =
+        text(&discovery, "device_authorization_endpoint").context("the identity provider offers no device flow")?;
+    let token_url = text(&discovery, "token_endpoint")?;
+    let start: Value = http
+        .post(&device)
+        .form(&[("client_id", client_id.as_str()), ("scope", "openid profile email")])
+        .send()
+        .await?
+        .error_for_status()
+        .context("starting the device flow")?
+        .json()
+        .await?;
+    let device_code = text(&start, "device_code")?;
+    let uri = start["verification_uri_complete"].as_str().or(start["verification_uri"].as_str()).unwrap_or_default();
+    eprintln!("To sign in, open {uri} and enter the code {}", cell(&start["user_code"]));
+    let mut interval = start["interval"].as_u64().unwrap_or(5).max(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(start["expires_in"].as_u64().unwrap_or(600));
+    loop {
+        tokio::time::sleep(Duration::from_secs(interval)).await;
+        if std::time::Instant::now() > deadline {
+            bail!("the code expired before it was approved: run berth login again");
+        }
+        let answer: Value = http
+            .post(&token_url)
+            .form(&[
+                ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"),
+                ("device_code", device_code.as_str()),
+                ("client_id", client_id.as_str()),
+            ])
+            .send()
+            .await?
+            .json()
+            .await
+            .unwrap_or_default();
+        match answer["error"].as_str() {
+            None => {
+                return ["access_token", "id_token"]
+                    .iter()
+                    .filter_map(|k| answer[*k].as_str())
+                    .find(|t| audience_of(t).contains(&audience))
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        anyhow!("the identity provider's tokens are not for the audience {audience:?} Berth accepts")
+                    });
+            }
+            Some("authorization_pending") => {}
+            Some("slow_down") => interval += 5,
+            Some(e) => bail!("sign-in failed: {e}: {}", cell(&answer["error_description"])),
+        }
+    }
+}
+
+/// The `aud` of a JWT, read without checking it (Berth checks it).
+fn audience_of(token: &str) -> Vec<String> {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).unwrap_or_default();
+    let claims: Value = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    match &claims["aud"] {
+        Value::String(a) => vec![a.clone()],
+        Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect(),
+        _ => Vec::new(),
+    }
 }
 
 pub async fn apply(env: &Env<'_>, files: &[PathBuf], dry_run: bool, prune: Option<String>) -> Result<i32> {

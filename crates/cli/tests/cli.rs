@@ -334,6 +334,34 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         described.contains("Owner") && described.contains("Events:") && described.contains("Admitted"),
         "{described}"
     );
+    // And the commands that change things, in JSON too.
+    w.ok(&["submit", "--team", "nlp", "--name", "spare", "--gpus", "1", "--sim-seconds", "600", &script]);
+    let spare = w.json(&["cancel", "spare", "--team", "nlp"]);
+    assert_eq!(spare["status"]["cancellation"]["by"], "admin", "{spare}");
+    let org = script.replace("train.sbatch", "org.yaml");
+    assert!(w.json(&["preview", "team", "nlp", "-f", &org])["summary"].is_array());
+    // After `--` everything is the command, `-o json` too: it goes before.
+    let run = w.ok(&[
+        "run",
+        "-o",
+        "json",
+        "--dry-run",
+        "--team",
+        "nlp",
+        "--image",
+        "busybox",
+        "--gpus",
+        "1",
+        "--",
+        "python",
+        "-c",
+        "print(1)",
+    ]);
+    let run: Value = serde_json::from_str(&run).unwrap();
+    assert_eq!(
+        run["spec"]["run"],
+        serde_json::json!({"command": ["python", "-c", "print(1)"], "image": "busybox", "env": {}})
+    );
     let completion = w.ok(&["completion", "bash"]);
     assert!(completion.contains("berth"), "a completion script");
 }
@@ -361,4 +389,111 @@ async fn the_shipped_examples_are_the_demo_world_and_submit_as_they_are(db: PgPo
             .iter()
             .all(|x| x["metadata"]["name"] != dry["metadata"]["name"])
     );
+}
+
+/// A stand-in identity provider for the device-code flow: discovery, the device
+/// endpoint, a token endpoint that says "pending" once and then issues an RS256 token for
+/// `carol`, and its JWKS.
+async fn identity_provider() -> String {
+    use axum::routing::{get, post};
+    use jsonwebtoken::jwk::{Jwk, JwkSet};
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    const KEY: &[u8] = include_bytes!("../../../api/tests/http/keys/a.pem");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (b1, b2) = (base.clone(), base.clone());
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/openid-configuration",
+            get(move || {
+                let b = b1.clone();
+                async move {
+                    axum::Json(serde_json::json!({"issuer": b, "jwks_uri": format!("{b}/jwks"),
+                        "device_authorization_endpoint": format!("{b}/device"), "token_endpoint": format!("{b}/token")}))
+                }
+            }),
+        )
+        .route(
+            "/device",
+            post(|| async {
+                axum::Json(serde_json::json!({"device_code": "dc-1", "user_code": "WDJB-MJHT",
+                    "verification_uri": "https://idp.example/activate", "expires_in": 60, "interval": 1}))
+            }),
+        )
+        .route(
+            "/token",
+            post(move |body: String| {
+                let (polls, b) = (polls.clone(), b2.clone());
+                async move {
+                    assert!(body.contains("device_code=dc-1") && body.contains("client_id=berth-cli"), "{body}");
+                    if polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        return (axum::http::StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"error": "authorization_pending"})));
+                    }
+                    let now = chrono::Utc::now().timestamp();
+                    let claims = |aud: &str| serde_json::json!({"iss": b, "sub": "carol", "aud": aud, "iat": now, "exp": now + 600});
+                    let header = Header { kid: Some("a".into()), ..Header::new(Algorithm::RS256) };
+                    let sign = |c: serde_json::Value| jsonwebtoken::encode(&header, &c, &EncodingKey::from_rsa_pem(KEY).unwrap()).unwrap();
+                    // The ID token is for the CLI's client; the access token for Berth.
+                    (axum::http::StatusCode::OK, axum::Json(serde_json::json!({"token_type": "Bearer",
+                        "id_token": sign(claims("berth-cli")), "access_token": sign(claims("berth"))})))
+                }
+            }),
+        )
+        .route(
+            "/jwks",
+            get(|| async {
+                let mut jwk = Jwk::from_encoding_key(&EncodingKey::from_rsa_pem(KEY).unwrap(), Algorithm::RS256).unwrap();
+                jwk.common.key_id = Some("a".into());
+                axum::Json(JwkSet { keys: vec![jwk] })
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+/// `berth login` against a server whose users sign in with the organisation's identity
+/// provider: the device-code flow, the token Berth accepts stored, and a role binding
+/// applied from a file giving the user a team.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_user_logs_in_through_the_identity_providers_device_flow(db: PgPool) {
+    let idp = identity_provider().await;
+    let w = World::start_with(&db, &[("BERTH_OIDC_ISSUER", idp.as_str()), ("BERTH_OIDC_CLI_CLIENT_ID", "berth-cli")]);
+    w.write("org.yaml", ORG);
+    w.write("carol.yaml", "kind: RoleBinding\nspec: {subject: carol, role: member, team: nlp}\n");
+    let org = w.dir.display().to_string();
+    w.ok(&["apply", "-f", &org]);
+    assert_eq!(
+        w.json(&["apply", "-f", &org])["counts"],
+        serde_json::json!({"unchanged": 5}),
+        "the binding is not made twice"
+    );
+    let config = w.dir.join("config.toml");
+    let server = w.url.clone();
+    let login = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["login", "--server", &server])
+            .env("BERTH_CONFIG", &config)
+            .env_remove("BERTH_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let said = text(&login.stderr);
+    assert!(login.status.success(), "{said}");
+    assert!(said.contains("open https://idp.example/activate and enter the code WDJB-MJHT"), "{said}");
+    assert!(said.contains("as carol"), "{said}");
+    let me = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["get", "teams", "-o", "json"])
+        .env("BERTH_CONFIG", w.dir.join("config.toml"))
+        .env_remove("BERTH_TOKEN")
+        .env_remove("BERTH_SERVER")
+        .output()
+        .unwrap();
+    let teams: Value = serde_json::from_slice(&me.stdout).unwrap_or_else(|_| panic!("{}", text(&me.stderr)));
+    let names: Vec<&str> =
+        teams["items"].as_array().unwrap().iter().map(|t| t["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["nlp"], "carol, a member of nlp, sees nlp only");
 }
