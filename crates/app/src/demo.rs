@@ -92,6 +92,9 @@ pub async fn seed(db: &PgPool, kubernetes: Option<&str>) -> Result<(), Error> {
     Ok(())
 }
 
+/// What a demo workload prints on the demo Kubernetes cluster, over its run.
+const DEMO_LOG: &str = "loading the dataset\nepoch 1/5 loss=2.31\nepoch 2/5 loss=1.74\nepoch 3/5 loss=1.32\nepoch 4/5 loss=1.08\nepoch 5/5 loss=0.97\nsaved checkpoint step-5000";
+
 /// Submits a demo workload every `every`, forever: varied teams, sizes, priorities and
 /// durations (on the demo clusters' 60× clock, minutes of real time).
 pub async fn trickle(db: PgPool, every: Duration) {
@@ -111,9 +114,10 @@ pub async fn trickle(db: PgPool, every: Duration) {
             "tasks": {"count": count, "resources": {"flavors": [flavor], "gpus": gpus}},
             "sim": {"duration_seconds": duration},
             // On the demo Kubernetes cluster the test API server's fake kubelet runs it
-            // for the same time (the sim clusters run 60× faster than real time).
+            // for the same time (the sim clusters run 60× faster than real time), printing
+            // a line per epoch (its log: `berth logs -f`).
             "run": {"image": "registry.example/demo/train:1", "command": ["python", "train.py"],
-                "env": {"FAKE_RUN_SECONDS": (duration / 60).to_string()}},
+                "env": {"FAKE_RUN_SECONDS": (duration / 60).to_string(), "FAKE_LOG": DEMO_LOG}},
         }});
         let name = format!("demo-{}", n % 1_000_000_000);
         match parse(body) {

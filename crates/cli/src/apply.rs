@@ -475,12 +475,12 @@ pub async fn execute(client: &Client, steps: &[Step]) -> Result<()> {
             (_, None) => continue,
         };
         if let Err(e) = result {
-            let why = match e.status() {
-                Some(409 | 412) => format!("{e}\n  (it changed since the plan was made: run apply again)"),
-                _ => e.to_string(),
+            let hint = match e.status() {
+                Some(412) => " (it changed since the plan was made: run apply again)",
+                _ => "",
             };
             let source = s.doc.as_ref().map_or(String::new(), |d| format!(" ({})", d.source));
-            return Err(anyhow!(e)).context(format!("{}{source}: {why}", s.id));
+            return Err(anyhow!(e)).context(format!("{}{source}{hint}", s.id));
         }
     }
     Ok(())
