@@ -124,6 +124,13 @@ async fn a_cancelled_workload_stops_its_job_and_stays_with_its_history_until_ret
     let removed = berth_controllers::retention::reconcile(&ctx).await.unwrap();
     assert_eq!(removed.removed, 2);
     assert_eq!(s.get(path).await.status, 404);
+    // Its run stays in the accounting ledger (the waiting one never held GPUs).
+    let ledger: Vec<(String, String, bool)> =
+        sqlx::query_as("SELECT workload, outcome, started_at IS NOT NULL FROM usage_ledger ORDER BY workload")
+            .fetch_all(&s.db)
+            .await
+            .unwrap();
+    assert_eq!(ledger, [("train".to_owned(), "cancelled".to_owned(), true)]);
     // Unfinished work is never removed by retention.
     s.put_ok("/api/v1/teams/a/workloads/new", &WorkloadBody::new().json(), 201).await;
     ctx.clock.advance(Duration::from_secs(365 * 86_400));

@@ -12,6 +12,7 @@ use berth_core::workload::{
 use berth_core::{Error, FieldError, WorkloadId};
 use berth_store::event::event_record;
 use berth_store::idempotency::{self, KeyScope};
+use berth_store::ledger::{self, Attempt, Outcome};
 use berth_store::workload::{NewWorkload, StatusWrite, WorkloadFilter};
 use berth_store::{PgPool, team as teams, workload as store};
 use chrono::Utc;
@@ -495,6 +496,10 @@ pub async fn workload_delete(
         event_record(&mut *tx, KIND, uid.0, EventType::Normal, "DeletionRequested", message).await?;
         marked
     } else {
+        if workload.status.phase == Phase::Admitted {
+            let record = Attempt::of(&workload, Outcome::Deleted, None, Utc::now());
+            ledger::ledger_record(&mut tx, record.as_slice()).await?;
+        }
         store::workload_delete(&mut tx, uid).await?;
         let message = "deleted before it reached a backend";
         event_record(&mut *tx, KIND, uid.0, EventType::Normal, "Deleted", message).await?;
@@ -559,6 +564,11 @@ pub async fn workload_cancel(
         (status, "Cancelled", message)
     };
     let uid = WorkloadId(w.metadata.uid);
+    if phase == Phase::Admitted {
+        // Admitted, it held GPUs in the books (though no job ran): its attempt is accounted.
+        let record = Attempt::of(&w, Outcome::Cancelled, None, now);
+        ledger::ledger_record(&mut tx, record.as_slice()).await?;
+    }
     let write = StatusWrite { uid, resource_version: resource_version(&w.metadata)?, status };
     store::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await?;
     event_record(&mut *tx, KIND, uid.0, EventType::Normal, reason, &message).await?;

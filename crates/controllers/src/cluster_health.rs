@@ -118,7 +118,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
         let transitions: Vec<_> = workloads
             .iter()
             .filter(|w| w.status.admission.as_ref().is_some_and(|a| unreachable.contains(&a.cluster)))
-            .filter_map(|w| on_unreachable(ctx, w, &mut status).map(|s| Transition { workload: w, status: s }))
+            .filter_map(|w| on_unreachable(ctx, w, &mut status).map(|s| Transition::new(w, s)))
             .collect();
         crate::commit(ctx, &transitions).await?;
     }

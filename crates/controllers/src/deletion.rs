@@ -11,6 +11,8 @@ use berth_core::{Error, WorkloadId};
 use chrono::Utc;
 use serde::Serialize;
 
+use berth_store::ledger::Outcome;
+
 use crate::{Context, EVENT_KIND, Transition, finished, job_key, version};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -81,15 +83,19 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
                 let message = format!("deleted; {why}");
                 berth_store::event::event_record(&mut *tx, EVENT_KIND, uid.0, EventType::Normal, "Deleted", &message)
                     .await?;
+                // An attempt that held GPUs is accounted for (the ledger outlives the row).
+                if w.status.phase != Phase::Pending
+                    && let Some(record) =
+                        berth_store::ledger::Attempt::of(w, Outcome::Deleted, w.status.started_at, now)
+                {
+                    berth_store::ledger::ledger_record(&mut tx, &[record]).await?;
+                }
                 status.removed += 1;
             }
         } else {
             let by = w.status.cancellation.as_ref().map_or("", |c| c.by.as_str());
             let message = format!("cancelled by {by}; {why}");
-            transitions.push(Transition {
-                workload: w,
-                status: finished(w, Phase::Cancelled, "Cancelled", message, None, now),
-            });
+            transitions.push(Transition::new(w, finished(w, Phase::Cancelled, "Cancelled", message, None, now)));
             status.cancelled += 1;
         }
     }

@@ -200,7 +200,7 @@ async fn submit_all(mut batch: Batch) -> Batch {
 async fn write(batch: Option<Batch>) -> Result<(), Error> {
     let Some(Batch { mut tx, claimed, decided, .. }) = batch else { return Ok(()) };
     let transitions: Vec<Transition<'_>> =
-        decided.into_iter().map(|(i, status)| Transition { workload: &claimed[i], status }).collect();
+        decided.into_iter().map(|(i, status)| Transition::new(&claimed[i], status)).collect();
     crate::write(&mut tx, &transitions).await?;
     let settled: Vec<(Uuid, u32)> =
         transitions.iter().map(|t| (t.workload.metadata.uid, t.workload.status.attempt)).collect();

@@ -194,10 +194,7 @@ async fn request_cancel<'a>(
     if backend.cancel(key, grace).await.is_err() {
         return None;
     }
-    Some(Transition {
-        workload: w,
-        status: WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() },
-    })
+    Some(Transition::new(w, WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() }))
 }
 
 /// A final phase.
@@ -240,6 +237,36 @@ fn event_reason(phase: Phase) -> &'static str {
 pub(crate) struct Transition<'a> {
     pub workload: &'a Workload,
     pub status: WorkloadStatus,
+    /// When the attempt it ends stopped, where the backend said (a preempted job's end);
+    /// else its `finished_at`, else now.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl<'a> Transition<'a> {
+    pub fn new(workload: &'a Workload, status: WorkloadStatus) -> Self {
+        Self { workload, status, ended_at: None }
+    }
+}
+
+/// The ledger record of the attempt a transition ends: a workload that held GPUs (from
+/// `Admitted` on) going back to `Pending` or to a final phase.
+fn ended_attempt(t: &Transition<'_>, now: DateTime<Utc>) -> Option<berth_store::ledger::Attempt> {
+    use berth_store::ledger::Outcome;
+    let (w, from, to) = (t.workload, t.workload.status.phase, t.status.phase);
+    let held =
+        matches!(from, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting | Phase::Unknown);
+    if !held || !(to.is_final() || to == Phase::Pending) {
+        return None;
+    }
+    let outcome = match to {
+        Phase::Succeeded => Outcome::Succeeded,
+        Phase::Failed => Outcome::Failed,
+        Phase::Cancelled => Outcome::Cancelled,
+        _ if from == Phase::Preempting => Outcome::Preempted,
+        _ => Outcome::Requeued,
+    };
+    let started = t.status.started_at.or(w.status.started_at);
+    berth_store::ledger::Attempt::of(w, outcome, started, t.ended_at.or(t.status.finished_at).unwrap_or(now))
 }
 
 /// Writes transitions in one transaction (each a compare-and-set on the version read) with
@@ -290,5 +317,12 @@ async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> 
         })
         .collect();
     berth_store::event::event_record_many(&mut **tx, EVENT_KIND, &events).await?;
+    let now = Utc::now();
+    let ended: Vec<_> = transitions
+        .iter()
+        .filter(|t| written.contains(&t.workload.metadata.uid))
+        .filter_map(|t| ended_attempt(t, now))
+        .collect();
+    berth_store::ledger::ledger_record(tx, &ended).await?;
     Ok(written.len())
 }

@@ -68,7 +68,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
             let since = w.status.unknown_since.unwrap_or(now);
             if w.status.unknown_since.is_none() {
                 let status = WorkloadStatus { unknown_since: Some(now), ..w.status.clone() };
-                transitions.push(Transition { workload: w, status });
+                transitions.push(Transition::new(w, status));
             } else if (now - since).to_std().unwrap_or_default() >= ctx.config.unknown_timeout {
                 let why = format!("{message}; cluster {} stayed unreachable", a.cluster);
                 transitions.push(outcome(w, w.status.started_at.is_some(), why, now, &mut status));
@@ -84,7 +84,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
                     asked.map(|t| t.status).or_else(|| w.status.unknown_since.is_some().then(|| w.status.clone()));
                 if let Some(mut next) = next {
                     next.unknown_since = None;
-                    transitions.push(Transition { workload: w, status: next });
+                    transitions.push(Transition::new(w, next));
                 }
             }
             Some(job) => {
@@ -114,5 +114,5 @@ fn outcome<'a>(
         status.requeued += 1;
         requeued(w, "Preempted", format!("{message}; requeued"))
     };
-    Transition { workload: w, status: next }
+    Transition { ended_at: Some(at), ..Transition::new(w, next) }
 }

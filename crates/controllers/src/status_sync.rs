@@ -98,7 +98,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
                 p if p.is_final() => status.finished += 1,
                 _ => {}
             }
-            transitions.push(Transition { workload: w, status: next });
+            transitions.push(Transition::new(w, next));
         }
     }
     crate::commit(ctx, &transitions).await?;

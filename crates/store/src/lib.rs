@@ -17,6 +17,7 @@ pub mod event;
 pub mod flavor;
 pub mod idempotency;
 pub mod identity;
+pub mod ledger;
 mod row;
 pub mod team;
 pub mod usage;

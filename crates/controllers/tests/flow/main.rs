@@ -569,3 +569,65 @@ async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgP
     assert!((e.at - expected).num_seconds().abs() <= 1, "{} vs {expected}", e.at);
     assert!(e.basis.starts_with("when a/forever reaches its max_runtime_seconds"), "{}", e.basis);
 }
+
+/// Every attempt that held GPUs leaves one ledger record with the facts of its run: a
+/// preempted and requeued workload has two, whose GPU time is its two runs; the records
+/// outlive their workloads and team.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn each_attempt_leaves_one_ledger_record_that_outlives_its_team(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 8, None).await;
+    p.team("b", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("b", "b1", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    p.submit("b", "b2", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    // b2's grace period (30 s), then everyone's 600 s, then b2's second run.
+    p.advance(30);
+    p.settle().await;
+    p.advance(600);
+    p.settle().await;
+    p.advance(600);
+    p.settle().await;
+    assert_eq!(p.phase("b", "b2").await, Phase::Succeeded);
+    let ledger = |db: &berth_store::PgPool| {
+        let db = db.clone();
+        async move {
+            sqlx::query_as::<_, (String, i32, String, Vec<String>, String, String, f64, bool, f64)>(
+                "SELECT workload, attempt, outcome, teams, cluster, backend, gpus, borrowed,
+                        extract(epoch FROM ended_at - started_at)::float8
+                 FROM usage_ledger ORDER BY workload, attempt",
+            )
+            .fetch_all(&db)
+            .await
+            .unwrap()
+        }
+    };
+    let records = ledger(&p.ctx.db).await;
+    let brief: Vec<(&str, i32, &str, f64)> = records.iter().map(|r| (r.0.as_str(), r.1, r.2.as_str(), r.8)).collect();
+    assert_eq!(
+        brief,
+        [
+            ("a1", 0, "succeeded", 600.0),
+            ("b1", 0, "succeeded", 600.0),
+            ("b2", 0, "preempted", 30.0),
+            ("b2", 1, "succeeded", 600.0)
+        ]
+    );
+    assert!(records.iter().all(|r| r.4 == "sim-a" && r.5 == "sim" && r.6 == 8.0), "{records:?}");
+    assert!(records[2].7, "b2's first run was on borrowed quota");
+    // Another pass writes nothing twice.
+    p.settle().await;
+    assert_eq!(ledger(&p.ctx.db).await.len(), 4);
+    // The workloads and their team go; their records stay, named as they were.
+    for name in ["b1", "b2"] {
+        berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "b", name, None).await.unwrap();
+    }
+    berth_app::team::team_delete(&p.ctx.db, &p.actor, "b", None).await.unwrap();
+    let kept = ledger(&p.ctx.db).await;
+    assert_eq!(kept.len(), 4);
+    assert_eq!(kept[1].3, ["b"]);
+}
