@@ -49,6 +49,15 @@ async fn killing_berthd_during_a_burst_loses_and_duplicates_nothing(db: PgPool) 
     println!("after 6 kills: {phases:?}, {admissions} admissions, {jobs} backend jobs");
     assert_eq!(phases.iter().map(|(_, n)| n).sum::<i64>(), 500, "no workload lost");
     assert!(admissions >= 500 && jobs >= 500);
+    // The accounting ledger holds exactly one record per admitted attempt, kills or not.
+    let (attempts, recorded): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(DISTINCT (object_uid, (details ->> 'attempt')::int)) FROM events WHERE reason = 'Admitted'),
+                (SELECT count(*) FROM usage_ledger)",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(recorded, attempts, "one ledger record per admitted attempt");
     support::FaultRow {
         fault: "berthd killed -9 ×6 during a burst",
         acknowledged: 500,
