@@ -33,6 +33,7 @@ use serde::{Deserialize as _, Serialize};
 use serde_json::{Value, json};
 
 use crate::client::{ApiError, Client, seg};
+use crate::output::cell;
 
 /// The kinds a file may hold, in the order they are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -313,10 +314,10 @@ pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelect
             let items = client.list(list).await?;
             let parents: HashMap<String, Option<String>> = items
                 .iter()
-                .map(|t| (cell_str(&t["metadata"]["name"]), t["spec"]["parent"].as_str().map(str::to_owned)))
+                .map(|t| (cell(&t["metadata"]["name"]), t["spec"]["parent"].as_str().map(str::to_owned)))
                 .collect();
             for item in items {
-                let name = cell_str(&item["metadata"]["name"]);
+                let name = cell(&item["metadata"]["name"]);
                 let labels: Labels = serde_json::from_value(item["metadata"]["labels"].clone()).unwrap_or_default();
                 if !selector.matches(&labels) || named.contains(&format!("{}/{name}", kind.noun())) {
                     continue;
@@ -331,10 +332,10 @@ pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelect
             }
             // Children first.
             found.sort_by(|a, b| {
-                b.0.cmp(&a.0).then_with(|| cell_str(&a.1["metadata"]["name"]).cmp(&cell_str(&b.1["metadata"]["name"])))
+                b.0.cmp(&a.0).then_with(|| cell(&a.1["metadata"]["name"]).cmp(&cell(&b.1["metadata"]["name"])))
             });
             for (_, item) in found {
-                let name = cell_str(&item["metadata"]["name"]);
+                let name = cell(&item["metadata"]["name"]);
                 doomed.push(Step {
                     kind,
                     id: format!("{}/{name}", kind.noun()),
@@ -350,10 +351,6 @@ pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelect
         steps.extend(doomed);
     }
     Ok(steps)
-}
-
-fn cell_str(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
 }
 
 /// How deep each team of the files is under other teams of the files (parents first).
@@ -388,8 +385,8 @@ pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
                 let field = format!("{at}.{k}");
                 match (b.get(k), a.get(k)) {
                     (Some(x), Some(y)) => diff(&field, x, y, out),
-                    (None, Some(y)) if !y.is_null() => out.push(format!("+ {field}: {}", compact(y))),
-                    (Some(x), None) if !x.is_null() => out.push(format!("- {field}: {}", compact(x))),
+                    (None, Some(y)) if !y.is_null() => out.push(format!("+ {field}: {y}")),
+                    (Some(x), None) if !x.is_null() => out.push(format!("- {field}: {x}")),
                     _ => {}
                 }
             }
@@ -399,13 +396,9 @@ pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
                 diff(&format!("{at}[{i}]"), x, y, out);
             }
         }
-        _ if before != after => out.push(format!("{at}: {} → {}", compact(before), compact(after))),
+        _ if before != after => out.push(format!("{at}: {before} → {after}")),
         _ => {}
     }
-}
-
-fn compact(v: &Value) -> String {
-    v.to_string()
 }
 
 /// Asks the server what each team change would do to admitted and running work.
