@@ -344,6 +344,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(berth_app::demo::trickle(db.clone(), Duration::from_secs(args.demo_interval_seconds.max(1))));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // The metrics recorder before the controllers: what they count from their first pass.
+    berthd::telemetry::metrics_handle();
     let backends = std::sync::Arc::new(berth_adapters::Registry::new(args.sim_state_dir.clone()));
     let controllers = args.controllers.then(|| {
         let ctx = berth_controllers::Context {

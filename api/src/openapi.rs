@@ -29,6 +29,7 @@ use crate::problem::PROBLEM_JSON;
         (name = "teams", description = "The quota tree"),
         (name = "clusters", description = "Registered backends"),
         (name = "workloads", description = "Declared work and its history"),
+        (name = "usage", description = "GPU-hours, cost and budgets"),
         (name = "audit", description = "Who changed what"),
         (name = "controllers", description = "The reconcilers and which replica leads them"),
         (name = "identity", description = "The caller, role bindings and service accounts"),

@@ -74,7 +74,9 @@ pub fn web_router(web_dir: Option<&Path>) -> axum::Router<AppState> {
 
 /// `/metrics` alone, for a separate metrics address.
 pub fn metrics_router(state: AppState) -> axum::Router {
-    axum::Router::new().route("/metrics", get(|State(s): State<AppState>| async move { render(&s) })).with_state(state)
+    axum::Router::new()
+        .route("/metrics", get(|State(s): State<AppState>| async move { render(&s).await }))
+        .with_state(state)
 }
 
 /// The process is up.
@@ -100,16 +102,27 @@ async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
 }
 
 /// Prometheus metrics: `http_requests_total` and `http_request_duration_seconds` by
-/// method, route and status. Answers 404 when metrics are turned off or served on their own address.
+/// method, route and status; the scheduler's and quotas' `berth_…` metrics (workloads per
+/// team, flavor and phase, GPUs allocated, borrowed, guaranteed and fair share, budgets,
+/// clusters' capacity and health, read from the store at each scrape; admissions,
+/// preemptions by cause, admission wait and controller pass durations, from the replica
+/// leading the controllers). Answers 404 when metrics are turned off or served on their
+/// own address.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String)))]
 async fn metrics(State(s): State<AppState>) -> Response {
     if s.http.metrics_here {
-        render(&s)
+        render(&s).await
     } else {
         crate::problem::Problem::for_status(StatusCode::NOT_FOUND).into_response()
     }
 }
 
-fn render(s: &AppState) -> Response {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+async fn render(s: &AppState) -> Response {
+    let mut text = s.metrics.render();
+    match berth_app::metrics::state_metrics(&s.db).await {
+        Ok(state) => text.push_str(&state),
+        // The process's own metrics still answer when the database does not.
+        Err(e) => tracing::warn!(error = %e, "state metrics unavailable"),
+    }
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -101,8 +101,12 @@ pub fn metrics_handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let buckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+            let waits = [1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0];
+            let passes = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
             PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full("http_request_duration_seconds".into()), &buckets)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("berth_admission_wait_seconds".into()), &waits))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("berth_controller_pass_seconds".into()), &passes))
                 .expect("static buckets are valid")
                 .install_recorder()
                 .expect("the metrics recorder is installed once")

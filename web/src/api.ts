@@ -67,7 +67,18 @@ export async function api<T>(path: string, init: { method?: string; body?: unkno
 
 /// A plain-text answer (a workload's logs); problems as [`api`] reports them.
 export async function apiText(path: string): Promise<string> {
-  const headers: Record<string, string> = { Accept: "text/plain, application/problem+json" };
+  return (await fetchOk(path, "text/plain")).text();
+}
+
+/// A file to save (a report as CSV), of the type `accept` names; problems as [`api`]
+/// reports them.
+export async function apiBlob(path: string, accept: string): Promise<Blob> {
+  return (await fetchOk(path, accept)).blob();
+}
+
+/// A successful answer of type `accept`, its body unread.
+async function fetchOk(path: string, accept: string): Promise<Response> {
+  const headers: Record<string, string> = { Accept: `${accept}, application/problem+json` };
   const token = savedToken();
   if (token) headers.Authorization = `Bearer ${token}`;
   let response: Response;
@@ -76,8 +87,8 @@ export async function apiText(path: string): Promise<string> {
   } catch (e) {
     throw new ApiError(0, "Berth did not answer", String(e));
   }
-  const text = await response.text();
   if (!response.ok) {
+    const text = await response.text();
     let p: Problem = {};
     try {
       p = JSON.parse(text);
@@ -86,7 +97,7 @@ export async function apiText(path: string): Promise<string> {
     }
     throw new ApiError(response.status, p.title ?? response.statusText, p.detail ?? "", p.errors ?? []);
   }
-  return text;
+  return response;
 }
 
 /// Every item of a paged list.
@@ -175,15 +186,97 @@ export interface FlavorUsage {
   subtree_fair_share: number;
 }
 
+/// GPU-hours a team's subtree may use per week or month, of one flavor or of all.
+export interface Budget {
+  flavor?: string | null;
+  gpu_hours: number;
+  period: "week" | "month";
+  action: "warn" | "stop_borrowing" | "stop_new";
+}
+
+/// A budget's use in its current period.
+export interface BudgetStatus {
+  budget: Budget;
+  used_gpu_hours: number;
+  state: "ok" | "warning" | "exhausted";
+  period_start: string;
+  resets_at: string;
+  updated_at: string;
+}
+
 export interface Team {
   metadata: Meta;
-  spec: { parent?: string | null; description?: string | null; quotas: Quota[] };
-  status: { usage: FlavorUsage[] };
+  spec: { parent?: string | null; description?: string | null; quotas: Quota[]; budgets?: Budget[] };
+  status: { usage: FlavorUsage[]; budgets?: BudgetStatus[] };
 }
 
 export interface UsageHistory {
   since: string;
   series: { team: string; flavor: string; points: { at: string; allocated: number; borrowed: number }[] }[];
+}
+
+export type GroupBy = "team" | "owner" | "flavor" | "cluster" | "kind" | "backend";
+export type ReportBucket = "hour" | "day" | "week" | "month";
+
+/// GPU-hours (within the guarantee and borrowed beyond it) and their cost.
+export interface UsageAmounts {
+  gpu_hours: number;
+  in_quota_gpu_hours: number;
+  borrowed_gpu_hours: number;
+  cost: number;
+}
+
+/// A report's row: its bucket (when bucketed) and the values of the dimensions it was
+/// grouped by; the others are absent.
+export interface UsageRow extends UsageAmounts {
+  bucket?: string;
+  team?: string;
+  /// "" for work from before owners were recorded.
+  owner?: string;
+  flavor?: string;
+  cluster?: string;
+  kind?: string;
+  backend?: string;
+}
+
+/// A team's totals in a report: its own workloads', and its subtree's.
+export interface TeamUsage {
+  team: string;
+  /// Absent for a top-level team (a department).
+  parent?: string | null;
+  own: UsageAmounts;
+  subtree: UsageAmounts;
+  guaranteed_gpu_hours: number;
+  idle_guarantee_gpu_hours: number;
+}
+
+export interface UsageReport {
+  from: string;
+  to: string;
+  bucket?: ReportBucket;
+  group_by: GroupBy[];
+  totals: UsageAmounts;
+  rows: UsageRow[];
+  /// Every team with usage or a guarantee in the period.
+  teams: TeamUsage[];
+}
+
+/// The path of a usage report over `[from, to)` (RFC 3339; the API's defaults when absent).
+export function reportPath(q: {
+  from?: string;
+  to?: string;
+  group_by?: GroupBy[];
+  bucket?: ReportBucket;
+  format?: "csv";
+}): string {
+  const query = new URLSearchParams();
+  if (q.from) query.set("from", q.from);
+  if (q.to) query.set("to", q.to);
+  if (q.group_by?.length) query.set("group_by", q.group_by.join(","));
+  if (q.bucket) query.set("bucket", q.bucket);
+  if (q.format) query.set("format", q.format);
+  const s = query.toString();
+  return `/api/v1/usage/report${s ? `?${s}` : ""}`;
 }
 
 export interface PreviewWorkload {

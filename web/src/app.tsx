@@ -3,6 +3,7 @@ import { ApiError, Me, api, saveToken, savedToken } from "./api";
 import { Overview } from "./pages/overview";
 import { Clusters } from "./pages/clusters";
 import { Queue } from "./pages/queue";
+import { Reports } from "./pages/reports";
 import { Teams } from "./pages/teams";
 import { WorkloadDetail, Workloads } from "./pages/workloads";
 
@@ -13,6 +14,7 @@ const PAGES: { hash: string; title: string; view: (p: { me: Me }) => preact.JSX.
   { hash: "#/queue", title: "Queue", view: Queue },
   { hash: "#/workloads", title: "Workloads", view: Workloads },
   { hash: "#/clusters", title: "Clusters", view: Clusters },
+  { hash: "#/reports", title: "Reports", view: Reports },
 ];
 
 /// Pages reached by links, not listed in the navigation.

@@ -26,12 +26,14 @@ function freePort() {
   });
 }
 
-function psql(url, sql) {
+/// Runs `sql` on the database at `url` (the scratch database of a test: `berth.database`).
+export function psql(url, sql) {
   execFileSync("psql", [url, "-v", "ON_ERROR_STOP=1", "-qc", sql], { stdio: ["ignore", "ignore", "inherit"] });
 }
 
-/// Starts berthd on a fresh database (with `extraEnv` on top of the defaults); `stop()` ends
-/// it and drops the database.
+/// Starts berthd on a fresh database (with `extraEnv` on top of the defaults); `database`
+/// is that database's URL (to seed what the API cannot write); `stop()` ends it and drops
+/// the database.
 export async function startBerth(extraEnv = {}) {
   if (!existsSync(BERTHD)) throw new Error(`no berthd at ${BERTHD}: build it (cargo build -p berthd) or set BERTHD`);
   if (!existsSync(CHROMIUM)) throw new Error(`no Chromium at ${CHROMIUM}: apt-get install chromium (scripts/install-tools)`);
@@ -84,6 +86,7 @@ export async function startBerth(extraEnv = {}) {
   };
   return {
     origin,
+    database: url,
     admin,
     token,
     call,

@@ -72,13 +72,16 @@ test("the overview's numbers are the API's", async () => {
   const cells = await row.locator("td").allTextContents();
   assert.deepEqual(cells.slice(3), ["h100", String(inv.gpus_total), String(inv.gpus_total - inv.gpus_free), String(inv.gpus_free)]);
   assert.equal(await page.getByTestId("allocated-h100").textContent(), String(inv.gpus_total - inv.gpus_free));
-  // Workloads by phase, as the API counts them (read again until both agree: the
+  // Workloads by phase, and GPUs of the live ones, as the API counts them (read again until both agree: the
   // controllers keep working meanwhile).
   await eventually(async () => {
     const summary = await berth.call("GET", "/api/v1/workloads/summary");
     for (const p of summary.phases) {
       const cells = await page.locator(`tr[data-phase="${p.phase}"] td`).allTextContents();
       if (cells[1] !== String(p.workloads)) return false;
+      // Finished work holds no GPUs: no sum is shown for it.
+      const held = ["Succeeded", "Failed", "Cancelled"].includes(p.phase) ? "—" : String(Math.round(p.gpus * 100) / 100);
+      if (cells[2] !== held) return false;
     }
     return true;
   });

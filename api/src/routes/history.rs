@@ -1,4 +1,5 @@
-//! `/api/v1/teams/{team}/workloads/{name}/events`, `/api/v1/audit` and
+//! `/api/v1/teams/{team}/workloads/{name}/events`, `/api/v1/teams/{name}/events`,
+//! `/api/v1/audit` and
 //! `/api/v1/usage/history`
 
 use axum::Json;
@@ -25,6 +26,7 @@ list_type!(AuditList, AuditRecord);
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_workload_events))
+        .routes(routes!(list_team_events))
         .routes(routes!(list_audit))
         .routes(routes!(get_usage_history))
 }
@@ -41,6 +43,20 @@ async fn list_workload_events(
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
     Ok(list::<_, EventList>(app::workload_events(&s.db, &opctx, &team, &name, &page).await?))
+}
+
+/// A team's events (budgets crossing 80 % and 100 %), oldest first.
+#[utoipa::path(get, path = "/api/v1/teams/{name}/events", tag = "teams",
+    params(("name" = String, Path, description = "Team name"), PageParams),
+    responses((status = 200, description = "A page of events", body = EventList)))]
+async fn list_team_events(
+    State(s): State<AppState>,
+    OpCtx(opctx): OpCtx,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PageParams>,
+) -> Result<Response, ApiError> {
+    let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
+    Ok(list::<_, EventList>(app::team_events(&s.db, &opctx, &name, &page).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -7,6 +7,7 @@ pub mod flavor;
 pub mod history;
 pub mod identity;
 pub mod team;
+pub mod usage;
 pub mod workload;
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -27,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .merge(cluster::router())
         .merge(workload::router())
         .merge(history::router())
+        .merge(usage::router())
         .merge(controller::router())
         .merge(identity::router())
 }

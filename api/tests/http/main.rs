@@ -11,4 +11,5 @@ mod malformed;
 mod observability;
 mod security;
 mod teams;
+mod usage;
 mod workloads;

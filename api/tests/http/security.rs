@@ -193,7 +193,7 @@ async fn a_request_with_two_authorization_headers_is_refused(db: berth_store::Pg
 /// Routes any authenticated caller may use, with the answer they give: the platform's
 /// shared facts (flavors, clusters, the controllers' report), the caller itself, and lists
 /// that hold only what the caller can see.
-const OPEN_TO_EVERY_CALLER: [(&str, &str); 14] = [
+const OPEN_TO_EVERY_CALLER: [(&str, &str); 15] = [
     ("GET", "/api/v1/clusters"),
     ("GET", "/api/v1/clusters/{name}"),
     ("GET", "/api/v1/clusters/{name}/nodes"),
@@ -206,6 +206,7 @@ const OPEN_TO_EVERY_CALLER: [(&str, &str); 14] = [
     ("GET", "/api/v1/service-accounts"),
     ("GET", "/api/v1/teams"),
     ("GET", "/api/v1/usage/history"),
+    ("GET", "/api/v1/usage/report"),
     ("GET", "/api/v1/workloads"),
     ("GET", "/api/v1/workloads/summary"),
 ];
@@ -233,6 +234,16 @@ async fn every_route_refuses_a_caller_with_no_grant_on_the_team(db: berth_store:
         .await;
     let (binding_id, token_id) = (binding.body["id"].as_str().unwrap(), minted.body["id"].as_str().unwrap());
     let nina = token("nina", &[(Role::Member, Some("nlp"))]);
+    // vision has run work: the usage report must not show it.
+    sqlx::query(
+        "INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend, kind,
+                                   gpus, borrowed, started_at, ended_at, outcome)
+         VALUES (gen_random_uuid(), 0, 'vision', '{vision,research}', 'done', 'vic', 'h100', 'east', 'sim',
+                 'training', 8, false, now() - interval '2 hours', now() - interval '1 hour', 'succeeded')",
+    )
+    .execute(&s.db)
+    .await
+    .unwrap();
 
     let document = berthd::openapi::document();
     let mut checked = 0;

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use berth_adapters::slurm::dev::DevCluster;
@@ -316,6 +316,68 @@ async fn through_the_api_a_department_at_its_limit_reclaims_impossible_work_is_r
     let w = b.wait_for_phase("infer", "half", "Running").await;
     assert_eq!(w["status"]["admission"]["cluster"], "sim-a", "{}", w["status"]);
     println!("ma ran {took:?} after it was submitted (cancel grace 1 s); mb kept 4 running; half a GPU ran on sim-a");
+
+    // /metrics says what the API says.
+    let budget = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 1}],
+        "budgets": [{"gpu_hours": 1000, "period": "month", "action": "warn"}]}});
+    assert_eq!(put("/api/v1/teams/infer".into(), budget).await.0, 200);
+    let infer =
+        b.wait_for("/api/v1/teams/infer", "infer's budget status", |t| t["status"]["budgets"][0].is_object()).await;
+    let scrape = || async { b.text("/metrics").await.2 };
+    let text = scrape().await;
+    let used = infer["status"]["budgets"][0]["used_gpu_hours"].as_f64().unwrap();
+    let scraped =
+        metric(&text, "berth_budget_used_gpu_hours", &[("team", "infer"), ("period", "month"), ("action", "warn")]);
+    // The budget pass may have run again between the two reads: half a GPU for a second.
+    assert!(scraped.is_some_and(|m| (m - used).abs() < 0.01), "{scraped:?} vs {used}");
+    assert_eq!(metric(&text, "berth_budget_gpu_hours", &[("team", "infer")]), Some(1000.0));
+    for team in ["mini", "ma", "mb", "infer"] {
+        let (_, t) = b.call(Method::GET, &format!("/api/v1/teams/{team}"), None).await;
+        let usage = &t["status"]["usage"][0];
+        let labels = [("team", team), ("flavor", "h100")];
+        assert_eq!(metric(&text, "berth_team_gpus_allocated", &labels), usage["allocated"].as_f64(), "{team}");
+        assert_eq!(metric(&text, "berth_team_gpus_borrowed", &labels), usage["borrowed"].as_f64(), "{team}");
+        assert_eq!(metric(&text, "berth_team_fair_share_gpus", &labels), usage["fair_share"].as_f64(), "{team}");
+        let guaranteed = t["spec"]["quotas"][0]["guaranteed"].as_f64();
+        assert_eq!(metric(&text, "berth_team_gpus_guaranteed", &labels), guaranteed, "{team}");
+        // Live workloads per phase, as the API lists them (nothing changes now: all run an
+        // hour).
+        let (_, list) = b.call(Method::GET, &format!("/api/v1/teams/{team}/workloads"), None).await;
+        let mut phases = BTreeMap::<String, f64>::new();
+        for w in list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| !["Succeeded", "Failed", "Cancelled"].contains(&w["status"]["phase"].as_str().unwrap()))
+        {
+            *phases.entry(w["status"]["phase"].as_str().unwrap().to_owned()).or_default() += 1.0;
+        }
+        for (phase, n) in &phases {
+            let m = metric(&text, "berth_workloads", &[("team", team), ("phase", phase)]);
+            assert_eq!(m, Some(*n), "{team} {phase}");
+        }
+    }
+    assert_eq!(metric(&text, "berth_team_gpus_limit", &[("team", "mini")]), Some(8.0));
+    let (_, cluster) = b.call(Method::GET, "/api/v1/clusters/sim-a", None).await;
+    let total = cluster["status"]["inventory"][0]["gpus_total"].as_f64();
+    assert_eq!(metric(&text, "berth_cluster_gpus", &[("cluster", "sim-a"), ("flavor", "h100")]), total);
+    assert_eq!(metric(&text, "berth_cluster_healthy", &[("cluster", "sim-a")]), Some(1.0));
+    // Admissions, preemptions by cause and the admission wait, as the events tell them.
+    let mut preempted = 0.0;
+    for i in 0..8 {
+        let (_, events) = b.call(Method::GET, &format!("/api/v1/teams/mb/workloads/mb{i}/events"), None).await;
+        preempted += events["items"].as_array().unwrap().iter().filter(|e| e["reason"] == "Preempted").count() as f64;
+    }
+    assert!(preempted >= 4.0);
+    let preemptions = [("team", "mb"), ("flavor", "h100"), ("cause", "reclaim")];
+    assert_eq!(metric(&text, "berth_preemptions_total", &preemptions), Some(preempted));
+    assert_eq!(metric(&text, "berth_admissions_total", &[("team", "ma"), ("flavor", "h100")]), Some(1.0));
+    assert_eq!(metric(&text, "berth_admission_wait_seconds_count", &[("team", "ma")]), Some(1.0));
+    let waited = metric(&text, "berth_admission_wait_seconds_sum", &[("team", "ma")]).unwrap();
+    assert!(waited > 0.0 && waited <= took.as_secs_f64(), "ma waited {waited} s by the metric, {took:?} by the clock");
+    assert!(
+        metric(&text, "berth_controller_pass_seconds_count", &[("controller", "scheduler")]).is_some_and(|n| n > 0.0)
+    );
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -814,4 +876,15 @@ async fn a_user_follows_the_logs_of_a_simulated_and_a_kubernetes_job_as_they_pri
     }
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The value of the first sample of `name` in a Prometheus text whose labels include
+/// `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+        let has = |(k, v): &(&str, &str)| rest.contains(&format!("{k}=\"{v}\""));
+        (n == name && labels.iter().all(has)).then(|| value.parse().ok()).flatten()
+    })
 }

@@ -33,8 +33,14 @@ pub const DEMO_PRODUCTS: [(&str, &str); 2] =
 /// Whatever applying them reports.
 pub async fn seed(db: &PgPool, kubernetes: Option<&str>) -> Result<(), Error> {
     let a = actor();
-    for (name, memory) in [("h100-80gb", 80), ("a100-80gb", 80)] {
-        let body = parse(json!({"spec": {"description": format!("demo {name}"), "gpu_memory_gib": memory}}))?;
+    // Prices per GPU-hour: on-demand capacity (sim-west) costs more than the reservation.
+    let prices = [
+        ("h100-80gb", json!({"per_gpu_hour": 2.5, "clusters": {"sim-west": 4.0}})),
+        ("a100-80gb", json!({"per_gpu_hour": 1.5})),
+    ];
+    for (name, price) in prices {
+        let body =
+            parse(json!({"spec": {"description": format!("demo {name}"), "gpu_memory_gib": 80, "price": price}}))?;
         crate::flavor::flavor_apply(db, &a, name, &body, None).await?;
     }
     let clusters = [
@@ -86,7 +92,12 @@ pub async fn seed(db: &PgPool, kubernetes: Option<&str>) -> Result<(), Error> {
         ("platform", None, json!([{"flavor": "a100-80gb", "guaranteed": 16, "limit": 32}])),
     ];
     for (name, parent, quotas) in teams {
-        let body = parse(json!({"spec": {"parent": parent, "description": "demo team", "quotas": quotas}}))?;
+        let mut body = json!({"spec": {"parent": parent, "description": "demo team", "quotas": quotas}});
+        if name == "platform" {
+            body["spec"]["budgets"] =
+                json!([{"flavor": "a100-80gb", "gpu_hours": 5000, "period": "month", "action": "warn"}]);
+        }
+        let body = parse(body)?;
         crate::team::team_apply(db, &a, name, &body, None).await?;
     }
     Ok(())

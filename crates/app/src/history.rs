@@ -32,6 +32,24 @@ pub async fn workload_events(
     Ok(events)
 }
 
+/// A team's events (its budgets crossing 80 % and 100 %), oldest first.
+///
+/// # Errors
+/// [`Error::NotFound`] when the team does not exist or the caller cannot see it; store
+/// errors.
+pub async fn team_events(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    page: &PageRequest<i64>,
+) -> Result<Page<Event>, Error> {
+    opctx.access().read_team(team)?;
+    let t = berth_store::team::team_fetch(db, team)
+        .await?
+        .ok_or_else(|| Error::NotFound { kind: "team", name: team.to_owned() })?;
+    event::event_list(db, t.metadata.uid, page).await
+}
+
 /// Audit records, newest first: platform admins and global viewers only.
 ///
 /// # Errors

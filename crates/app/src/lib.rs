@@ -6,6 +6,7 @@
 //! authorization lives here and nowhere else. The HTTP layer calls exactly one of these per
 //! request.
 
+pub mod accounting;
 pub mod cluster;
 pub mod context;
 pub mod controller;
@@ -15,6 +16,7 @@ pub mod flavor;
 pub mod history;
 pub mod identity;
 pub mod logs;
+pub mod metrics;
 pub mod team;
 pub mod workload;
 

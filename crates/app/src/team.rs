@@ -88,10 +88,14 @@ pub async fn team_preview(
 /// The body's own rules and its flavors.
 async fn check_body(db: &PgPool, name: &str, input: &TeamApply) -> Result<(), Error> {
     input.validate(name)?;
-    let quota_flavors: Vec<String> = input.spec.quotas.iter().map(|q| q.flavor.clone()).collect();
-    let missing = flavors::flavor_missing(db, &quota_flavors).await?;
-    let refs = quota_flavors.into_iter().enumerate().map(|(i, f)| (format!("/spec/quotas/{i}/flavor"), f));
-    let errors = missing_references(&missing, refs, "flavor");
+    let quotas =
+        input.spec.quotas.iter().enumerate().map(|(i, q)| (format!("/spec/quotas/{i}/flavor"), q.flavor.clone()));
+    let budgets = (input.spec.budgets.iter().enumerate())
+        .filter_map(|(i, b)| Some((format!("/spec/budgets/{i}/flavor"), b.flavor.clone()?)));
+    let refs: Vec<(String, String)> = quotas.chain(budgets).collect();
+    let named: Vec<String> = refs.iter().map(|(_, f)| f.clone()).collect();
+    let missing = flavors::flavor_missing(db, &named).await?;
+    let errors = missing_references(&missing, refs.into_iter(), "flavor");
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 

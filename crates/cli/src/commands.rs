@@ -745,6 +745,9 @@ pub async fn logs(env: &Env<'_>, name: &str, team: Option<String>, o: LogOptions
 /// Words on what would let a waiting workload run, by its reason's code.
 fn unblock(code: &str) -> &'static str {
     match code {
+        "BudgetExhausted" => {
+            "a budget of its team (or a team above it) is used up: wait for it to reset, or raise the budget"
+        }
         "QuotaLimitReached" => {
             "its team (or a team above it) is at its limit: wait for the team's running work, or raise the limit"
         }
@@ -857,6 +860,84 @@ pub async fn top(env: &Env<'_>) -> Result<i32> {
         table(&["TEAM", "FLAVOR", "GPUS", "WITH SUBTEAMS", "GUARANTEED", "BORROWED", "FAIR SHARE"], &rows);
     }
     Ok(0)
+}
+
+/// What `berth usage` asks for.
+pub struct UsageOptions {
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub by: String,
+    pub bucket: Option<String>,
+    pub csv: bool,
+}
+
+pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
+    let mut query = vec![format!("group_by={}", seg(&o.by))];
+    for (name, value) in [("from", &o.from), ("to", &o.to)] {
+        if let Some(v) = value {
+            query.push(format!("{name}={}", seg(&when(name, v)?)));
+        }
+    }
+    if let Some(b) = &o.bucket {
+        query.push(format!("bucket={b}"));
+    }
+    if o.csv {
+        query.push("format=csv".into());
+    }
+    let r = env.client.get(&format!("/api/v1/usage/report?{}", query.join("&"))).await?;
+    if o.csv {
+        print!("{}", r.as_str().unwrap_or_default());
+        return Ok(0);
+    }
+    if structured(env.out, &r) {
+        return Ok(0);
+    }
+    let by: Vec<&str> = r["group_by"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let bucketed = r["bucket"].is_string();
+    let mut headers: Vec<String> = Vec::new();
+    if bucketed {
+        headers.push("BUCKET".into());
+    }
+    headers.extend(by.iter().map(|b| b.to_uppercase()));
+    headers.extend(["GPU-HOURS", "BORROWED", "COST"].map(str::to_owned));
+    let hours = |v: &Value| format!("{:.1}", v.as_f64().unwrap_or(0.0));
+    let money = |v: &Value| format!("{:.2}", v.as_f64().unwrap_or(0.0));
+    let rows: Vec<Vec<String>> = r["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            let mut cells = Vec::new();
+            if bucketed {
+                cells.push(row["bucket"].as_str().unwrap_or_default().chars().take(16).collect());
+            }
+            cells.extend(by.iter().map(|b| cell(&row[*b])));
+            cells.extend([hours(&row["gpu_hours"]), hours(&row["borrowed_gpu_hours"]), money(&row["cost"])]);
+            cells
+        })
+        .collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    table(&headers, &rows);
+    let t = &r["totals"];
+    println!(
+        "\n{} to {}: {} GPU-hours ({} borrowed), cost {}",
+        cell(&r["from"]),
+        cell(&r["to"]),
+        hours(&t["gpu_hours"]),
+        hours(&t["borrowed_gpu_hours"]),
+        money(&t["cost"])
+    );
+    Ok(0)
+}
+
+/// A `--from`/`--to` value as the API takes it: a date is its midnight UTC.
+fn when(option: &str, v: &str) -> Result<String> {
+    if chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").is_ok() {
+        return Ok(format!("{v}T00:00:00Z"));
+    }
+    chrono::DateTime::parse_from_rfc3339(v)
+        .map(|_| v.to_owned())
+        .map_err(|_| anyhow!("--{option}: {v:?} is neither a date (2026-11-01) nor an RFC 3339 time"))
 }
 
 pub async fn preview(env: &Env<'_>, name: &str, file: &Path) -> Result<i32> {

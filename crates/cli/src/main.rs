@@ -145,6 +145,27 @@ enum Command {
     },
     /// GPUs each team holds now, per flavor, against its guarantee and fair share.
     Top,
+    /// GPU-hours and cost over a period, from the accounting ledger (running work up to now).
+    #[command(
+        after_help = "Examples:\n  berth usage                              (the last 30 days, by team)\n  berth usage --from 2026-11-01 --by team,owner --bucket day\n  berth usage --from 2026-10-01 --to 2026-11-01 --csv > october.csv"
+    )]
+    Usage {
+        /// Start: a date (2026-11-01, midnight UTC) or an RFC 3339 time [default: 30 days before --to]
+        #[arg(long)]
+        from: Option<String>,
+        /// End, not included [default: now]
+        #[arg(long)]
+        to: Option<String>,
+        /// Group rows by: team, owner, flavor, cluster, kind, backend (comma-separated)
+        #[arg(long, default_value = "team")]
+        by: String,
+        /// Cut the period into hour, day, week or month buckets
+        #[arg(long, value_parser = ["hour", "day", "week", "month"])]
+        bucket: Option<String>,
+        /// Print the rows as CSV (for a spreadsheet)
+        #[arg(long)]
+        csv: bool,
+    },
     /// What a quota change in a file would do, before it is applied.
     #[command(after_help = "Example:\n  berth preview team nlp -f nlp.yaml")]
     Preview {
@@ -218,6 +239,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Why { name, team } => commands::why(&env, &name, team).await,
         Command::Queue { team, limit } => commands::queue(&env, team, limit).await,
         Command::Top => commands::top(&env).await,
+        Command::Usage { from, to, by, bucket, csv } => {
+            commands::usage(&env, commands::UsageOptions { from, to, by, bucket, csv }).await
+        }
         Command::Preview { name, file, .. } => commands::preview(&env, &name, &file).await,
         Command::Completion { .. } => unreachable!("handled above"),
     }

@@ -362,6 +362,22 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         run["spec"]["run"],
         serde_json::json!({"command": ["python", "-c", "print(1)"], "image": "busybox", "env": {}})
     );
+    // What the work used, from the accounting ledger and what runs now: alice's train (4
+    // GPUs, ended) and vision's hog (16, running).
+    let usage = w.json(&["usage", "--by", "team,owner"]);
+    let row = |team: &str, owner: &str| {
+        let rows = usage["rows"].as_array().unwrap();
+        rows.iter().find(|r| r["team"] == team && r["owner"] == owner).map(|r| r["gpu_hours"].as_f64().unwrap())
+    };
+    assert!(row("nlp", "alice").is_some_and(|h| h > 0.0), "{usage}");
+    assert!(row("vision", "admin").is_some_and(|h| h > 0.0), "{usage}");
+    let csv = w.ok(&["usage", "--from", "2026-01-01", "--by", "owner", "--bucket", "month", "--csv"]);
+    assert!(csv.starts_with("bucket,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost\n"), "{csv}");
+    let table = w.ok(&["usage", "--by", "team"]);
+    assert!(table.contains("GPU-HOURS") && table.contains("nlp") && table.contains("GPU-hours ("), "{table}");
+    let bad = w.berth(&["usage", "--from", "last tuesday"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("--from"), "{}", text(&bad.stderr));
     let completion = w.ok(&["completion", "bash"]);
     assert!(completion.contains("berth"), "a completion script");
 }

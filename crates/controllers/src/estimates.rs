@@ -5,6 +5,7 @@
 
 use berth_core::workload::{Phase, StartEstimate, WorkloadStatus};
 use berth_core::{Error, WorkloadId};
+use berth_sched::estimate::After;
 use berth_store::workload::StatusWrite;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
@@ -64,7 +65,10 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
         let w = &world.workloads[*p];
         let next = estimate.map(|e| {
             let when = match &e.after {
-                Some(id) => format!("when {} reaches its max_runtime_seconds", names.get(id).unwrap_or(id)),
+                Some(After::Ends(id)) => {
+                    format!("when {} reaches its max_runtime_seconds", names.get(id).unwrap_or(id))
+                }
+                Some(After::BudgetResets(budget)) => format!("when the budget of {budget} resets"),
                 None => "now: what it needs is free".to_owned(),
             };
             StartEstimate { at: at(e.at), basis: format!("{when}; {} workloads start before it", e.ahead) }

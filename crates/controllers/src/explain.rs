@@ -30,6 +30,20 @@ pub fn pending_reason(
             ),
             json!({"team": team(*t), "flavor": flavor(*f), "used": used, "limit": limit, "requested": requested}),
         ),
+        Reason::BudgetExhausted { team: t, flavor: f, budget, stop_new, resets_at } => {
+            let resets = DateTime::from_timestamp(*resets_at, 0).unwrap_or_default();
+            let resets = resets.to_rfc3339_opts(SecondsFormat::Secs, true);
+            let (action, stops) = if *stop_new {
+                ("stop_new", "no new work starts")
+            } else {
+                ("stop_borrowing", "new work runs only within the guarantee")
+            };
+            (
+                "BudgetExhausted",
+                format!("team {}'s budget of {budget} is used up: {stops} until it resets at {resets}", team(*t)),
+                json!({"team": team(*t), "flavor": flavor(*f), "budget": budget, "action": action, "resets_at": resets}),
+            )
+        }
         Reason::GuaranteeExceeded { team: t, flavor: f, used, guaranteed, requested } => (
             "GuaranteeExceeded",
             format!(

@@ -13,6 +13,7 @@
 //! - [`deletion`]: cancels the job of a deleted or cancelled workload, then removes the
 //!   workload or ends it `Cancelled`;
 //! - [`estimates`]: when each pending workload should start (the scheduler run forward);
+//! - [`budgets`]: each team's GPU-hours this week or month against its budgets;
 //! - [`retention`]: removes workloads that ended longer ago than the retention period;
 //! - [`orphans`]: cancels backend jobs carrying Berth's key that no workload owns;
 //! - [`cluster_health`]: inventory refresh, unreachable clusters, re-placement.
@@ -22,6 +23,7 @@
 //! [`Context::begin`], which fences it with the lease's epoch ([`leader`]): a replica that
 //! lost the lease cannot write.
 
+pub mod budgets;
 mod clock;
 pub mod cluster_health;
 pub mod deletion;

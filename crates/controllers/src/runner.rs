@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::{
-    Context, cluster_health, deletion, dispatcher, estimates, orphans, preemption, retention, scheduler, status_sync,
+    Context, budgets, cluster_health, deletion, dispatcher, estimates, orphans, preemption, retention, scheduler,
+    status_sync,
 };
 
 /// The channel the store's triggers notify on.
@@ -33,6 +34,11 @@ const DISPATCHER_GAP: Duration = Duration::from_millis(20);
 
 /// How often pending work's start is estimated again.
 const ESTIMATE_PERIOD: Duration = Duration::from_secs(10);
+
+/// How often budgets are added up again (running work adds to them all the time), and the
+/// least gap between two passes when changes wake them.
+const BUDGET_PERIOD: Duration = Duration::from_secs(30);
+const BUDGET_GAP: Duration = Duration::from_secs(5);
 
 /// How often retention looks for workloads to remove (it counts in days).
 const RETENTION_PERIOD: Duration = Duration::from_secs(300);
@@ -58,13 +64,14 @@ pass!(orphans_pass, orphans);
 pass!(cluster_health_pass, cluster_health);
 pass!(retention_pass, retention);
 pass!(estimates_pass, estimates);
+pass!(budgets_pass, budgets);
 
 /// Starts every controller (the one list of them); they run until the returned set is
 /// shut down.
 pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     let c = &ctx.config;
-    let woken: Vec<Arc<Notify>> = (0..4).map(|_| Arc::new(Notify::new())).collect();
-    let loops: [Loop; 9] = [
+    let woken: Vec<Arc<Notify>> = (0..5).map(|_| Arc::new(Notify::new())).collect();
+    let loops: [Loop; 10] = [
         ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
         ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
         ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
@@ -74,6 +81,7 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
         ("cluster_health", None, c.health_interval, Duration::ZERO, cluster_health_pass),
         ("retention", None, RETENTION_PERIOD, Duration::ZERO, retention_pass),
         ("estimates", None, ESTIMATE_PERIOD, Duration::ZERO, estimates_pass),
+        ("budgets", Some(woken[4].clone()), BUDGET_PERIOD, BUDGET_GAP, budgets_pass),
     ];
     let mut set = JoinSet::new();
     for (name, wake, every, gap, pass) in loops {
@@ -144,6 +152,10 @@ async fn run_loop(
         let started = Instant::now();
         let result = pass(ctx.clone()).await;
         runs += 1;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::histogram!("berth_controller_pass_seconds", "controller" => name)
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("berth_controller_passes_total", "controller" => name, "result" => outcome).increment(1);
         if let Ok((changes, _)) = &result {
             tracing::debug!(controller = name, changes, ms = started.elapsed().as_secs_f64() * 1000.0, "pass");
         }

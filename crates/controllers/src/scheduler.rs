@@ -76,6 +76,21 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let now = chrono::Utc::now();
     let stops_by = |i: usize| world.workloads[built.running[i]].status.cancel_requested_at.unwrap_or(now) + grace;
 
+    let submitted: std::collections::HashMap<uuid::Uuid, Option<chrono::DateTime<chrono::Utc>>> = plan
+        .admissions
+        .iter()
+        .map(|a| &world.workloads[built.pending[a.workload]])
+        .map(|w| (w.metadata.uid, w.status.submitted_at))
+        .collect();
+    let victims: std::collections::HashMap<uuid::Uuid, (String, String)> = plan
+        .preemptions
+        .iter()
+        .map(|p| &world.workloads[built.running[p.victim]])
+        .map(|w| {
+            let flavor = w.status.admission.as_ref().map(|a| a.flavor.clone()).unwrap_or_default();
+            (w.metadata.uid, (w.metadata.team.clone().unwrap_or_default(), flavor))
+        })
+        .collect();
     let mut writes = Vec::new();
     let mut events = Vec::new();
     let mut status = SchedulerStatus { pending: s.pending.len(), running: s.running.len(), ..Default::default() };
@@ -167,11 +182,11 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let mut team_writes = Vec::new();
     let mut usage_changes = Vec::new();
     for (i, t) in world.teams.iter().enumerate() {
-        let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default() };
-        if t.status != next {
+        let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default(), budgets: Vec::new() };
+        if t.status.usage != next.usage {
             let uid = snapshot::team_uid(&world, i);
             usage_changes.extend(changed_usage(&t.status, &next).map(|(f, a, b)| (uid.0, f, a, b)));
-            team_writes.push((uid, next));
+            team_writes.push((uid, next.usage));
         }
     }
     status.teams_updated = team_writes.len();
@@ -191,10 +206,32 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         }
     }
     events.retain(|e| written.contains(&e.uid));
+    let mut counted = Vec::new();
+    for e in &events {
+        let d = e.details.as_ref();
+        let label = |k: &str| d.and_then(|d| d[k].as_str()).unwrap_or_default().to_owned();
+        match e.reason {
+            "Admitted" => counted.push(Counted::Admitted {
+                team: label("team"),
+                flavor: label("flavor"),
+                // The wait of a first admission: from submission (a requeued workload's
+                // submission time is its first).
+                wait: d.filter(|d| d["attempt"] == 0).and(submitted.get(&e.uid).copied().flatten()).map(|at| now - at),
+            }),
+            "Preempted" => counted.push(Counted::Preempted {
+                cause: d.and_then(|d| d["cause"]["type"].as_str()).unwrap_or_default().to_owned(),
+                team: victims.get(&e.uid).cloned().unwrap_or_default(),
+            }),
+            _ => {}
+        }
+    }
     berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
-    berth_store::team::team_write_statuses(&mut tx, &team_writes).await?;
+    berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
+    for c in counted {
+        c.record();
+    }
     status.cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(status)
 }
@@ -246,4 +283,28 @@ fn team_usage(s: &berth_sched::Snapshot, shares: &[berth_sched::plan::TeamShare]
         });
     }
     usage
+}
+
+/// What a cycle counts in the `berth_` metrics, once its writes are committed.
+enum Counted {
+    Admitted { team: String, flavor: String, wait: Option<chrono::TimeDelta> },
+    Preempted { cause: String, team: (String, String) },
+}
+
+impl Counted {
+    fn record(self) {
+        match self {
+            Self::Admitted { team, flavor, wait } => {
+                if let Some(wait) = wait {
+                    let seconds = wait.num_milliseconds().max(0) as f64 / 1000.0;
+                    metrics::histogram!("berth_admission_wait_seconds", "team" => team.clone()).record(seconds);
+                }
+                metrics::counter!("berth_admissions_total", "team" => team, "flavor" => flavor).increment(1);
+            }
+            Self::Preempted { cause, team: (team, flavor) } => {
+                metrics::counter!("berth_preemptions_total", "team" => team, "flavor" => flavor, "cause" => cause)
+                    .increment(1);
+            }
+        }
+    }
 }

@@ -207,6 +207,13 @@ impl Access<'_> {
                 && (self.covers(team, &[Role::TeamAdmin, Role::Viewer]) || self.is_member_of(team)))
     }
 
+    /// The teams on which the principal holds a role that reads their whole subtree
+    /// (team-admin, viewer).
+    pub fn covering_teams(&self) -> Vec<String> {
+        let roles = [Role::TeamAdmin, Role::Viewer];
+        self.principal.grants.iter().filter(|g| roles.contains(&g.role)).filter_map(|g| g.team.clone()).collect()
+    }
+
     /// The teams the principal can see; `None` means all.
     pub fn visible_teams(&self) -> Option<BTreeSet<String>> {
         if self.reads_all() {

@@ -37,6 +37,29 @@ pub struct FlavorSpec {
     pub slurm: Option<SlurmFlavor>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesFlavor>,
+    /// What a GPU-hour of this flavor costs, for the usage report (in the organisation's
+    /// currency). Each attempt is costed at the price when it ended (or now, while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+}
+
+/// A flavor's price per GPU-hour, optionally different per cluster (a reservation, spot).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"per_gpu_hour": 2.5, "clusters": {"spot-east": 0.9}}))]
+pub struct Price {
+    #[schema(minimum = 0, maximum = 1_000_000)]
+    pub per_gpu_hour: f64,
+    /// Prices on particular clusters, by cluster name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub clusters: std::collections::BTreeMap<String, f64>,
+}
+
+impl Price {
+    /// The price of a GPU-hour on `cluster`.
+    pub fn on(&self, cluster: &str) -> f64 {
+        self.clusters.get(cluster).copied().unwrap_or(self.per_gpu_hour)
+    }
 }
 
 /// How Slurm names the flavor.
@@ -116,6 +139,16 @@ impl FlavorApply {
         v.check(!(s.cpu_only && s.mig_profile.is_some()), "/spec/mig_profile", || {
             "a CPU-only flavor has no MIG profile".into()
         });
+        if let Some(p) = &s.price {
+            let ok = |x: f64| x.is_finite() && (0.0..=crate::usage::PRICE_MAX).contains(&x);
+            v.check(ok(p.per_gpu_hour), "/spec/price/per_gpu_hour", || "must be a number from 0 to 1000000".into());
+            v.check(p.clusters.len() <= 64, "/spec/price/clusters", || "at most 64 cluster prices".into());
+            for (c, x) in &p.clusters {
+                let at = format!("/spec/price/clusters/{}", crate::validation::escape_pointer(c));
+                v.name(&at, c);
+                v.check(ok(*x), at, || "must be a number from 0 to 1000000".into());
+            }
+        }
         if let Some(slurm) = &s.slurm {
             let ok = !slurm.gres_type.is_empty()
                 && slurm.gres_type.len() <= 64

@@ -17,6 +17,7 @@ pub mod page;
 pub mod redact;
 pub mod selector;
 pub mod team;
+pub mod usage;
 pub mod validation;
 pub mod workload;
 

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use crate::apply::validate_meta;
 use crate::error::Error;
 use crate::meta::{ApplyMeta, ObjectMeta};
+use crate::usage::{BUDGET_GPU_HOURS_MAX, BUDGETS_MAX};
 use crate::validation::{FieldError, Validator};
 
 /// Upper bound on any quota number, far above any real cluster, so sums never overflow.
@@ -35,6 +36,11 @@ pub struct TeamSpec {
     #[serde(default)]
     #[schema(max_items = 64)]
     pub quotas: Vec<Quota>,
+    /// GPU-hours the team's subtree may use per week or month (16 at most). Usage against
+    /// each is in `status.budgets`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 16)]
+    pub budgets: Vec<crate::usage::Budget>,
 }
 
 /// A team's quota for one flavor, in GPUs.
@@ -69,6 +75,9 @@ pub struct TeamStatus {
     /// workloads and of its whole subtree.
     #[serde(default)]
     pub usage: Vec<FlavorUsage>,
+    /// Per `spec.budgets` entry, in the same order: GPU-hours used in the current period.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<crate::usage::BudgetStatus>,
 }
 
 /// A team's use of one flavor. The plain fields count the team's own workloads; the
@@ -234,6 +243,25 @@ impl TeamApply {
                 });
             }
             v.check(q.weight <= WEIGHT_MAX, at("weight"), || format!("must be at most {WEIGHT_MAX}"));
+        }
+        v.check(s.budgets.len() <= BUDGETS_MAX, "/spec/budgets", || format!("at most {BUDGETS_MAX} budgets"));
+        let mut seen = BTreeMap::new();
+        for (i, b) in s.budgets.iter().enumerate() {
+            let at = |f: &str| format!("/spec/budgets/{i}/{f}");
+            if let Some(f) = &b.flavor {
+                v.name(&at("flavor"), f);
+            }
+            v.check(
+                b.gpu_hours.is_finite() && (0.0..=BUDGET_GPU_HOURS_MAX).contains(&b.gpu_hours),
+                at("gpu_hours"),
+                || format!("must be a number from 0 to {BUDGET_GPU_HOURS_MAX}"),
+            );
+            if let Some(first) = seen.insert((b.flavor.as_deref(), b.period, b.action), i) {
+                v.error(
+                    at("action"),
+                    format!("the same budget (flavor, period and action) is already at /spec/budgets/{first}"),
+                );
+            }
         }
         v.finish()
     }

@@ -79,7 +79,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             })
             .collect();
         let parent = leaf.then_some(t % departments);
-        s.teams.push(Team { name: format!("team-{t}"), parent, quotas });
+        s.teams.push(Team { name: format!("team-{t}"), parent, quotas, budget_stops: Vec::new() });
     }
     let tiers = ["reservation", "on-demand", "spot"];
     let kinds = [ClusterKind::Slurm, ClusterKind::Kubernetes, ClusterKind::Sim];

@@ -231,6 +231,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
                 name: name.clone(),
                 parent: None,
                 quotas: vec![Quota { guaranteed: g, limit: None, weight: 1 }],
+                budget_stops: Vec::new(),
             })
             .collect(),
         clusters: vec![Cluster {

@@ -8,7 +8,7 @@ use berth_core::workload::TopologyPolicy;
 use crate::cycle::{Pool, ancestors, gpus, own_shares, pools};
 use crate::nodes::{NodeState, node_states, place};
 use crate::plan::{Miss, Plan, PreemptionCause, Reason, Waiting};
-use crate::snapshot::{FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
+use crate::snapshot::{BudgetStop, FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
 
 /// Everything wrong with `plan` as the plan for `s`, one line each.
 ///
@@ -69,9 +69,13 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     }
     let gone = |v: RunningIx| s.running[v].preempting || preempted.contains(&v);
 
-    // Admissions: allowed cluster and flavor, whole gangs on fitting nodes.
+    // Admissions: allowed cluster and flavor, within budgets, whole gangs on fitting nodes.
+    let chains = crate::cycle::ancestors(s);
     for a in &plan.admissions {
         let p = &s.pending[a.workload];
+        if let Some(b) = budget_stop(s, &chains[p.team], a.flavor, !a.borrowed) {
+            out.push(format!("pending {} admitted though budget {:?} stops it", a.workload, b.budget));
+        }
         let cluster = &s.clusters[a.cluster];
         if !p.flavors.contains(&a.flavor) || !p.may_run_on(cluster) || cluster.cordoned {
             out.push(format!("pending {} admitted to a cluster or flavor it may not use", a.workload));
@@ -333,6 +337,7 @@ fn idle_violations(
                 && gpus(own_used + requested) <= share[i] + 1e-9
                 && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
             if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
+                || budget_stop(s, &ancestors[p.team], f, in_quota).is_some()
                 || !within_limits
                 || !(in_quota || may_borrow)
             {
@@ -377,6 +382,17 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
                     && s.teams[*team].quotas[*flavor].limit.is_some_and(|l| near(f64::from(l), *limit))
                     && near(*r, requested)
                     && used + r > limit + 1e-9
+            }
+            Reason::BudgetExhausted { team, flavor, budget, stop_new, resets_at } => {
+                ancestors[p.team].contains(team)
+                    && possible.contains(flavor)
+                    && s.teams[*team].budget_stops.iter().any(|b| {
+                        &b.budget == budget
+                            && b.stop_new == *stop_new
+                            && b.resets_at == *resets_at
+                            && b.resets_at > s.now
+                            && b.flavor.is_none_or(|bf| bf == *flavor)
+                    })
             }
             Reason::GuaranteeExceeded { team, flavor, used, guaranteed, requested: r } => {
                 *team == p.team
@@ -439,6 +455,15 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
 }
 
 /// Whether cluster `c` has nodes of flavor `f`.
+/// The used-up budget of `chain` (a team and its ancestors) that stops work of `f`
+/// (borrowing, unless `in_quota`), if any.
+fn budget_stop<'s>(s: &'s Snapshot, chain: &[usize], f: FlavorIx, in_quota: bool) -> Option<&'s BudgetStop> {
+    chain
+        .iter()
+        .flat_map(|&a| &s.teams[a].budget_stops)
+        .find(|b| b.resets_at > s.now && b.flavor.is_none_or(|bf| bf == f) && (b.stop_new || !in_quota))
+}
+
 fn pool_has_nodes(s: &Snapshot, c: usize, f: FlavorIx) -> bool {
     s.nodes.iter().any(|n| n.cluster == c && n.flavor == f)
 }
@@ -528,7 +553,7 @@ fn reclaim_violations(
                             .limit
                             .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
                     });
-                if !within_limits {
+                if !within_limits || budget_stop(s, &ancestors[p.team], f, true).is_some() {
                     continue;
                 }
                 if known.fits_on_open_nodes(s, &local, pool, w) {

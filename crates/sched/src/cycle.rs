@@ -556,6 +556,21 @@ impl<'a> Cycle<'a> {
         }
         let guaranteed = self.s.teams[p.team].quotas[f].guaranteed;
         let in_quota = used(p.team) + requested <= u64::from(guaranteed * ONE_GPU);
+        for &a in &self.ancestors[p.team] {
+            if let Some(b) = self.s.teams[a]
+                .budget_stops
+                .iter()
+                .find(|b| b.resets_at > self.s.now && b.flavor.is_none_or(|bf| bf == f) && (b.stop_new || !in_quota))
+            {
+                return Err(Reason::BudgetExhausted {
+                    team: a,
+                    flavor: f,
+                    budget: b.budget.clone(),
+                    stop_new: b.stop_new,
+                    resets_at: b.resets_at,
+                });
+            }
+        }
         if !in_quota && !p.preemptible {
             return Err(Reason::GuaranteeExceeded {
                 team: p.team,

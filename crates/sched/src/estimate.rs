@@ -1,6 +1,7 @@
 //! Start-time estimates: the scheduler run forward in time. Each step plans a cycle at the
 //! step's time, turns what it admits into running work (ending `max_runtime_seconds` later),
-//! then jumps to the next moment running work must end and frees what it held. A pending
+//! then jumps to the next moment running work must end (and frees what it held) or a used-up
+//! budget resets, whichever comes first. A pending
 //! workload's estimate is the first step that admits it; there is none when it would wait
 //! for work that has no runtime limit (or beyond the last step). The estimate assumes that
 //! running work ends at its limit (most end earlier: the estimate is then late) and that
@@ -17,11 +18,19 @@ use crate::snapshot::{Running, Snapshot};
 pub struct Estimate {
     /// Seconds, on the snapshot's clock.
     pub at: i64,
-    /// The running workload whose end (at its runtime limit) frees what it needs; `None`
-    /// when what it needs is free at the snapshot's time.
-    pub after: Option<String>,
+    /// What lets it start then; `None` when what it needs is free at the snapshot's time.
+    pub after: Option<After>,
     /// How many workloads the simulated cycles admitted before it.
     pub ahead: usize,
+}
+
+/// What a later start waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum After {
+    /// This running workload's end (at its runtime limit) frees what it needs.
+    Ends(String),
+    /// This used-up budget resets.
+    BudgetResets(String),
 }
 
 /// The estimated start of each of `s.pending` (by index). `running_ends[i]` is when
@@ -44,7 +53,7 @@ pub fn start_times(
             *end = Some(s.now);
         }
     }
-    let mut freed_by: Option<String> = None;
+    let mut freed_by: Option<After> = None;
     let mut admitted = 0;
     for _ in 0..max_steps {
         let Ok(plan) = schedule(&snap) else { break };
@@ -92,11 +101,28 @@ pub fn start_times(
         if snap.pending.is_empty() {
             break;
         }
-        // The next moment running work must end; nothing ends: nothing more can be said.
-        let Some(next) = ends.iter().flatten().copied().min() else { break };
-        let next = next.max(snap.now);
+        // The next moment running work must end or a budget resets; neither: nothing more
+        // can be said.
+        let now = snap.now;
+        let reset =
+            snap.teams.iter().flat_map(|t| &t.budget_stops).filter(|b| b.resets_at > now).min_by_key(|b| b.resets_at);
+        let end = ends.iter().flatten().copied().min().map(|e| e.max(now));
+        let next = match (end, reset) {
+            (Some(e), Some(b)) if b.resets_at < e => {
+                freed_by = Some(After::BudgetResets(b.budget.clone()));
+                snap.now = b.resets_at;
+                continue;
+            }
+            (None, Some(b)) => {
+                freed_by = Some(After::BudgetResets(b.budget.clone()));
+                snap.now = b.resets_at;
+                continue;
+            }
+            (Some(e), _) => e,
+            (None, None) => break,
+        };
         let ending: Vec<usize> = (0..ends.len()).filter(|&i| ends[i].is_some_and(|e| e <= next)).collect();
-        freed_by = ending.last().map(|&i| snap.running[i].id.clone());
+        freed_by = ending.last().map(|&i| After::Ends(snap.running[i].id.clone()));
         for &i in ending.iter().rev() {
             snap.running.remove(i);
             ends.remove(i);

@@ -67,6 +67,9 @@ pub struct Waiting {
 pub enum Reason {
     /// Admitting it would take `team` (the workload's team or an ancestor) over its limit.
     QuotaLimitReached { team: TeamIx, flavor: FlavorIx, used: f64, limit: f64, requested: f64 },
+    /// A budget of `team` (the workload's team or an ancestor) is used up: it stops new
+    /// work (`stop_new`) or new borrowing until `resets_at`.
+    BudgetExhausted { team: TeamIx, flavor: FlavorIx, budget: String, stop_new: bool, resets_at: i64 },
     /// A non-preemptible workload may only run within its team's guarantee.
     GuaranteeExceeded { team: TeamIx, flavor: FlavorIx, used: f64, guaranteed: f64, requested: f64 },
     /// It would borrow beyond the team's fair share (the rest of the idle capacity is other
@@ -99,6 +102,7 @@ impl Reason {
     pub fn code(&self) -> &'static str {
         match self {
             Self::QuotaLimitReached { .. } => "quota_limit_reached",
+            Self::BudgetExhausted { .. } => "budget_exhausted",
             Self::GuaranteeExceeded { .. } => "guarantee_exceeded",
             Self::FairShareReached { .. } => "fair_share_reached",
             Self::BorrowingPaused { .. } => "borrowing_paused",

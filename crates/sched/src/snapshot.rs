@@ -47,6 +47,22 @@ pub struct Team {
     pub parent: Option<TeamIx>,
     /// One entry per flavor, indexed like [`Snapshot::flavors`].
     pub quotas: Vec<Quota>,
+    /// Its budgets that are used up and stop work (in the subtree) until they reset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget_stops: Vec<BudgetStop>,
+}
+
+/// A used-up budget that stops new work, or new borrowing, in a team's subtree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetStop {
+    /// The budget, in words (`500 GPU-hours of h100 per month`).
+    pub budget: String,
+    /// Only work of this flavor; `None`: all.
+    pub flavor: Option<FlavorIx>,
+    /// No new work at all; else no new borrowing.
+    pub stop_new: bool,
+    /// When it resets ([`Snapshot::now`]'s clock): from then on it stops nothing.
+    pub resets_at: i64,
 }
 
 impl Team {
@@ -67,10 +83,34 @@ impl Team {
                     }
                 }
                 let parent = t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
-                Self { name: t.metadata.name.clone(), parent, quotas }
+                Self { name: t.metadata.name.clone(), parent, quotas, budget_stops: budget_stops(t, &flavor_ix) }
             })
             .collect()
     }
+}
+
+/// The budgets of `t` its status says are used up and whose action stops work (those the
+/// spec no longer declares are left out).
+fn budget_stops(t: &berth_core::team::Team, flavor_ix: &HashMap<&str, usize>) -> Vec<BudgetStop> {
+    use berth_core::usage::{BudgetAction, BudgetState};
+    t.status
+        .budgets
+        .iter()
+        .filter(|b| b.state == BudgetState::Exhausted && b.budget.action != BudgetAction::Warn)
+        .filter(|b| t.spec.budgets.contains(&b.budget))
+        .filter_map(|b| {
+            let flavor = match &b.budget.flavor {
+                Some(f) => Some(*flavor_ix.get(f.as_str())?),
+                None => None,
+            };
+            Some(BudgetStop {
+                budget: b.budget.describe(),
+                flavor,
+                stop_new: b.budget.action == BudgetAction::StopNew,
+                resets_at: b.resets_at.timestamp(),
+            })
+        })
+        .collect()
 }
 
 /// A team's quota for one flavor, in whole GPUs.

@@ -161,7 +161,7 @@ pub async fn flavor_missing(db: impl PgExecutor<'_>, names: &[String]) -> Result
 pub async fn flavor_users(db: &mut PgConnection, name: &str) -> Result<Vec<String>, Error> {
     let pattern = serde_json::json!([{ "flavor": name }]);
     sqlx::query_scalar!(
-        r#"(SELECT 'team ' || name FROM teams WHERE spec -> 'quotas' @> $2 LIMIT 3)
+        r#"(SELECT 'team ' || name FROM teams WHERE spec -> 'quotas' @> $2 OR spec -> 'budgets' @> $2 LIMIT 3)
            UNION ALL
            (SELECT 'cluster ' || name FROM clusters WHERE spec -> 'sim' -> 'node_groups' @> $2 LIMIT 3)
            UNION ALL

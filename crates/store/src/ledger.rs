@@ -1,6 +1,7 @@
 //! SQL for the accounting ledger: one record per workload attempt that held GPUs.
 
 use berth_core::Error;
+use berth_core::usage::Interval;
 use berth_core::workload::Workload;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -102,7 +103,7 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     let ended: Vec<DateTime<Utc>> = attempts.iter().map(|a| a.ended_at).collect();
     let done = sqlx::query!(
         r#"INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend,
-                                     kind, gpus, borrowed, started_at, ended_at, outcome)
+                                     kind, gpus, borrowed, started_at, ended_at, outcome, price)
            SELECT i.uid, i.attempt, i.team,
                   ARRAY(WITH RECURSIVE up (uid, name, parent_uid, depth) AS (
                             SELECT t.uid, t.name, t.parent_uid, 0 FROM teams t WHERE t.name = i.team
@@ -111,7 +112,9 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
                         SELECT name FROM up ORDER BY depth),
                   i.workload, i.owner, i.flavor, i.cluster,
                   coalesce((SELECT c.kind FROM clusters c WHERE c.name = i.cluster), 'unknown'),
-                  i.kind, i.gpus, i.borrowed, i.started_at, i.ended_at, i.outcome
+                  i.kind, i.gpus, i.borrowed, i.started_at, i.ended_at, i.outcome,
+                  (SELECT coalesce((f.spec->'price'->'clusters'->>i.cluster)::float8, (f.spec->'price'->>'per_gpu_hour')::float8)
+                   FROM flavors f WHERE f.name = i.flavor)
            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
                        $9::float8[], $10::bool[], $11::timestamptz[], $12::timestamptz[], $13::text[])
                 AS i (uid, attempt, team, workload, owner, flavor, cluster, kind, gpus, borrowed, started_at, ended_at, outcome)
@@ -134,4 +137,113 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     .await
     .map_err(db_error)?;
     Ok(done.rows_affected())
+}
+
+/// Whose records a reader sees: those of `teams`, and those whose team was then below one
+/// of `covering` (so a department's admin keeps seeing the work of a team since deleted).
+#[derive(Debug, Clone, Default)]
+pub struct LedgerScope {
+    pub teams: Vec<String>,
+    pub covering: Vec<String>,
+}
+
+/// GPU use touching `[from, to)`: ended attempts from the ledger and, up to `now`, the
+/// attempts running now, of everything (`scope` `None`) or of what `scope` allows.
+/// Attempts that never started are left out (they used nothing).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn ledger_intervals(
+    db: impl sqlx::PgExecutor<'_>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    now: DateTime<Utc>,
+    scope: Option<&LedgerScope>,
+) -> Result<Vec<Interval>, Error> {
+    let (teams, covering) = match scope {
+        Some(s) => (Some(s.teams.clone()), s.covering.clone()),
+        None => (None, Vec::new()),
+    };
+    let rows = sqlx::query!(
+        r#"SELECT team AS "team!", teams AS "teams!", owner, flavor AS "flavor!", cluster AS "cluster!",
+                  backend AS "backend!", kind AS "kind!", gpus AS "gpus!", borrowed AS "borrowed!",
+                  started_at AS "started_at!", ended_at AS "ended_at!", price
+           FROM (
+               SELECT l.team, l.teams, l.owner, l.flavor, l.cluster, l.backend, l.kind, l.gpus, l.borrowed,
+                      l.started_at, l.ended_at, l.price
+               FROM usage_ledger l
+               WHERE l.started_at IS NOT NULL AND l.started_at < $2 AND l.ended_at > $1
+                 AND ($4::text[] IS NULL OR l.team = ANY($4) OR l.teams && $5::text[])
+               UNION ALL
+               SELECT r.team, r.teams, r.owner, r.flavor, r.cluster, r.backend, r.kind, r.gpus, r.borrowed,
+                      r.started_at, $3::timestamptz, r.price
+               FROM running_attempts r
+               WHERE r.started_at < $2 AND $3 > $1
+                 AND ($4::text[] IS NULL OR r.team = ANY($4) OR r.teams && $5::text[])
+           ) i"#,
+        from,
+        to,
+        now,
+        teams.as_deref() as Option<&[String]>,
+        &covering,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Interval {
+            team: r.team,
+            teams: r.teams,
+            owner: r.owner,
+            flavor: r.flavor,
+            cluster: r.cluster,
+            backend: r.backend,
+            kind: r.kind,
+            gpus: r.gpus,
+            borrowed: r.borrowed,
+            start: r.started_at,
+            end: r.ended_at,
+            price: r.price,
+        })
+        .collect())
+}
+
+/// GPU-hours used from `from` to `now` by each of `teams` (its whole subtree, then), per
+/// flavor: ended attempts and those running now, added up in Postgres.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn ledger_use(
+    db: impl sqlx::PgExecutor<'_>,
+    from: DateTime<Utc>,
+    now: DateTime<Utc>,
+    teams: &[String],
+) -> Result<Vec<(String, String, f64)>, Error> {
+    let rows = sqlx::query!(
+        // Summed per team chain first (a few hundred groups), then spread over the teams of
+        // each chain: one pass over the records.
+        r#"SELECT t AS "team!", g.flavor AS "flavor!", sum(g.gpu_hours)::float8 AS "gpu_hours!"
+           FROM (
+               SELECT i.teams, i.flavor,
+                      sum(i.gpus * extract(epoch FROM least(i.ended_at, $2) - greatest(i.started_at, $1)) / 3600)
+                          AS gpu_hours
+               FROM (
+                   SELECT l.teams, l.flavor, l.gpus, l.started_at, l.ended_at FROM usage_ledger l
+                   WHERE l.started_at IS NOT NULL AND l.started_at < $2 AND l.ended_at > $1
+                   UNION ALL
+                   SELECT r.teams, r.flavor, r.gpus, r.started_at, $2 FROM running_attempts r WHERE r.started_at < $2
+               ) i
+               GROUP BY 1, 2
+           ) g, unnest(g.teams) t
+           WHERE t = ANY($3)
+           GROUP BY 1, 2"#,
+        from,
+        now,
+        teams,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.gpu_hours)).collect())
 }

@@ -2,7 +2,8 @@
 
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
-use berth_core::team::{Team, TeamSpec, TeamStatus};
+use berth_core::team::{FlavorUsage, Team, TeamSpec, TeamStatus};
+use berth_core::usage::BudgetStatus;
 use berth_core::{Error, TeamId};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
@@ -249,23 +250,44 @@ pub async fn team_list_all(db: impl PgExecutor<'_>) -> Result<Vec<Team>, Error> 
     .map_err(db_error)
 }
 
-/// Writes teams' statuses (the scheduler loop is their only writer).
+/// Writes teams' `status.usage` (the scheduler loop is its only writer; the rest of the
+/// status is left as it is).
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn team_write_statuses(tx: &mut PgConnection, writes: &[(TeamId, TeamStatus)]) -> Result<(), Error> {
+pub async fn team_write_usage(tx: &mut PgConnection, writes: &[(TeamId, Vec<FlavorUsage>)]) -> Result<(), Error> {
+    team_write_status_key(tx, "usage", writes).await
+}
+
+/// Writes teams' `status.budgets` (the budget controller is its only writer).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_write_budgets(tx: &mut PgConnection, writes: &[(TeamId, Vec<BudgetStatus>)]) -> Result<(), Error> {
+    team_write_status_key(tx, "budgets", writes).await
+}
+
+/// Sets one key of teams' statuses: each writer owns its key, so neither overwrites what
+/// the other wrote since it read.
+async fn team_write_status_key<T: serde::Serialize>(
+    tx: &mut PgConnection,
+    key: &str,
+    writes: &[(TeamId, T)],
+) -> Result<(), Error> {
     if writes.is_empty() {
         return Ok(());
     }
     let uids: Vec<uuid::Uuid> = writes.iter().map(|(uid, _)| uid.0).collect();
-    let statuses: Vec<serde_json::Value> =
+    let values: Vec<serde_json::Value> =
         writes.iter().map(|(_, s)| serde_json::to_value(s).expect("status serializes")).collect();
     sqlx::query!(
-        r#"UPDATE teams t SET status = u.status, resource_version = nextval('resource_version_seq'), updated_at = now()
-           FROM unnest($1::uuid[], $2::jsonb[]) AS u (uid, status)
+        r#"UPDATE teams t SET status = jsonb_set(t.status, ARRAY[$3::text], u.value),
+                  resource_version = nextval('resource_version_seq'), updated_at = now()
+           FROM unnest($1::uuid[], $2::jsonb[]) AS u (uid, value)
            WHERE t.uid = u.uid"#,
         &uids,
-        &statuses,
+        &values,
+        key,
     )
     .execute(tx)
     .await

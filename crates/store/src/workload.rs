@@ -808,3 +808,21 @@ pub async fn workload_list_backend_work(db: impl PgExecutor<'_>, phases: &[Phase
         })
         .collect()
 }
+
+/// Workloads not yet ended, counted by team, flavor (the admitted one, else the first
+/// acceptable) and phase: `(team, flavor, phase, count)`.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_count_live(db: impl PgExecutor<'_>) -> Result<Vec<(String, String, String, i64)>, Error> {
+    let rows = sqlx::query!(
+        r#"SELECT team_name AS "team!", coalesce(status->'admission'->>'flavor', flavors[1], '') AS "flavor!",
+                  phase AS "phase!", count(*) AS "count!"
+           FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+           GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"#
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.phase, r.count)).collect())
+}

@@ -75,7 +75,15 @@ export function Overview() {
                   <a href={`#/workloads?phase=${p.phase}`}>{p.phase}</a>
                 </td>
                 <td class="num">{p.workloads}</td>
-                <td class="num">{fmt(p.gpus)}</td>
+                <td class="num">
+                  {FINAL.includes(p.phase) ? (
+                    <a href="#/reports" title="Finished work holds no GPUs: its GPU-hours are in Reports">
+                      —
+                    </a>
+                  ) : (
+                    fmt(p.gpus)
+                  )}
+                </td>
               </tr>
             ))}
           </tbody>
@@ -168,6 +176,9 @@ export function GpuCells({ inv }: { inv: InventoryEntry }) {
     </>
   );
 }
+
+/// Phases of work that has ended: it holds no GPUs, so summing its GPUs means nothing.
+const FINAL = ["Succeeded", "Failed", "Cancelled"];
 
 /// GPUs with at most two decimals (fractional GPUs exist).
 export function fmt(gpus: number): string {

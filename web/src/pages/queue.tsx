@@ -42,7 +42,14 @@ export function Queue() {
               <td>{w.metadata.owner?.subject ?? ""}</td>
               <td class="num">{fmt(gpusOf(w))}</td>
               <td>{w.spec.tasks.resources.flavors.join(", ")}</td>
-              <td class="reason">{w.status.pending_reason?.message ?? <span class="muted">not yet considered</span>}</td>
+              <td class="reason">
+                {w.status.pending_reason?.code === "BudgetExhausted" && (
+                  <a class="badge budget" href="#/reports" title="Its team's budget is used up: see Reports">
+                    budget
+                  </a>
+                )}
+                {w.status.pending_reason?.message ?? <span class="muted">not yet considered</span>}
+              </td>
               <td title={w.status.estimated_start?.basis}>
                 {w.status.estimated_start ? new Date(w.status.estimated_start.at).toLocaleString() : <span class="muted">unknown</span>}
               </td>

@@ -1,7 +1,8 @@
 import { useState } from "preact/hooks";
-import { ApiError, Me, Quota, QuotaPreview, Team, abilities, all, api, updateSpec } from "../api";
+import { ApiError, Me, Quota, QuotaPreview, Team, UsageReport, abilities, all, api, reportPath, updateSpec } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
+import { hours, money } from "./reports";
 
 /// Teams in tree order (parents before children, siblings by name), with their depth.
 export function treeOrder(teams: Team[]): { team: Team; depth: number }[] {
@@ -36,6 +37,13 @@ function mayEdit(me: Me, teams: Team[], team: Team): boolean {
 
 export function Teams({ me }: { me: Me }) {
   const [teams, error, reload] = usePoll(() => all<Team>("/api/v1/teams"));
+  // This month's GPU-hours and cost of each team's subtree (a department's total), from one
+  // report; read less often, and the table shows without it.
+  const [month] = usePoll(
+    () => api<UsageReport>(reportPath({ from: `${new Date().toISOString().slice(0, 8)}01T00:00:00Z` })),
+    [],
+    60_000,
+  );
   const [editing, setEditing] = useState<string | null>(null);
   if (!teams) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const ordered = treeOrder(teams);
@@ -56,6 +64,12 @@ export function Teams({ me }: { me: Me }) {
             <th scope="col" class="num">Borrowed</th>
             <th scope="col" class="num">Fair share</th>
             <th scope="col">Against its guarantee</th>
+            <th scope="col" class="num" title="The team and every team below it, since the 1st (UTC)">
+              GPU-hours this month
+            </th>
+            <th scope="col" class="num" title="The team and every team below it, since the 1st (UTC)">
+              Cost this month
+            </th>
             <th scope="col">
               <span class="visually-hidden">Actions</span>
             </th>
@@ -70,6 +84,7 @@ export function Teams({ me }: { me: Me }) {
               const u = t.status.usage.find((u) => u.flavor === flavor);
               // A department's guarantee covers its whole subtree: show the subtree's totals.
               const over = u && u.subtree_borrowed > 0;
+              const spent = month?.teams.find((m) => m.team === t.metadata.name)?.subtree;
               return (
                 <tr data-team={t.metadata.name} data-flavor={flavor ?? undefined} class={over ? "over" : undefined}>
                   <th scope="row" style={{ paddingLeft: `${0.6 + depth * 1.2}rem` }}>
@@ -93,6 +108,12 @@ export function Teams({ me }: { me: Me }) {
                   </td>
                   <td class="num">{u ? fmt(u.subtree_fair_share) : ""}</td>
                   <td>{flavor && standing(u?.subtree_allocated ?? 0, q?.guaranteed ?? 0)}</td>
+                  <td class="num" data-testid={i === 0 ? `month-gpu-hours-${t.metadata.name}` : undefined}>
+                    {i === 0 && month && hours(spent?.gpu_hours ?? 0)}
+                  </td>
+                  <td class="num" data-testid={i === 0 ? `month-cost-${t.metadata.name}` : undefined}>
+                    {i === 0 && month && money(spent?.cost ?? 0)}
+                  </td>
                   <td>
                     {i === 0 && mayEdit(me, teams, t) && (
                       <button type="button" onClick={() => setEditing(t.metadata.name)}>

@@ -7,6 +7,7 @@ mod support;
 use berth_adapters::JobState;
 use berth_controllers::runner::Report;
 use berth_controllers::{cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
+use berth_core::usage::{GroupBy, ReportRequest};
 use berth_core::workload::Phase;
 use serde_json::json;
 use support::Plane;
@@ -576,6 +577,8 @@ async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgP
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn each_attempt_leaves_one_ledger_record_that_outlives_its_team(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
+    let priced = serde_json::from_value(json!({"spec": {"price": {"per_gpu_hour": 3.0}}})).unwrap();
+    berth_app::flavor::flavor_apply(&p.ctx.db, &p.actor, "h100", &priced, None).await.unwrap();
     p.team("a", None, 8, None).await;
     p.team("b", None, 8, None).await;
     p.cluster("sim-a", 2, json!({})).await;
@@ -630,4 +633,77 @@ async fn each_attempt_leaves_one_ledger_record_that_outlives_its_team(db: berth_
     let kept = ledger(&p.ctx.db).await;
     assert_eq!(kept.len(), 4);
     assert_eq!(kept[1].3, ["b"]);
+    // And so does the report: b's 8 GPUs for 600 + 30 + 600 s, of which the 30 s borrowed.
+    let now = p.ctx.clock.now();
+    let req =
+        ReportRequest { from: now - chrono::TimeDelta::days(1), to: now, group_by: vec![GroupBy::Team], bucket: None };
+    let report = berth_app::accounting::usage_report(&p.ctx.db, &p.actor, &req, now).await.unwrap();
+    let b = report.rows.iter().find(|r| r.team.as_deref() == Some("b")).expect("b's row");
+    assert!((b.gpu_hours - 8.0 * 1230.0 / 3600.0).abs() < 1e-9, "{b:?}");
+    assert!((b.borrowed_gpu_hours - 8.0 * 30.0 / 3600.0).abs() < 1e-9, "{b:?}");
+    assert!((b.cost - 3.0 * b.gpu_hours).abs() < 1e-9, "each attempt kept the flavor's price: {b:?}");
+    let totals = report.teams.iter().find(|t| t.team == "b").expect("b's totals");
+    assert_eq!(totals.subtree, totals.own);
+    assert!((report.totals.gpu_hours - 8.0 * 1830.0 / 3600.0).abs() < 1e-9, "{:?}", report.totals);
+}
+
+/// A budget of `stop_borrowing` stops a team borrowing once it is used up, with the pending
+/// reason naming it and when it resets; what runs keeps running; the next period lets
+/// borrowing resume.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("b", None, 8, None).await;
+    let input = serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 8}],
+        "budgets": [{"gpu_hours": 1, "period": "week", "action": "stop_borrowing"}]}}))
+    .unwrap();
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "a", &input, None).await.unwrap();
+    p.cluster("sim-a", 3, json!({})).await;
+    let long = json!({"sim": {"duration_seconds": 30 * 86_400}});
+    p.submit("a", "in-quota", 1, 8.0, long.clone()).await;
+    p.submit("a", "borrower", 1, 8.0, long.clone()).await;
+    p.settle().await;
+    assert!(p.workload("a", "borrower").await.status.admission.unwrap().borrowed);
+    // 16 GPUs for 15 minutes: 4 GPU-hours of a budget of 1.
+    p.advance(900);
+    p.settle().await;
+    let team = berth_app::team::team_get(&p.ctx.db, &p.actor, "a").await.unwrap();
+    let budget = &team.status.budgets[0];
+    assert_eq!(budget.state, berth_core::usage::BudgetState::Exhausted, "{budget:?}");
+    assert!((budget.used_gpu_hours - 4.0).abs() < 0.01, "{budget:?}");
+    let page = berth_core::page::PageRequest::new(None, None).unwrap();
+    let events = berth_app::history::team_events(&p.ctx.db, &p.actor, "a", &page).await.unwrap();
+    let reasons: Vec<&str> = events.items.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["BudgetExhausted"], "crossed 80 % and 100 % in one pass: one event");
+    // More borrowing waits, with the budget and its reset named; in-quota work of another
+    // team runs; nothing running is stopped.
+    p.submit("a", "more", 1, 8.0, long.clone()).await;
+    p.settle().await;
+    let more = p.workload("a", "more").await;
+    assert_eq!(more.status.phase, Phase::Pending);
+    let reason = more.status.pending_reason.expect("a reason");
+    assert_eq!(reason.code, "BudgetExhausted", "{reason:?}");
+    let resets = budget.resets_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert!(
+        reason.message.contains("1 GPU-hours of all flavors per week") && reason.message.contains(&resets),
+        "{}",
+        reason.message
+    );
+    assert_eq!(p.phase("a", "borrower").await, Phase::Running);
+    assert_eq!(p.phase("a", "in-quota").await, Phase::Running);
+    // Nothing running has a runtime limit: only the budget's reset says when it starts.
+    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    let e = p.workload("a", "more").await.status.estimated_start.expect("an estimate");
+    assert_eq!(e.at, budget.resets_at, "{e:?}");
+    assert!(e.basis.starts_with("when the budget of 1 GPU-hours of all flavors per week resets"), "{}", e.basis);
+    // The next week: the budget starts from 0 and borrowing resumes.
+    let to_reset = (budget.resets_at - p.ctx.clock.now()).num_seconds() + 1;
+    p.advance(to_reset);
+    p.settle().await;
+    let team = berth_app::team::team_get(&p.ctx.db, &p.actor, "a").await.unwrap();
+    assert_eq!(team.status.budgets[0].state, berth_core::usage::BudgetState::Ok, "{:?}", team.status.budgets);
+    assert_eq!(team.status.budgets[0].period_start, budget.resets_at);
+    let more = p.workload("a", "more").await;
+    assert_eq!(more.status.phase, Phase::Running, "{:?}", more.status.pending_reason);
+    assert!(more.status.admission.unwrap().borrowed);
 }

@@ -9,7 +9,7 @@ use berth_adapters::sim::Clock;
 use berth_adapters::{JobStatus, Registry};
 use berth_app::context::OpContext;
 use berth_controllers::{
-    Config, Context, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync,
+    Config, Context, budgets, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync,
 };
 use berth_core::workload::{Phase, Workload};
 use berth_store::PgPool;
@@ -92,6 +92,7 @@ impl Plane {
     pub async fn step(&self) {
         let c = &self.ctx;
         cluster_health::reconcile(c).await.unwrap();
+        budgets::reconcile(c).await.unwrap();
         scheduler::reconcile(c).await.unwrap();
         dispatcher::reconcile(c).await.unwrap();
         status_sync::reconcile(c).await.unwrap();

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use berth_core::cluster::ClusterHealth;
+use berth_core::usage::{GroupBy, ReportRequest, Visibility};
 use berth_core::workload::Phase;
 use berth_k8s_test_server::FakeNode;
 use serde_json::json;
@@ -276,6 +277,20 @@ async fn slurm_and_kubernetes_run_side_by_side_under_one_quota(db: berth_store::
     assert!(both, "the team held h100 on both clusters at once");
     assert!(peak <= limit, "the team held {peak} h100 across both clusters, above its limit of {limit}");
     println!("nlp held at most {peak} of its {limit} h100 across alpha and kube");
+    // One report over both backends: the team's GPU-hours on each, as their ledger records
+    // (and the inference workload still running) add up.
+    let now = chrono::Utc::now();
+    let from = now - chrono::TimeDelta::hours(1);
+    let intervals = berth_store::ledger::ledger_intervals(&p.ctx.db, from, now, now, None).await.unwrap();
+    let req = ReportRequest { from, to: now, group_by: vec![GroupBy::Team, GroupBy::Backend], bucket: None };
+    let report = berth_core::usage::report(&req, &intervals, &[], &Visibility::All, now);
+    let by: BTreeMap<&str, f64> = report.rows.iter().map(|r| (r.backend.as_deref().unwrap(), r.gpu_hours)).collect();
+    assert!(report.rows.iter().all(|r| r.team.as_deref() == Some("nlp")), "{report:?}");
+    assert_eq!(by.keys().copied().collect::<Vec<_>>(), ["kubernetes", "slurm"], "{report:?}");
+    // t1 and t2 ran 8 GPUs for 8 s each on alpha.
+    assert!(by["slurm"] >= 2.0 * 8.0 * 8.0 / 3600.0, "{by:?}");
+    let expected: f64 = intervals.iter().map(|i| i.gpu_hours(from, now)).sum();
+    assert!((by.values().sum::<f64>() - expected).abs() < 1e-9);
     p.delete_all().await;
     assert!(kube.objects("deployments").is_empty(), "deleting the inference workload removed its Deployment");
     p.stop().await;

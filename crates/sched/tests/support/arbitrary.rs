@@ -11,7 +11,7 @@ use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::nodes::{node_states, place};
 use berth_sched::snapshot::{
-    Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
+    BudgetStop, Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
 };
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -47,9 +47,14 @@ fn quota() -> impl Strategy<Value = Quota> {
     })
 }
 
-fn team() -> impl Strategy<Value = (Parent, Vec<Quota>)> {
+/// A used-up budget, now and then: (flavor 0 or 1, or all; stops new work, else
+/// borrowing; already reset).
+type Stop = Option<(Option<usize>, bool, bool)>;
+
+fn team() -> impl Strategy<Value = (Parent, Vec<Quota>, Stop)> {
     let parent = prop_oneof![4 => Just(Parent::Root), 3 => Just(Parent::Previous), 3 => any::<Index>().prop_map(Parent::Earlier)];
-    (parent, proptest::collection::vec(quota(), 2))
+    let stop = prop_oneof![6 => Just(None), 1 => (proptest::option::of(0usize..2), any::<bool>(), any::<bool>()).prop_map(Some)];
+    (parent, proptest::collection::vec(quota(), 2), stop)
 }
 
 /// What each task needs: mostly ordinary, sometimes more than any node has.
@@ -201,7 +206,7 @@ pub fn snapshots() -> impl Strategy<Value = Snapshot> {
 
 fn build(
     flavors: usize,
-    teams: &[(Parent, Vec<Quota>)],
+    teams: &[(Parent, Vec<Quota>, Stop)],
     clusters: &[(ClusterKind, Option<&'static str>, bool, Vec<NodeSpec>)],
     running: &[RunningSpec],
     pending: &[PendingSpec],
@@ -212,14 +217,24 @@ fn build(
         flavors: (0..flavors).map(|f| format!("f{f}")).collect(),
         ..Snapshot::default()
     };
-    for (t, (parent, quotas)) in teams.iter().enumerate() {
+    for (t, (parent, quotas, stop)) in teams.iter().enumerate() {
         let parent = match parent {
             _ if t == 0 => None,
             Parent::Root => None,
             Parent::Previous => Some(t - 1),
             Parent::Earlier(i) => Some(i.index(t)),
         };
-        s.teams.push(Team { name: format!("t{t}"), parent, quotas: quotas[..flavors].to_vec() });
+        let budget_stops = stop
+            .iter()
+            .filter(|(f, _, _)| f.is_none_or(|f| f < flavors))
+            .map(|&(flavor, stop_new, reset)| BudgetStop {
+                budget: format!("b{t}"),
+                flavor,
+                stop_new,
+                resets_at: if reset { s.now } else { s.now + 86_400 },
+            })
+            .collect();
+        s.teams.push(Team { name: format!("t{t}"), parent, quotas: quotas[..flavors].to_vec(), budget_stops });
     }
     for (c, (kind, tier, cordoned, nodes)) in clusters.iter().enumerate() {
         let labels: BTreeMap<String, String> = tier.iter().map(|t| ("tier".to_string(), t.to_string())).collect();

@@ -54,7 +54,12 @@ impl World {
             q[self.flavor(f)] = Quota { guaranteed, limit, weight };
         }
         let parent = parent.map(|p| self.team_ix(p));
-        self.s.teams.push(berth_sched::snapshot::Team { name: name.into(), parent, quotas: q });
+        self.s.teams.push(berth_sched::snapshot::Team {
+            name: name.into(),
+            parent,
+            quotas: q,
+            budget_stops: Vec::new(),
+        });
         self.s.teams.len() - 1
     }
 

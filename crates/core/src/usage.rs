@@ -1,0 +1,682 @@
+//! Accounting: GPU-hours and cost from the ledger's attempts (and from work still
+//! running), the usage report over them, and team budgets. Pure: the store reads the
+//! intervals, this module adds them up.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Timelike, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Most budgets one team may declare.
+pub const BUDGETS_MAX: usize = 16;
+/// Most GPU-hours one budget may allow.
+pub const BUDGET_GPU_HOURS_MAX: f64 = 1e9;
+/// Highest price per GPU-hour a flavor may carry.
+pub const PRICE_MAX: f64 = 1e6;
+/// The share of a budget at which it warns.
+pub const BUDGET_WARNING: f64 = 0.8;
+/// Longest period one report may cover.
+pub const REPORT_MAX_DAYS: i64 = 800;
+/// Most buckets one report may have (e.g. a month of hours is 744).
+pub const REPORT_MAX_BUCKETS: i64 = 5000;
+
+/// One attempt's use of GPUs over `[start, end)`: a ledger record, or work still running
+/// (then `end` is now).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interval {
+    pub team: String,
+    /// The team and its ancestors at the time, nearest first.
+    pub teams: Vec<String>,
+    pub owner: Option<String>,
+    pub flavor: String,
+    pub cluster: String,
+    /// The backend kind: `slurm`, `kubernetes`, `sim`.
+    pub backend: String,
+    /// The workload kind: `training`, `inference`, `notebook` …
+    pub kind: String,
+    pub gpus: f64,
+    pub borrowed: bool,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// Per GPU-hour; `None` when its flavor has no price.
+    pub price: Option<f64>,
+}
+
+impl Interval {
+    /// GPU-hours within `[from, to)`.
+    pub fn gpu_hours(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+        self.gpus * hours(self.start.max(from), self.end.min(to))
+    }
+}
+
+/// Hours from `a` to `b` (0 when `b` is not after `a`).
+fn hours(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
+    if b <= a { 0.0 } else { (b - a).num_milliseconds() as f64 / 3_600_000.0 }
+}
+
+/// A report's time buckets (UTC; weeks start on Monday).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Bucket {
+    Hour,
+    Day,
+    Week,
+    Month,
+}
+
+impl Bucket {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "hour" => Self::Hour,
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            _ => return None,
+        })
+    }
+
+    /// The start of the bucket holding `t`.
+    pub fn floor(self, t: DateTime<Utc>) -> DateTime<Utc> {
+        let day = |d: NaiveDate| Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight exists"));
+        match self {
+            Self::Hour => {
+                t.with_nanosecond(0).and_then(|t| t.with_second(0)).and_then(|t| t.with_minute(0)).expect("valid")
+            }
+            Self::Day => day(t.date_naive()),
+            Self::Week => day(t.date_naive() - Duration::days(i64::from(t.weekday().num_days_from_monday()))),
+            Self::Month => day(t.date_naive().with_day(1).expect("day 1 exists")),
+        }
+    }
+
+    /// The start of the bucket after the one starting at `start`.
+    pub fn next(self, start: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            Self::Hour => start + Duration::hours(1),
+            Self::Day => start + Duration::days(1),
+            Self::Week => start + Duration::days(7),
+            Self::Month => {
+                let d = start.date_naive();
+                let (y, m) = if d.month() == 12 { (d.year() + 1, 1) } else { (d.year(), d.month() + 1) };
+                Utc.from_utc_datetime(
+                    &NaiveDate::from_ymd_opt(y, m, 1).expect("valid").and_hms_opt(0, 0, 0).expect("valid"),
+                )
+            }
+        }
+    }
+}
+
+/// What a report's rows are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupBy {
+    Team,
+    Owner,
+    Flavor,
+    Cluster,
+    /// The workload kind (training, inference, notebook …).
+    Kind,
+    /// The cluster's backend (slurm, kubernetes, sim).
+    Backend,
+}
+
+impl GroupBy {
+    pub const ALL: [Self; 6] = [Self::Team, Self::Owner, Self::Flavor, Self::Cluster, Self::Kind, Self::Backend];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Team => "team",
+            Self::Owner => "owner",
+            Self::Flavor => "flavor",
+            Self::Cluster => "cluster",
+            Self::Kind => "kind",
+            Self::Backend => "backend",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.as_str() == s)
+    }
+
+    fn of(self, i: &Interval) -> &str {
+        match self {
+            Self::Team => &i.team,
+            Self::Owner => i.owner.as_deref().unwrap_or_default(),
+            Self::Flavor => &i.flavor,
+            Self::Cluster => &i.cluster,
+            Self::Kind => &i.kind,
+            Self::Backend => &i.backend,
+        }
+    }
+}
+
+/// GPU-hours and their cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageAmounts {
+    pub gpu_hours: f64,
+    /// Within the team's guarantee.
+    pub in_quota_gpu_hours: f64,
+    /// Beyond the team's guarantee (reclaimable when they ran).
+    pub borrowed_gpu_hours: f64,
+    /// GPU-hours times their flavor's price; GPU-hours of flavors without a price cost
+    /// nothing.
+    pub cost: f64,
+}
+
+impl UsageAmounts {
+    fn add(&mut self, gpu_hours: f64, borrowed: bool, price: Option<f64>) {
+        self.gpu_hours += gpu_hours;
+        if borrowed {
+            self.borrowed_gpu_hours += gpu_hours;
+        } else {
+            self.in_quota_gpu_hours += gpu_hours;
+        }
+        self.cost += gpu_hours * price.unwrap_or(0.0);
+    }
+}
+
+/// One row of a report: the bucket (when the report has buckets), the values of the
+/// `group_by` dimensions (the others are absent), and the amounts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageRow {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// The subject who submitted the work ("" for work from before owners were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flavor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    pub gpu_hours: f64,
+    pub in_quota_gpu_hours: f64,
+    pub borrowed_gpu_hours: f64,
+    pub cost: f64,
+}
+
+impl UsageRow {
+    fn set(&mut self, g: GroupBy, value: String) {
+        let field = match g {
+            GroupBy::Team => &mut self.team,
+            GroupBy::Owner => &mut self.owner,
+            GroupBy::Flavor => &mut self.flavor,
+            GroupBy::Cluster => &mut self.cluster,
+            GroupBy::Kind => &mut self.kind,
+            GroupBy::Backend => &mut self.backend,
+        };
+        *field = Some(value);
+    }
+
+    fn get(&self, g: GroupBy) -> Option<&str> {
+        match g {
+            GroupBy::Team => self.team.as_deref(),
+            GroupBy::Owner => self.owner.as_deref(),
+            GroupBy::Flavor => self.flavor.as_deref(),
+            GroupBy::Cluster => self.cluster.as_deref(),
+            GroupBy::Kind => self.kind.as_deref(),
+            GroupBy::Backend => self.backend.as_deref(),
+        }
+    }
+}
+
+/// A team's (or department's) totals in a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TeamUsage {
+    pub team: String,
+    /// Its parent when it last ran work (or now, for a team that ran none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The team's own workloads.
+    pub own: UsageAmounts,
+    /// The team's and every team's below it: what a department spent.
+    pub subtree: UsageAmounts,
+    /// GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
+    /// the team was created until now at the latest.
+    pub guaranteed_gpu_hours: f64,
+    /// Of those, the GPU-hours its subtree did not use.
+    pub idle_guarantee_gpu_hours: f64,
+}
+
+/// `GET /api/v1/usage/report`: GPU-hours and cost over `[from, to)`, of the work the
+/// caller may read; work still running counts up to now.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageReport {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<Bucket>,
+    pub group_by: Vec<GroupBy>,
+    pub totals: UsageAmounts,
+    /// By bucket (oldest first), then by the `group_by` values.
+    pub rows: Vec<UsageRow>,
+    /// Every team with usage or a guarantee in the period, by name.
+    pub teams: Vec<TeamUsage>,
+}
+
+/// A team's guarantee of one flavor, for the idle-guarantee figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guarantee {
+    pub team: String,
+    pub parent: Option<String>,
+    pub flavor: String,
+    pub gpus: f64,
+    /// When the team was created: nothing was guaranteed before.
+    pub since: DateTime<Utc>,
+}
+
+/// What a report asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportRequest {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: Vec<GroupBy>,
+    pub bucket: Option<Bucket>,
+}
+
+/// Whose totals a reader sees.
+#[derive(Debug, Clone, Default)]
+pub enum Visibility {
+    #[default]
+    All,
+    /// `teams` (as they are now) and any team that was below one of `covering`.
+    Some { teams: BTreeSet<String>, covering: Vec<String> },
+}
+
+impl Visibility {
+    /// Whether `chain[depth]` is shown, `chain` being a team and its ancestors then.
+    fn shows(&self, chain: &[String], depth: usize) -> bool {
+        match self {
+            Self::All => true,
+            Self::Some { teams, covering } => {
+                teams.contains(&chain[depth]) || chain[depth..].iter().any(|t| covering.contains(t))
+            }
+        }
+    }
+}
+
+/// The report over `intervals` (already limited to what the caller may read and to those
+/// touching the period). `guarantees` are the teams' guarantees; `shown` says which teams'
+/// totals the caller may see; `now` ends the idle guarantee (the future is not idle yet).
+pub fn report(
+    req: &ReportRequest,
+    intervals: &[Interval],
+    guarantees: &[Guarantee],
+    shown: &Visibility,
+    now: DateTime<Utc>,
+) -> UsageReport {
+    // Keyed by borrowed names (a month of a busy site is half a million intervals): rows
+    // by bucket and group values, teams by name, sorted once at the end.
+    let mut rows: HashMap<RowKey, UsageRow> = HashMap::new();
+    let mut totals = UsageAmounts::default();
+    let mut teams: HashMap<&str, TeamUsage> = HashMap::new();
+    let new_team = |name: &str| TeamUsage { team: name.to_owned(), ..TeamUsage::default() };
+    // Who uses each guaranteed (team, flavor): the team's subtree.
+    let mut users: HashMap<(&str, &str), Vec<&Interval>> =
+        guarantees.iter().map(|g| ((g.team.as_str(), g.flavor.as_str()), Vec::new())).collect();
+    for i in intervals {
+        let whole = i.gpu_hours(req.from, req.to);
+        for t in &i.teams {
+            if let Some(u) = users.get_mut(&(t.as_str(), i.flavor.as_str())) {
+                u.push(i);
+            }
+        }
+        if whole <= 0.0 {
+            continue;
+        }
+        totals.add(whole, i.borrowed, i.price);
+        for (depth, t) in i.teams.iter().enumerate() {
+            if !shown.shows(&i.teams, depth) {
+                continue;
+            }
+            let e = teams.entry(t.as_str()).or_insert_with(|| new_team(t));
+            if e.parent.is_none() {
+                e.parent = i.teams.get(depth + 1).cloned();
+            }
+            if depth == 0 {
+                e.own.add(whole, i.borrowed, i.price);
+            }
+            e.subtree.add(whole, i.borrowed, i.price);
+        }
+        let key: Vec<&str> = req.group_by.iter().map(|g| g.of(i)).collect();
+        for (bucket, from, to) in slices(req, i) {
+            let mut a = UsageAmounts::default();
+            a.add(i.gpus * hours(from, to), i.borrowed, i.price);
+            let row = match rows.get_mut(&(bucket, key.clone())) {
+                Some(row) => row,
+                None => {
+                    let mut r = UsageRow { bucket, ..UsageRow::default() };
+                    for (g, v) in req.group_by.iter().zip(&key) {
+                        r.set(*g, (*v).to_owned());
+                    }
+                    rows.entry((bucket, key.clone())).or_insert(r)
+                }
+            };
+            row.gpu_hours += a.gpu_hours;
+            row.in_quota_gpu_hours += a.in_quota_gpu_hours;
+            row.borrowed_gpu_hours += a.borrowed_gpu_hours;
+            row.cost += a.cost;
+        }
+    }
+    for g in guarantees.iter().filter(|g| shown.shows(std::slice::from_ref(&g.team), 0) && g.gpus > 0.0) {
+        let (from, to) = (req.from.max(g.since), req.to.min(now));
+        if to <= from {
+            continue;
+        }
+        let used = users.get(&(g.team.as_str(), g.flavor.as_str())).into_iter().flatten().copied();
+        let e = teams.entry(g.team.as_str()).or_insert_with(|| new_team(&g.team));
+        if e.parent.is_none() {
+            e.parent.clone_from(&g.parent);
+        }
+        e.guaranteed_gpu_hours += g.gpus * hours(from, to);
+        e.idle_guarantee_gpu_hours += idle(g.gpus, used, from, to);
+    }
+    let mut rows: Vec<(RowKey, UsageRow)> = rows.into_iter().collect();
+    rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut teams: Vec<TeamUsage> = teams.into_values().collect();
+    teams.sort_unstable_by(|a, b| a.team.cmp(&b.team));
+    UsageReport {
+        from: req.from,
+        to: req.to,
+        bucket: req.bucket,
+        group_by: req.group_by.clone(),
+        totals,
+        rows: rows.into_iter().map(|(_, r)| r).collect(),
+        teams,
+    }
+}
+
+/// A row's bucket and its `group_by` values.
+type RowKey<'a> = (Option<DateTime<Utc>>, Vec<&'a str>);
+
+/// A bucket's start (`None`: the report has no buckets) and the part of it an interval
+/// covers.
+type Slice = (Option<DateTime<Utc>>, DateTime<Utc>, DateTime<Utc>);
+
+/// The parts of `i` within the report's period, one per bucket it touches.
+fn slices(req: &ReportRequest, i: &Interval) -> Vec<Slice> {
+    let (from, to) = (i.start.max(req.from), i.end.min(req.to));
+    let Some(b) = req.bucket else { return vec![(None, from, to)] };
+    let mut out = Vec::new();
+    let mut start = b.floor(from);
+    while start < to {
+        let next = b.next(start);
+        out.push((Some(start), start.max(from), next.min(to)));
+        start = next;
+    }
+    out
+}
+
+/// GPU-hours of `guaranteed` GPUs left unused over `[from, to)` by `used`: the integral
+/// of `max(0, guaranteed − in use)`.
+fn idle<'a>(guaranteed: f64, used: impl Iterator<Item = &'a Interval>, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    let mut changes: Vec<(DateTime<Utc>, f64)> = Vec::new();
+    for i in used {
+        let (a, b) = (i.start.max(from), i.end.min(to));
+        if a < b {
+            changes.push((a, i.gpus));
+            changes.push((b, -i.gpus));
+        }
+    }
+    changes.sort_by_key(|c| c.0);
+    let (mut at, mut in_use, mut total) = (from, 0.0_f64, 0.0);
+    for (t, delta) in changes {
+        total += (guaranteed - in_use).max(0.0) * hours(at, t);
+        at = t;
+        in_use += delta;
+    }
+    total + (guaranteed - in_use).max(0.0) * hours(at, to)
+}
+
+/// The report as CSV: a header, then one line per row (the bucket first when there are
+/// buckets, then the `group_by` columns, then the amounts).
+pub fn report_csv(r: &UsageReport) -> String {
+    let mut out = String::new();
+    let mut header: Vec<&str> = Vec::new();
+    if r.bucket.is_some() {
+        header.push("bucket");
+    }
+    header.extend(r.group_by.iter().map(|g| g.as_str()));
+    header.extend(["gpu_hours", "in_quota_gpu_hours", "borrowed_gpu_hours", "cost"]);
+    out.push_str(&header.join(","));
+    out.push('\n');
+    for row in &r.rows {
+        let mut cells: Vec<String> = Vec::new();
+        if r.bucket.is_some() {
+            cells.push(row.bucket.map(|b| b.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_default());
+        }
+        cells.extend(r.group_by.iter().map(|g| csv_cell(row.get(*g).unwrap_or(""))));
+        cells.extend(
+            [row.gpu_hours, row.in_quota_gpu_hours, row.borrowed_gpu_hours, row.cost].map(|x| format!("{x:.6}")),
+        );
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// A CSV cell: quoted when it holds a comma, quote or line break; a leading `=`, `+`, `-`
+/// or `@` is prefixed with `'` so a spreadsheet does not run it as a formula.
+fn csv_cell(s: &str) -> String {
+    let s = if s.starts_with(['=', '+', '-', '@']) { format!("'{s}") } else { s.to_owned() };
+    if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
+}
+
+/// A budget's period: calendar weeks (from Monday 00:00 UTC) or months.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetPeriod {
+    Week,
+    Month,
+}
+
+impl BudgetPeriod {
+    fn bucket(self) -> Bucket {
+        match self {
+            Self::Week => Bucket::Week,
+            Self::Month => Bucket::Month,
+        }
+    }
+
+    /// The period holding `t`: its start and when it resets.
+    pub fn around(self, t: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+        let start = self.bucket().floor(t);
+        (start, self.bucket().next(start))
+    }
+}
+
+/// What crossing a budget does. Nothing running is ever stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetAction {
+    /// Events and metrics only.
+    #[default]
+    Warn,
+    /// New work runs only within the team's guarantee until the period resets.
+    StopBorrowing,
+    /// No new work starts until the period resets.
+    StopNew,
+}
+
+impl BudgetAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warn => "warn",
+            Self::StopBorrowing => "stop_borrowing",
+            Self::StopNew => "stop_new",
+        }
+    }
+}
+
+/// GPU-hours a team's subtree may use per period, of one flavor or of all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Only this flavor's GPU-hours; all flavors' when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "h100-80gb", pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    pub flavor: Option<String>,
+    #[schema(example = 5000, minimum = 0, maximum = 1_000_000_000)]
+    pub gpu_hours: f64,
+    pub period: BudgetPeriod,
+    #[serde(default)]
+    pub action: BudgetAction,
+}
+
+impl Budget {
+    /// Its name in messages: `5000 GPU-hours of h100-80gb per month`.
+    pub fn describe(&self) -> String {
+        let period = match self.period {
+            BudgetPeriod::Week => "week",
+            BudgetPeriod::Month => "month",
+        };
+        format!("{} GPU-hours of {} per {period}", self.gpu_hours, self.flavor.as_deref().unwrap_or("all flavors"))
+    }
+
+    /// Whether usage of `flavor` counts against it.
+    pub fn covers(&self, flavor: &str) -> bool {
+        self.flavor.as_deref().is_none_or(|f| f == flavor)
+    }
+
+    /// GPU-hours counting against it, of `by_flavor` (the team's subtree's use in the
+    /// current period, per flavor).
+    pub fn used(&self, by_flavor: &[(&str, f64)]) -> f64 {
+        by_flavor.iter().filter(|(f, _)| self.covers(f)).map(|(_, h)| h).sum()
+    }
+}
+
+/// Where a budget stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetState {
+    #[default]
+    Ok,
+    /// At least 80 % used.
+    Warning,
+    /// All used: its action holds until it resets.
+    Exhausted,
+}
+
+impl BudgetState {
+    pub fn of(used: f64, allowed: f64) -> Self {
+        if used >= allowed {
+            Self::Exhausted
+        } else if used >= BUDGET_WARNING * allowed {
+            Self::Warning
+        } else {
+            Self::Ok
+        }
+    }
+}
+
+/// A budget's use in its current period (`status.budgets`, one per `spec.budgets` entry).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetStatus {
+    /// The budget as declared.
+    pub budget: Budget,
+    pub used_gpu_hours: f64,
+    pub state: BudgetState,
+    pub period_start: DateTime<Utc>,
+    pub resets_at: DateTime<Utc>,
+    /// When this was computed.
+    pub updated_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn run(team: &str, chain: &[&str], owner: &str, gpus: f64, start: &str, end: &str) -> Interval {
+        Interval {
+            team: team.into(),
+            teams: chain.iter().map(|s| (*s).to_owned()).collect(),
+            owner: Some(owner.into()),
+            flavor: "h100".into(),
+            cluster: "alpha".into(),
+            backend: "slurm".into(),
+            kind: "training".into(),
+            gpus,
+            borrowed: false,
+            start: t(start),
+            end: t(end),
+            price: Some(2.0),
+        }
+    }
+
+    #[test]
+    fn buckets_split_work_that_crosses_a_boundary() {
+        // 4 GPUs from 22:30 to 01:30: 1.5 h on the 1st, 1.5 h on the 2nd.
+        let i = run("nlp", &["nlp", "research"], "alice", 4.0, "2026-11-01T22:30:00Z", "2026-11-02T01:30:00Z");
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-03T00:00:00Z"),
+            group_by: vec![GroupBy::Team],
+            bucket: Some(Bucket::Day),
+        };
+        let r = report(&req, &[i], &[], &Visibility::All, t("2026-11-05T00:00:00Z"));
+        assert_eq!(r.rows.len(), 2);
+        assert_eq!(r.rows[0].bucket, Some(t("2026-11-01T00:00:00Z")));
+        assert!((r.rows[0].gpu_hours - 6.0).abs() < 1e-9);
+        assert!((r.rows[1].gpu_hours - 6.0).abs() < 1e-9);
+        assert!((r.totals.cost - 24.0).abs() < 1e-9);
+        let research = r.teams.iter().find(|t| t.team == "research").unwrap();
+        assert!((research.subtree.gpu_hours - 12.0).abs() < 1e-9);
+        assert_eq!(research.own.gpu_hours, 0.0);
+        let nlp = r.teams.iter().find(|t| t.team == "nlp").unwrap();
+        assert_eq!(nlp.parent.as_deref(), Some("research"));
+    }
+
+    #[test]
+    fn the_period_clips_work_and_idle_guarantee_integrates_the_gap() {
+        // Guaranteed 8 from 00:00 to 04:00 (now); 4 GPUs used 01:00–03:00, 8 GPUs 03:00–05:00.
+        let a = run("nlp", &["nlp"], "alice", 4.0, "2026-11-01T01:00:00Z", "2026-11-01T03:00:00Z");
+        let b = run("nlp", &["nlp"], "bob", 8.0, "2026-11-01T03:00:00Z", "2026-11-01T05:00:00Z");
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-01T06:00:00Z"),
+            group_by: vec![GroupBy::Owner],
+            bucket: None,
+        };
+        let g = Guarantee {
+            team: "nlp".into(),
+            parent: None,
+            flavor: "h100".into(),
+            gpus: 8.0,
+            since: t("2026-10-01T00:00:00Z"),
+        };
+        let r = report(&req, &[a, b], &[g], &Visibility::All, t("2026-11-01T04:00:00Z"));
+        assert_eq!(r.rows.len(), 2);
+        assert!((r.totals.gpu_hours - (8.0 + 16.0)).abs() < 1e-9);
+        let nlp = &r.teams[0];
+        assert!((nlp.guaranteed_gpu_hours - 32.0).abs() < 1e-9);
+        // 8 idle for 1 h, 4 idle for 2 h, 0 for the last hour.
+        assert!((nlp.idle_guarantee_gpu_hours - 16.0).abs() < 1e-9, "{}", nlp.idle_guarantee_gpu_hours);
+    }
+
+    #[test]
+    fn months_and_weeks_start_where_calendars_do() {
+        assert_eq!(Bucket::Week.floor(t("2026-11-26T13:00:00Z")), t("2026-11-23T00:00:00Z"));
+        assert_eq!(Bucket::Month.next(t("2026-12-01T00:00:00Z")), t("2027-01-01T00:00:00Z"));
+        assert_eq!(BudgetPeriod::Month.around(t("2026-02-14T10:00:00Z")).1, t("2026-03-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn csv_quotes_and_defuses_cells() {
+        let r = UsageReport {
+            group_by: vec![GroupBy::Owner],
+            rows: vec![UsageRow { owner: Some("=cmd,x".into()), gpu_hours: 1.0, ..UsageRow::default() }],
+            ..UsageReport::default()
+        };
+        let csv = report_csv(&r);
+        assert_eq!(csv.lines().nth(1).unwrap(), "\"'=cmd,x\",1.000000,0.000000,0.000000,0.000000");
+    }
+}
