@@ -113,6 +113,15 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
     next.run(request).await
 }
 
+/// Whether the request carries a valid token of a caller who reads everything (a platform
+/// admin, a global viewer): what `/metrics` asks before it names teams.
+pub async fn reads_all(state: &AppState, headers: &HeaderMap) -> bool {
+    let token = bearer(headers).map(str::to_owned);
+    principal(state, token).await.is_ok_and(|p| {
+        berth_core::auth::Access { principal: &p, tree: &berth_core::auth::TeamTree::default() }.reads_all()
+    })
+}
+
 enum Refusal {
     Token(AuthError),
     Store(berth_core::Error),

@@ -75,8 +75,14 @@ pub fn web_router(web_dir: Option<&Path>) -> axum::Router<AppState> {
 /// `/metrics` alone, for a separate metrics address.
 pub fn metrics_router(state: AppState) -> axum::Router {
     axum::Router::new()
-        .route("/metrics", get(|State(s): State<AppState>| async move { render(&s).await }))
+        .route("/metrics", get(|State(s): State<AppState>| async move { render(&s, true).await }))
         .with_state(state)
+}
+
+/// Whether a line of the text format belongs to a `berth_…` metric.
+fn is_named(line: &str) -> bool {
+    let name = line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).unwrap_or(line);
+    name.starts_with("berth_")
 }
 
 /// The process is up.
@@ -106,23 +112,30 @@ async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
 /// team, flavor and phase, GPUs allocated, borrowed, guaranteed and fair share, budgets,
 /// clusters' capacity and health, read from the store at each scrape; admissions,
 /// preemptions by cause, admission wait and controller pass durations, from the replica
-/// leading the controllers). Answers 404 when metrics are turned off or served on their
-/// own address.
+/// leading the controllers). The `berth_…` metrics name teams: here they are served only
+/// to a platform admin's or global viewer's token (on a metrics address of its own, to
+/// all). Answers 404 when metrics are turned off or served on their own address.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String)))]
-async fn metrics(State(s): State<AppState>) -> Response {
+async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
     if s.http.metrics_here {
-        render(&s).await
+        let named = crate::auth::reads_all(&s, &headers).await;
+        render(&s, named).await
     } else {
         crate::problem::Problem::for_status(StatusCode::NOT_FOUND).into_response()
     }
 }
 
-async fn render(s: &AppState) -> Response {
+/// The metrics; with `named`, the `berth_…` ones too (they name teams and clusters).
+async fn render(s: &AppState, named: bool) -> Response {
     let mut text = s.metrics.render();
-    match berth_app::metrics::state_metrics(&s.db).await {
-        Ok(state) => text.push_str(&state),
-        // The process's own metrics still answer when the database does not.
-        Err(e) => tracing::warn!(error = %e, "state metrics unavailable"),
+    if named {
+        match berth_app::metrics::state_metrics(&s.db).await {
+            Ok(state) => text.push_str(&state),
+            // The process's own metrics still answer when the database does not.
+            Err(e) => tracing::warn!(error = %e, "state metrics unavailable"),
+        }
+    } else {
+        text = text.lines().filter(|l| !is_named(l)).map(|l| format!("{l}\n")).collect();
     }
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

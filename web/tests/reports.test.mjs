@@ -40,10 +40,12 @@ const close = (a, b) => Math.abs(a - b) < 1e-6;
 
 function ledger(team, owner, gpus, borrowed, start, end, price, attempt = 1) {
   const teams = `ARRAY[${ANCESTORS[team].map((t) => `'${t}'`).join(",")}]`;
-  return `INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend, kind,
-      gpus, borrowed, started_at, ended_at, outcome, price)
-    VALUES (gen_random_uuid(), ${attempt}, '${team}', ${teams}, '${owner}-job', '${owner}', 'h100', 'sim-a', 'sim', 'training',
-      ${gpus}, ${borrowed}, ${start}, ${end}, 'succeeded', ${price ?? "NULL"})`;
+  // The teams' uids, as the controllers record them beside the names.
+  const uids = `ARRAY(SELECT t.uid FROM unnest(${teams}) WITH ORDINALITY AS n (name, i) JOIN teams t ON t.name = n.name ORDER BY n.i)`;
+  return `INSERT INTO usage_ledger (workload_uid, attempt, team, teams, team_uids, workload, owner, flavor, cluster, backend,
+      kind, gpus, borrowed, started_at, ended_at, outcome, price)
+    VALUES (gen_random_uuid(), ${attempt}, '${team}', ${teams}, ${uids}, '${owner}-job', '${owner}', 'h100', 'sim-a', 'sim',
+      'training', ${gpus}, ${borrowed}, ${start}, ${end}, 'succeeded', ${price ?? "NULL"})`;
 }
 
 before(async () => {

@@ -236,10 +236,12 @@ async fn every_route_refuses_a_caller_with_no_grant_on_the_team(db: berth_store:
     let nina = token("nina", &[(Role::Member, Some("nlp"))]);
     // vision has run work: the usage report must not show it.
     sqlx::query(
-        "INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend, kind,
-                                   gpus, borrowed, started_at, ended_at, outcome)
-         VALUES (gen_random_uuid(), 0, 'vision', '{vision,research}', 'done', 'vic', 'h100', 'east', 'sim',
-                 'training', 8, false, now() - interval '2 hours', now() - interval '1 hour', 'succeeded')",
+        "INSERT INTO usage_ledger (workload_uid, attempt, team, teams, team_uids, workload, owner, flavor, cluster,
+                                   backend, kind, gpus, borrowed, started_at, ended_at, outcome)
+         VALUES (gen_random_uuid(), 0, 'vision', '{vision,research}',
+                 ARRAY[(SELECT uid FROM teams WHERE name = 'vision'), (SELECT uid FROM teams WHERE name = 'research')],
+                 'done', 'vic', 'h100', 'east', 'sim', 'training', 8, false,
+                 now() - interval '2 hours', now() - interval '1 hour', 'succeeded')",
     )
     .execute(&s.db)
     .await

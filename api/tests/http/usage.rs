@@ -14,10 +14,12 @@ type Record<'a> = (&'a [&'a str], &'a str, f64, &'a str, &'a str, bool, &'a str,
 
 async fn record(s: &Server, (teams, owner, gpus, start, end, borrowed, cluster, backend, price): Record<'_>) {
     sqlx::query(
-        "INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend, kind,
-                                   gpus, borrowed, started_at, ended_at, outcome, price)
-         VALUES (gen_random_uuid(), 0, $1[1], $1, 'w', $2, 'h100', $3, $4, 'training', $5, $6,
-                 $7::timestamptz, $8::timestamptz, 'succeeded', $9)",
+        "INSERT INTO usage_ledger (workload_uid, attempt, team, teams, team_uids, workload, owner, flavor, cluster,
+                                   backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
+         VALUES (gen_random_uuid(), 0, $1[1], $1,
+                 ARRAY(SELECT t.uid FROM unnest($1::text[]) WITH ORDINALITY AS n (name, i)
+                       JOIN teams t ON t.name = n.name ORDER BY n.i),
+                 'w', $2, 'h100', $3, $4, 'training', $5, $6, $7::timestamptz, $8::timestamptz, 'succeeded', $9)",
     )
     .bind(teams.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>())
     .bind(owner)
@@ -250,8 +252,25 @@ async fn csv_parses_and_each_caller_sees_only_what_it_may(db: berth_store::PgPoo
     assert!(near(&member["totals"]["gpu_hours"], 22.0), "{member}");
     let names: Vec<&str> = member["teams"].as_array().unwrap().iter().map(|t| t["team"].as_str().unwrap()).collect();
     assert_eq!(names, ["nlp"], "a member of nlp does not see its department's totals");
+    // A member of the department sees its own work only: not its department's use, so
+    // not how much of its guarantee lay idle either.
+    let dept_member = report(token("dm", &[(Role::Member, Some("research"))])).await;
+    let names: Vec<&str> =
+        dept_member["teams"].as_array().unwrap().iter().map(|t| t["team"].as_str().unwrap()).collect();
+    assert_eq!(names, Vec::<&str>::new(), "research ran nothing of its own: {dept_member}");
     let viewer = report(token("v", &[(Role::Viewer, Some("other"))])).await;
     assert!(near(&viewer["totals"]["gpu_hours"], 1.0), "{viewer}");
+    // vision's name is free again: a team-admin of nlp names a new team of its own so.
+    // The old vision's history stays the department's, not the new team's.
+    let nlp_admin = token("na", &[(Role::TeamAdmin, Some("nlp"))]);
+    let body = TeamBody::new().parent("nlp").json();
+    let created = s.send_as(Some(&nlp_admin), Method::PUT, "/api/v1/teams/vision", Some(&body)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let reused = report(nlp_admin).await;
+    assert!(near(&reused["totals"]["gpu_hours"], 22.0), "{reused}");
+    assert!(!reused.to_string().contains("carol"), "{reused}");
+    let admin = report(token("ra", &[(Role::TeamAdmin, Some("research"))])).await;
+    assert!(near(&admin["totals"]["gpu_hours"], 30.0), "{admin}");
     let nobody = report(token("n", &[])).await;
     assert!(near(&nobody["totals"]["gpu_hours"], 0.0) && nobody["rows"].as_array().unwrap().is_empty(), "{nobody}");
 }

@@ -323,8 +323,11 @@ async fn through_the_api_a_department_at_its_limit_reclaims_impossible_work_is_r
     assert_eq!(put("/api/v1/teams/infer".into(), budget).await.0, 200);
     let infer =
         b.wait_for("/api/v1/teams/infer", "infer's budget status", |t| t["status"]["budgets"][0].is_object()).await;
-    let scrape = || async { b.text("/metrics").await.2 };
-    let text = scrape().await;
+    let text = b.text("/metrics").await.2;
+    // They name teams: without a token that reads everything, only the process's own.
+    let anonymous = reqwest::get(format!("http://{}/metrics", b.address)).await.unwrap().text().await.unwrap();
+    assert!(anonymous.contains("http_requests_total"), "{anonymous}");
+    assert!(!anonymous.contains("berth_") && !anonymous.contains("team=\""), "{anonymous}");
     let used = infer["status"]["budgets"][0]["used_gpu_hours"].as_f64().unwrap();
     let scraped =
         metric(&text, "berth_budget_used_gpu_hours", &[("team", "infer"), ("period", "month"), ("action", "warn")]);

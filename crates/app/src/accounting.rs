@@ -2,7 +2,9 @@
 //! now), scoped to what the caller may read.
 
 use berth_core::Error;
-use berth_core::usage::{self, Guarantee, REPORT_MAX_BUCKETS, REPORT_MAX_DAYS, ReportRequest, UsageReport, Visibility};
+use berth_core::usage::{
+    self, Guarantee, REPORT_MAX_BUCKETS, REPORT_MAX_DAYS, REPORT_MAX_ROWS, ReportRequest, UsageReport, Visibility,
+};
 use berth_store::ledger::{LedgerScope, ledger_intervals};
 use berth_store::{PgPool, team};
 use chrono::{DateTime, TimeDelta, Utc};
@@ -43,30 +45,62 @@ pub async fn usage_report(
         }
     }
     let access = opctx.access();
+    let teams = team::team_list_all(db).await?;
+    let uid = |name: &str| teams.iter().find(|t| t.metadata.name == name).map(|t| t.metadata.uid);
+    let covering: Vec<String> = access.covering_teams();
+    // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs
+    // to see (a member of a department sees only its own work, not its department's use).
+    let whole =
+        |name: &str| access.reads_all() || opctx.tree.chain(name).iter().any(|a| covering.iter().any(|c| c == a));
     let visibility = match access.visible_teams() {
         None => Visibility::All,
-        Some(teams) => Visibility::Some { teams, covering: access.covering_teams() },
+        Some(visible) => Visibility::Some {
+            teams: visible.iter().filter_map(|t| uid(t)).collect(),
+            covering: covering.iter().filter_map(|t| uid(t)).collect(),
+        },
     };
     let scope = match &visibility {
         Visibility::All => None,
         Visibility::Some { teams, covering } => {
-            Some(LedgerScope { teams: teams.iter().cloned().collect(), covering: covering.clone() })
+            Some(LedgerScope { teams: teams.iter().copied().collect(), covering: covering.iter().copied().collect() })
         }
     };
     let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
-    let guarantees: Vec<Guarantee> = team::team_list_all(db)
-        .await?
-        .into_iter()
+    let guarantees: Vec<Guarantee> = teams
+        .iter()
+        .filter(|t| whole(&t.metadata.name))
         .flat_map(|t| {
-            let (name, parent, since) = (t.metadata.name, t.spec.parent, t.metadata.creation_timestamp);
-            t.spec.quotas.into_iter().map(move |q| Guarantee {
-                team: name.clone(),
-                parent: parent.clone(),
-                flavor: q.flavor,
+            t.spec.quotas.iter().map(|q| Guarantee {
+                team: t.metadata.name.clone(),
+                uid: t.metadata.uid,
+                parent: t.spec.parent.clone(),
+                flavor: q.flavor.clone(),
                 gpus: f64::from(q.guaranteed),
-                since,
+                since: t.metadata.creation_timestamp,
             })
         })
         .collect();
-    Ok(usage::report(req, &intervals, &guarantees, &visibility, now))
+    // Half a million intervals take a second: off the threads that serve requests.
+    let req = req.clone();
+    let mut report =
+        tokio::task::spawn_blocking(move || usage::report(&req, &intervals, &guarantees, &visibility, now))
+            .await
+            .map_err(|e| Error::Internal(format!("the report failed: {e}")))?;
+    if report.rows.len() > REPORT_MAX_ROWS {
+        return Err(Error::invalid(
+            "group_by",
+            format!(
+                "the report would have {} rows, more than {REPORT_MAX_ROWS}: choose larger buckets or fewer groups",
+                report.rows.len()
+            ),
+        ));
+    }
+    // A team that exists is shown under its parent now (the ledger has the parent of each
+    // attempt's time).
+    for t in &mut report.teams {
+        if let Some(now) = teams.iter().find(|x| x.metadata.name == t.team) {
+            t.parent.clone_from(&now.spec.parent);
+        }
+    }
+    Ok(report)
 }

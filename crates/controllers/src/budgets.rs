@@ -50,18 +50,17 @@ pub async fn reconcile(ctx: &Context) -> Result<BudgetsStatus, Error> {
     }
     // Each team's use per flavor since the start of each current period (a week's, a
     // month's), added up in Postgres.
-    let names: Vec<String> = with.iter().map(|t| t.metadata.name.clone()).collect();
+    let uids: Vec<uuid::Uuid> = with.iter().map(|t| t.metadata.uid).collect();
     let mut starts: Vec<_> = with.iter().flat_map(|t| &t.spec.budgets).map(|b| b.period.around(now).0).collect();
     starts.sort_unstable();
     starts.dedup();
     let mut use_since = HashMap::new();
     for start in starts {
-        use_since.insert(start, berth_store::ledger::ledger_use(&ctx.db, start, now, &names).await?);
+        use_since.insert(start, berth_store::ledger::ledger_use(&ctx.db, start, now, &uids).await?);
     }
     let mut writes = Vec::new();
     let mut events = Vec::new();
     for t in with {
-        let name = &t.metadata.name;
         let next: Vec<BudgetStatus> = t
             .spec
             .budgets
@@ -70,7 +69,7 @@ pub async fn reconcile(ctx: &Context) -> Result<BudgetsStatus, Error> {
                 let (period_start, resets_at) = b.period.around(now);
                 let mine: Vec<(&str, f64)> = use_since[&period_start]
                     .iter()
-                    .filter(|(team, _, _)| team == name)
+                    .filter(|(team, _, _)| *team == t.metadata.uid)
                     .map(|(_, flavor, h)| (flavor.as_str(), *h))
                     .collect();
                 let used = b.used(&mine);
@@ -131,16 +130,18 @@ fn hours(h: f64) -> String {
     if h >= 1.0 { format!("{h:.1}") } else { format!("{h:.3}") }
 }
 
-/// Whether `next` says something `before` does not: another budget, state or period, or
-/// use moved by 1 % of the budget (at most a GPU-hour). Small moves of running work are
-/// not written every pass.
+/// Whether `next` says something `before` does not: another budget, state or period; or
+/// use moved by 1 % of the budget (at most a GPU-hour) and the status is a minute old.
+/// Running work moves the use all the time: it is not written every pass (each write wakes
+/// the controllers).
 fn changed(before: &[BudgetStatus], next: &[BudgetStatus]) -> bool {
     before.len() != next.len()
         || before.iter().zip(next).any(|(a, b)| {
             a.budget != b.budget
                 || a.state != b.state
                 || a.period_start != b.period_start
-                || (a.used_gpu_hours - b.used_gpu_hours).abs() >= (0.01 * b.budget.gpu_hours).clamp(1e-3, 1.0)
+                || ((a.used_gpu_hours - b.used_gpu_hours).abs() >= (0.01 * b.budget.gpu_hours).clamp(1e-3, 1.0)
+                    && b.updated_at - a.updated_at >= chrono::TimeDelta::minutes(1))
         })
 }
 

@@ -38,7 +38,7 @@ const ESTIMATE_PERIOD: Duration = Duration::from_secs(10);
 /// How often budgets are added up again (running work adds to them all the time), and the
 /// least gap between two passes when changes wake them.
 const BUDGET_PERIOD: Duration = Duration::from_secs(30);
-const BUDGET_GAP: Duration = Duration::from_secs(5);
+const BUDGET_GAP: Duration = Duration::from_secs(10);
 
 /// How often retention looks for workloads to remove (it counts in days).
 const RETENTION_PERIOD: Duration = Duration::from_secs(300);

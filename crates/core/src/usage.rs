@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Timelike, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 /// Most budgets one team may declare.
 pub const BUDGETS_MAX: usize = 16;
@@ -20,6 +21,8 @@ pub const BUDGET_WARNING: f64 = 0.8;
 pub const REPORT_MAX_DAYS: i64 = 800;
 /// Most buckets one report may have (e.g. a month of hours is 744).
 pub const REPORT_MAX_BUCKETS: i64 = 5000;
+/// Most rows one report may have.
+pub const REPORT_MAX_ROWS: usize = 100_000;
 
 /// One attempt's use of GPUs over `[start, end)`: a ledger record, or work still running
 /// (then `end` is now).
@@ -28,6 +31,8 @@ pub struct Interval {
     pub team: String,
     /// The team and its ancestors at the time, nearest first.
     pub teams: Vec<String>,
+    /// Their uids, in the same order (empty for records from before uids were kept).
+    pub team_uids: Vec<Uuid>,
     pub owner: Option<String>,
     pub flavor: String,
     pub cluster: String,
@@ -263,6 +268,7 @@ pub struct UsageReport {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Guarantee {
     pub team: String,
+    pub uid: Uuid,
     pub parent: Option<String>,
     pub flavor: String,
     pub gpus: f64,
@@ -279,30 +285,32 @@ pub struct ReportRequest {
     pub bucket: Option<Bucket>,
 }
 
-/// Whose totals a reader sees.
+/// Whose totals a reader sees, by team uid (a deleted team's name may be taken again).
 #[derive(Debug, Clone, Default)]
 pub enum Visibility {
     #[default]
     All,
-    /// `teams` (as they are now) and any team that was below one of `covering`.
-    Some { teams: BTreeSet<String>, covering: Vec<String> },
+    /// `teams` (as they are now) and any team that was (or was below) one of `covering`.
+    Some { teams: BTreeSet<Uuid>, covering: BTreeSet<Uuid> },
 }
 
 impl Visibility {
-    /// Whether `chain[depth]` is shown, `chain` being a team and its ancestors then.
-    fn shows(&self, chain: &[String], depth: usize) -> bool {
+    /// Whether the team at `depth` of `i`'s chain is shown.
+    fn shows(&self, i: &Interval, depth: usize) -> bool {
         match self {
             Self::All => true,
-            Self::Some { teams, covering } => {
-                teams.contains(&chain[depth]) || chain[depth..].iter().any(|t| covering.contains(t))
-            }
+            Self::Some { teams, covering } => i
+                .team_uids
+                .get(depth)
+                .is_some_and(|t| teams.contains(t) || i.team_uids[depth..].iter().any(|a| covering.contains(a))),
         }
     }
 }
 
 /// The report over `intervals` (already limited to what the caller may read and to those
-/// touching the period). `guarantees` are the teams' guarantees; `shown` says which teams'
-/// totals the caller may see; `now` ends the idle guarantee (the future is not idle yet).
+/// touching the period). `guarantees` are those of the teams whose whole subtree the
+/// caller may read; `shown` says which teams' totals the caller may see; `now` ends the
+/// idle guarantee (the future is not idle yet).
 pub fn report(
     req: &ReportRequest,
     intervals: &[Interval],
@@ -317,12 +325,12 @@ pub fn report(
     let mut teams: HashMap<&str, TeamUsage> = HashMap::new();
     let new_team = |name: &str| TeamUsage { team: name.to_owned(), ..TeamUsage::default() };
     // Who uses each guaranteed (team, flavor): the team's subtree.
-    let mut users: HashMap<(&str, &str), Vec<&Interval>> =
-        guarantees.iter().map(|g| ((g.team.as_str(), g.flavor.as_str()), Vec::new())).collect();
+    let mut users: HashMap<(Uuid, &str), Vec<&Interval>> =
+        guarantees.iter().map(|g| ((g.uid, g.flavor.as_str()), Vec::new())).collect();
     for i in intervals {
         let whole = i.gpu_hours(req.from, req.to);
-        for t in &i.teams {
-            if let Some(u) = users.get_mut(&(t.as_str(), i.flavor.as_str())) {
+        for t in &i.team_uids {
+            if let Some(u) = users.get_mut(&(*t, i.flavor.as_str())) {
                 u.push(i);
             }
         }
@@ -331,7 +339,7 @@ pub fn report(
         }
         totals.add(whole, i.borrowed, i.price);
         for (depth, t) in i.teams.iter().enumerate() {
-            if !shown.shows(&i.teams, depth) {
+            if !shown.shows(i, depth) {
                 continue;
             }
             let e = teams.entry(t.as_str()).or_insert_with(|| new_team(t));
@@ -363,12 +371,12 @@ pub fn report(
             row.cost += a.cost;
         }
     }
-    for g in guarantees.iter().filter(|g| shown.shows(std::slice::from_ref(&g.team), 0) && g.gpus > 0.0) {
+    for g in guarantees.iter().filter(|g| g.gpus > 0.0) {
         let (from, to) = (req.from.max(g.since), req.to.min(now));
         if to <= from {
             continue;
         }
-        let used = users.get(&(g.team.as_str(), g.flavor.as_str())).into_iter().flatten().copied();
+        let used = users.get(&(g.uid, g.flavor.as_str())).into_iter().flatten().copied();
         let e = teams.entry(g.team.as_str()).or_insert_with(|| new_team(&g.team));
         if e.parent.is_none() {
             e.parent.clone_from(&g.parent);
@@ -460,10 +468,11 @@ pub fn report_csv(r: &UsageReport) -> String {
     out
 }
 
-/// A CSV cell: quoted when it holds a comma, quote or line break; a leading `=`, `+`, `-`
-/// or `@` is prefixed with `'` so a spreadsheet does not run it as a formula.
+/// A CSV cell: quoted when it holds a comma, quote or line break; a leading `=`, `+`, `-`,
+/// `@`, tab or carriage return is prefixed with `'` so a spreadsheet does not run it as a
+/// formula (OWASP's advice for CSV injection).
 fn csv_cell(s: &str) -> String {
-    let s = if s.starts_with(['=', '+', '-', '@']) { format!("'{s}") } else { s.to_owned() };
+    let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_owned() };
     if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
 }
 
@@ -595,10 +604,16 @@ mod tests {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
+    /// A team's uid, the same for the same name (in these tests names are never reused).
+    fn uid(name: &str) -> Uuid {
+        Uuid::from_u128(name.bytes().fold(7, |h: u128, b| h.wrapping_mul(131).wrapping_add(u128::from(b))))
+    }
+
     fn run(team: &str, chain: &[&str], owner: &str, gpus: f64, start: &str, end: &str) -> Interval {
         Interval {
             team: team.into(),
             teams: chain.iter().map(|s| (*s).to_owned()).collect(),
+            team_uids: chain.iter().map(|s| uid(s)).collect(),
             owner: Some(owner.into()),
             flavor: "h100".into(),
             cluster: "alpha".into(),
@@ -648,6 +663,7 @@ mod tests {
         };
         let g = Guarantee {
             team: "nlp".into(),
+            uid: uid("nlp"),
             parent: None,
             flavor: "h100".into(),
             gpus: 8.0,

@@ -102,14 +102,9 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     let started: Vec<Option<DateTime<Utc>>> = attempts.iter().map(|a| a.started_at).collect();
     let ended: Vec<DateTime<Utc>> = attempts.iter().map(|a| a.ended_at).collect();
     let done = sqlx::query!(
-        r#"INSERT INTO usage_ledger (workload_uid, attempt, team, teams, workload, owner, flavor, cluster, backend,
-                                     kind, gpus, borrowed, started_at, ended_at, outcome, price)
-           SELECT i.uid, i.attempt, i.team,
-                  ARRAY(WITH RECURSIVE up (uid, name, parent_uid, depth) AS (
-                            SELECT t.uid, t.name, t.parent_uid, 0 FROM teams t WHERE t.name = i.team
-                            UNION ALL
-                            SELECT p.uid, p.name, p.parent_uid, up.depth + 1 FROM teams p JOIN up ON p.uid = up.parent_uid)
-                        SELECT name FROM up ORDER BY depth),
+        r#"INSERT INTO usage_ledger (workload_uid, attempt, team, teams, team_uids, workload, owner, flavor, cluster,
+                                     backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
+           SELECT i.uid, i.attempt, i.team, c.names, c.uids,
                   i.workload, i.owner, i.flavor, i.cluster,
                   coalesce((SELECT c.kind FROM clusters c WHERE c.name = i.cluster), 'unknown'),
                   i.kind, i.gpus, i.borrowed, i.started_at, i.ended_at, i.outcome,
@@ -118,6 +113,14 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
                        $9::float8[], $10::bool[], $11::timestamptz[], $12::timestamptz[], $13::text[])
                 AS i (uid, attempt, team, workload, owner, flavor, cluster, kind, gpus, borrowed, started_at, ended_at, outcome)
+           -- The team and its ancestors now, nearest first.
+           CROSS JOIN LATERAL (
+               WITH RECURSIVE up (uid, name, parent_uid, depth) AS (
+                   SELECT t.uid, t.name, t.parent_uid, 0 FROM teams t WHERE t.name = i.team
+                   UNION ALL
+                   SELECT p.uid, p.name, p.parent_uid, up.depth + 1 FROM teams p JOIN up ON p.uid = up.parent_uid)
+               SELECT ARRAY(SELECT name FROM up ORDER BY depth) AS names, ARRAY(SELECT uid FROM up ORDER BY depth) AS uids
+           ) c
            ON CONFLICT (workload_uid, attempt) DO NOTHING"#,
         &uids,
         &numbers,
@@ -139,12 +142,14 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     Ok(done.rows_affected())
 }
 
-/// Whose records a reader sees: those of `teams`, and those whose team was then below one
-/// of `covering` (so a department's admin keeps seeing the work of a team since deleted).
+/// Whose records a reader sees, by team uid (a deleted team's name may be taken again; its
+/// uid never comes back): those of `teams`, and those whose team was then below (or is)
+/// one of `covering` (so a department's admin keeps seeing the work of a team since
+/// deleted).
 #[derive(Debug, Clone, Default)]
 pub struct LedgerScope {
-    pub teams: Vec<String>,
-    pub covering: Vec<String>,
+    pub teams: Vec<Uuid>,
+    pub covering: Vec<Uuid>,
 }
 
 /// GPU use touching `[from, to)`: ended attempts from the ledger and, up to `now`, the
@@ -165,26 +170,26 @@ pub async fn ledger_intervals(
         None => (None, Vec::new()),
     };
     let rows = sqlx::query!(
-        r#"SELECT team AS "team!", teams AS "teams!", owner, flavor AS "flavor!", cluster AS "cluster!",
-                  backend AS "backend!", kind AS "kind!", gpus AS "gpus!", borrowed AS "borrowed!",
+        r#"SELECT team AS "team!", teams AS "teams!", team_uids AS "team_uids!", owner, flavor AS "flavor!",
+                  cluster AS "cluster!", backend AS "backend!", kind AS "kind!", gpus AS "gpus!", borrowed AS "borrowed!",
                   started_at AS "started_at!", ended_at AS "ended_at!", price
            FROM (
-               SELECT l.team, l.teams, l.owner, l.flavor, l.cluster, l.backend, l.kind, l.gpus, l.borrowed,
+               SELECT l.team, l.teams, l.team_uids, l.owner, l.flavor, l.cluster, l.backend, l.kind, l.gpus, l.borrowed,
                       l.started_at, l.ended_at, l.price
                FROM usage_ledger l
                WHERE l.started_at IS NOT NULL AND l.started_at < $2 AND l.ended_at > $1
-                 AND ($4::text[] IS NULL OR l.team = ANY($4) OR l.teams && $5::text[])
+                 AND ($4::uuid[] IS NULL OR l.team_uids[1] = ANY($4) OR l.team_uids && $5::uuid[])
                UNION ALL
-               SELECT r.team, r.teams, r.owner, r.flavor, r.cluster, r.backend, r.kind, r.gpus, r.borrowed,
+               SELECT r.team, r.teams, r.team_uids, r.owner, r.flavor, r.cluster, r.backend, r.kind, r.gpus, r.borrowed,
                       r.started_at, $3::timestamptz, r.price
                FROM running_attempts r
                WHERE r.started_at < $2 AND $3 > $1
-                 AND ($4::text[] IS NULL OR r.team = ANY($4) OR r.teams && $5::text[])
+                 AND ($4::uuid[] IS NULL OR r.team_uids[1] = ANY($4) OR r.team_uids && $5::uuid[])
            ) i"#,
         from,
         to,
         now,
-        teams.as_deref() as Option<&[String]>,
+        teams.as_deref() as Option<&[Uuid]>,
         &covering,
     )
     .fetch_all(db)
@@ -195,6 +200,7 @@ pub async fn ledger_intervals(
         .map(|r| Interval {
             team: r.team,
             teams: r.teams,
+            team_uids: r.team_uids,
             owner: r.owner,
             flavor: r.flavor,
             cluster: r.cluster,
@@ -209,8 +215,8 @@ pub async fn ledger_intervals(
         .collect())
 }
 
-/// GPU-hours used from `from` to `now` by each of `teams` (its whole subtree, then), per
-/// flavor: ended attempts and those running now, added up in Postgres.
+/// GPU-hours used from `from` to `now` by each of `teams` (by uid: its whole subtree,
+/// then), per flavor: ended attempts and those running now, added up in Postgres.
 ///
 /// # Errors
 /// As [`db_error`].
@@ -218,24 +224,25 @@ pub async fn ledger_use(
     db: impl sqlx::PgExecutor<'_>,
     from: DateTime<Utc>,
     now: DateTime<Utc>,
-    teams: &[String],
-) -> Result<Vec<(String, String, f64)>, Error> {
+    teams: &[Uuid],
+) -> Result<Vec<(Uuid, String, f64)>, Error> {
     let rows = sqlx::query!(
         // Summed per team chain first (a few hundred groups), then spread over the teams of
-        // each chain: one pass over the records.
+        // each chain: one pass over the records. A job whose start the backend reports
+        // after Berth saw it end counts nothing.
         r#"SELECT t AS "team!", g.flavor AS "flavor!", sum(g.gpu_hours)::float8 AS "gpu_hours!"
            FROM (
-               SELECT i.teams, i.flavor,
-                      sum(i.gpus * extract(epoch FROM least(i.ended_at, $2) - greatest(i.started_at, $1)) / 3600)
+               SELECT i.team_uids, i.flavor,
+                      sum(i.gpus * greatest(extract(epoch FROM least(i.ended_at, $2) - greatest(i.started_at, $1)), 0) / 3600)
                           AS gpu_hours
                FROM (
-                   SELECT l.teams, l.flavor, l.gpus, l.started_at, l.ended_at FROM usage_ledger l
+                   SELECT l.team_uids, l.flavor, l.gpus, l.started_at, l.ended_at FROM usage_ledger l
                    WHERE l.started_at IS NOT NULL AND l.started_at < $2 AND l.ended_at > $1
                    UNION ALL
-                   SELECT r.teams, r.flavor, r.gpus, r.started_at, $2 FROM running_attempts r WHERE r.started_at < $2
+                   SELECT r.team_uids, r.flavor, r.gpus, r.started_at, $2 FROM running_attempts r WHERE r.started_at < $2
                ) i
                GROUP BY 1, 2
-           ) g, unnest(g.teams) t
+           ) g, unnest(g.team_uids) t
            WHERE t = ANY($3)
            GROUP BY 1, 2"#,
         from,
