@@ -7,6 +7,9 @@ use berth_core::usage::{
 };
 use berth_store::ledger::{LedgerScope, ledger_intervals};
 use berth_store::{PgPool, team};
+use std::collections::HashMap;
+
+use berth_core::team::Team;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::context::OpContext;
@@ -46,17 +49,14 @@ pub async fn usage_report(
     }
     let access = opctx.access();
     let teams = team::team_list_all(db).await?;
-    let uid = |name: &str| teams.iter().find(|t| t.metadata.name == name).map(|t| t.metadata.uid);
-    let covering: Vec<String> = access.covering_teams();
-    // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs
-    // to see (a member of a department sees only its own work, not its department's use).
-    let whole =
-        |name: &str| access.reads_all() || opctx.tree.chain(name).iter().any(|a| covering.iter().any(|c| c == a));
+    let by_name: HashMap<&str, &Team> = teams.iter().map(|t| (t.metadata.name.as_str(), t)).collect();
+    let uid = |name: &String| by_name.get(name.as_str()).map(|t| t.metadata.uid);
+    let covering = access.covering_teams();
     let visibility = match access.visible_teams() {
         None => Visibility::All,
         Some(visible) => Visibility::Some {
-            teams: visible.iter().filter_map(|t| uid(t)).collect(),
-            covering: covering.iter().filter_map(|t| uid(t)).collect(),
+            teams: visible.iter().filter_map(uid).collect(),
+            covering: covering.iter().filter_map(uid).collect(),
         },
     };
     let scope = match &visibility {
@@ -68,7 +68,9 @@ pub async fn usage_report(
     let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
     let guarantees: Vec<Guarantee> = teams
         .iter()
-        .filter(|t| whole(&t.metadata.name))
+        // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs
+        // to see (a member of a department sees only its own work, not its department's).
+        .filter(|t| access.reads_subtree(&t.metadata.name))
         .flat_map(|t| {
             t.spec.quotas.iter().map(|q| Guarantee {
                 team: t.metadata.name.clone(),
@@ -98,7 +100,7 @@ pub async fn usage_report(
     // A team that exists is shown under its parent now (the ledger has the parent of each
     // attempt's time).
     for t in &mut report.teams {
-        if let Some(now) = teams.iter().find(|x| x.metadata.name == t.team) {
+        if let Some(now) = by_name.get(t.team.as_str()) {
             t.parent.clone_from(&now.spec.parent);
         }
     }

@@ -167,6 +167,9 @@ impl TeamTree {
 }
 
 /// What a principal may do, decided against the team tree.
+/// Roles on a team that read its whole subtree.
+const SUBTREE_READERS: [Role; 2] = [Role::TeamAdmin, Role::Viewer];
+
 pub struct Access<'a> {
     pub principal: &'a Principal,
     pub tree: &'a TeamTree,
@@ -203,15 +206,20 @@ impl Access<'_> {
     /// Whether the principal can see `team` (and its workloads).
     pub fn can_read_team(&self, team: &str) -> bool {
         self.reads_all()
-            || (self.tree.contains(team)
-                && (self.covers(team, &[Role::TeamAdmin, Role::Viewer]) || self.is_member_of(team)))
+            || (self.tree.contains(team) && (self.covers(team, &SUBTREE_READERS) || self.is_member_of(team)))
     }
 
     /// The teams on which the principal holds a role that reads their whole subtree
     /// (team-admin, viewer).
     pub fn covering_teams(&self) -> Vec<String> {
-        let roles = [Role::TeamAdmin, Role::Viewer];
+        let roles = SUBTREE_READERS;
         self.principal.grants.iter().filter(|g| roles.contains(&g.role)).filter_map(|g| g.team.clone()).collect()
+    }
+
+    /// Whether the principal reads `team`'s whole subtree: everything, or a team-admin or
+    /// viewer grant on the team or an ancestor.
+    pub fn reads_subtree(&self, team: &str) -> bool {
+        self.reads_all() || self.covers(team, &SUBTREE_READERS)
     }
 
     /// The teams the principal can see; `None` means all.

@@ -107,20 +107,12 @@ pub fn start_times(
         let reset =
             snap.teams.iter().flat_map(|t| &t.budget_stops).filter(|b| b.resets_at > now).min_by_key(|b| b.resets_at);
         let end = ends.iter().flatten().copied().min().map(|e| e.max(now));
-        let next = match (end, reset) {
-            (Some(e), Some(b)) if b.resets_at < e => {
-                freed_by = Some(After::BudgetResets(b.budget.clone()));
-                snap.now = b.resets_at;
-                continue;
-            }
-            (None, Some(b)) => {
-                freed_by = Some(After::BudgetResets(b.budget.clone()));
-                snap.now = b.resets_at;
-                continue;
-            }
-            (Some(e), _) => e,
-            (None, None) => break,
-        };
+        if let Some(b) = reset.filter(|b| end.is_none_or(|e| b.resets_at < e)) {
+            freed_by = Some(After::BudgetResets(b.budget.clone()));
+            snap.now = b.resets_at;
+            continue;
+        }
+        let Some(next) = end else { break };
         let ending: Vec<usize> = (0..ends.len()).filter(|&i| ends[i].is_some_and(|e| e <= next)).collect();
         freed_by = ending.last().map(|&i| After::Ends(snap.running[i].id.clone()));
         for &i in ending.iter().rev() {
