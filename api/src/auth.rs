@@ -16,7 +16,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use berth_auth::{AuthError, Verifier};
 use berth_core::auth::Principal;
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::problem::Problem;
@@ -78,11 +78,10 @@ impl Auth {
             let teams = path_team(path).into_iter().chain(principal.service_account_team.as_deref());
             keys.extend(teams.map(|t| (l, t.to_owned())));
         }
-        let now = DefaultClock::default().now();
         keys.iter()
-            .filter_map(|(l, key)| l.check_key(key).err())
-            .map(|not_until| {
-                let wait = not_until.wait_time_from(now);
+            .filter_map(|(l, key)| l.check_key(key).err().map(|not_until| (l, not_until)))
+            .map(|(l, not_until)| {
+                let wait = not_until.wait_time_from(l.clock().now());
                 wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
             })
             .max()

@@ -361,6 +361,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             // Set by the lease for each term.
             epoch: None,
             clock: berth_controllers::Clock::default(),
+            world: Default::default(),
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))

@@ -560,3 +560,95 @@ async fn the_dashboard_build_is_served_with_its_assets(db: berth_store::PgPool) 
     assert_eq!(plain.get(format!("{base}/assets/nope.js")).send().await.unwrap().status(), 404);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Asks `GET /api/v1/me` as `token` until its grants are `want`, for at most five seconds.
+async fn grants_become(s: &Server, token: &str, want: &serde_json::Value) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let me = s.send_as(Some(token), Method::GET, "/api/v1/me", None).await;
+        if &me.body["grants"] == want {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Role bindings and the team tree are kept between requests; a change written by another
+/// replica (here: straight into the database) still applies within moments, and a change
+/// while the cache is not listening is never missed.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn bindings_and_teams_changed_elsewhere_apply_at_once(db: berth_store::PgPool) {
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let bind = json!({"subject": "erin", "role": "member", "team": "nlp"});
+    assert_eq!(s.send(Method::POST, "/api/v1/role-bindings", Some(&bind), &[]).await.status, 201);
+    let erin = token("erin", &[]);
+    let member = json!([{"role": "member", "team": "nlp"}]);
+    assert!(grants_become(&s, &erin, &member).await);
+    // Another replica revokes the binding: the next requests here stop carrying it.
+    sqlx::query("DELETE FROM role_bindings WHERE subject = 'erin'").execute(&db).await.unwrap();
+    assert!(grants_become(&s, &erin, &json!([])).await, "a binding revoked elsewhere is dropped");
+    sqlx::query("INSERT INTO role_bindings (id, subject, issuer, role, team, created_by) VALUES (gen_random_uuid(), 'erin', 'berth', 'member', 'nlp', 'test')")
+        .execute(&db)
+        .await
+        .unwrap();
+    assert!(grants_become(&s, &erin, &member).await);
+
+    // The tree: a team moved elsewhere is no longer readable through its old parent.
+    let bob = token("bob", &[(Role::Viewer, Some("research"))]);
+    assert_eq!(s.send_as(Some(&bob), Method::GET, "/api/v1/teams/nlp", None).await.status, 200);
+    s.put_ok("/api/v1/teams/other", &TeamBody::new().json(), 201).await;
+    sqlx::query("UPDATE teams SET parent_uid = (SELECT uid FROM teams WHERE name = 'other') WHERE name = 'nlp'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while s.send_as(Some(&bob), Method::GET, "/api/v1/teams/nlp", None).await.status != 404 {
+        assert!(std::time::Instant::now() < deadline, "a team moved elsewhere left its old parent's readers");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // The listening connection is killed, and the binding revoked before it is back: the
+    // revocation still applies at once (well before entries expire), since the cache
+    // serves only while it listens.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(killed, [true], "one listening connection");
+    sqlx::query("DELETE FROM role_bindings WHERE subject = 'erin'").execute(&db).await.unwrap();
+    assert!(berth_app::access_cache::KEPT_FOR > std::time::Duration::from_secs(5));
+    assert!(grants_become(&s, &erin, &json!([])).await, "no binding outlives its revocation");
+}
+
+/// Pooled connections are not pinged before every use; one that sat idle through a lost
+/// connection (a database restart, a dropped link) is, and the request does not fail.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn requests_survive_killed_database_connections(db: berth_store::PgPool) {
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let killer = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND query NOT LIKE 'LISTEN%') k",
+    )
+    .fetch_one(&killer)
+    .await
+    .unwrap();
+    assert!(killed > 0, "the server's pooled connections were killed");
+    // Idle at least as long as a connection must be before it is pinged again.
+    tokio::time::sleep(berth_store::PING_IDLE_AFTER).await;
+    for _ in 0..3 {
+        let r = s.get("/api/v1/teams/nlp").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}

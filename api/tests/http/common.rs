@@ -470,6 +470,7 @@ pub async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_cont
         config: berth_controllers::Config::default(),
         epoch: None,
         clock: berth_controllers::Clock::default(),
+        world: Default::default(),
     };
     berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");
     ctx

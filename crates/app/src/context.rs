@@ -7,19 +7,20 @@
 //! [`OpContext::redactor`]. HTTP handlers decide nothing, so a use case without a check
 //! stands out in review, and a test walks every route as a caller with no grants.
 
+use std::sync::Arc;
+
 use berth_core::Error;
 use berth_core::auth::{Access, Grant, Principal, Role, TeamTree};
 use berth_core::event::Actor;
 use berth_core::redact::Redactor;
 use berth_store::PgPool;
-use berth_store::identity as store;
 
 /// The caller of one operation.
 #[derive(Debug, Clone)]
 pub struct OpContext {
     pub principal: Principal,
     /// The team tree; left empty for platform admins (every decision allows them).
-    pub tree: TeamTree,
+    pub tree: Arc<TeamTree>,
     pub actor: Actor,
     /// The issuer of users' tokens where a role binding names none.
     pub user_issuer: String,
@@ -37,7 +38,7 @@ impl OpContext {
         user_issuer: &str,
     ) -> Result<Self, Error> {
         let admin = Access { principal: &principal, tree: &TeamTree::default() }.is_platform_admin();
-        let tree = if admin { TeamTree::default() } else { TeamTree::new(store::team_parents(db).await?) };
+        let tree = if admin { Arc::default() } else { crate::access_cache::team_tree(db).await? };
         let actor = Actor::new(principal.owner().subject, request_id);
         Ok(Self { principal, tree, actor, user_issuer: user_issuer.to_owned() })
     }
@@ -52,7 +53,7 @@ impl OpContext {
             service_account_team: None,
             grants: vec![Grant { role: Role::PlatformAdmin, team: None }],
         };
-        Self { principal, tree: TeamTree::default(), actor: Actor::new(subject, None), user_issuer: "berth".into() }
+        Self { principal, tree: Arc::default(), actor: Actor::new(subject, None), user_issuer: "berth".into() }
     }
 
     pub fn access(&self) -> Access<'_> {

@@ -50,11 +50,6 @@ struct Facts {
 /// The last read per database (tests and benchmarks run several in one process).
 static READS: Mutex<Option<HashMap<String, Arc<Facts>>>> = Mutex::new(None);
 
-fn database_key(db: &PgPool) -> String {
-    let o = db.connect_options();
-    format!("{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
-}
-
 async fn read(db: &PgPool) -> Result<Arc<Facts>, Error> {
     let mut tx = berth_store::begin_snapshot(db).await?;
     let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
@@ -63,7 +58,7 @@ async fn read(db: &PgPool) -> Result<Arc<Facts>, Error> {
     let nodes = berth_store::cluster::cluster_nodes_list(&mut *tx).await?;
     berth_store::commit(tx).await?;
     let facts = Arc::new(Facts::build(flavors, &teams, &clusters, &nodes));
-    READS.lock().expect("not poisoned").get_or_insert_with(HashMap::new).insert(database_key(db), facts.clone());
+    READS.lock().expect("not poisoned").get_or_insert_with(HashMap::new).insert(crate::database_key(db), facts.clone());
     Ok(facts)
 }
 
@@ -108,13 +103,13 @@ impl Facts {
 /// them anew (other replicas' reads age out within [`FRESH_FOR`]).
 pub fn forget(db: &PgPool) {
     if let Some(reads) = READS.lock().expect("not poisoned").as_mut() {
-        reads.remove(&database_key(db));
+        reads.remove(&crate::database_key(db));
     }
 }
 
 fn recent(db: &PgPool) -> Option<Arc<Facts>> {
     let reads = READS.lock().expect("not poisoned");
-    reads.as_ref()?.get(&database_key(db)).filter(|f| f.read_at.elapsed() < FRESH_FOR).cloned()
+    reads.as_ref()?.get(&crate::database_key(db)).filter(|f| f.read_at.elapsed() < FRESH_FOR).cloned()
 }
 
 /// Refuses `specs` (each with the prefix of its fields: `""` for a single workload,

@@ -37,7 +37,7 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         service_account_team = team;
         grants.extend(store::grants_of_account(db, uid).await?);
     } else {
-        grants.extend(store::grants_of_user(db, &verified.issuer, &verified.subject).await?);
+        grants.extend(crate::access_cache::grants_of_user(db, &verified.issuer, &verified.subject).await?);
     }
     grants.sort();
     grants.dedup();
@@ -119,6 +119,7 @@ pub async fn role_binding_create(db: &PgPool, opctx: &OpContext, new: &NewRoleBi
     let name = binding.id.to_string();
     audit(&mut tx, &opctx.actor, AuditVerb::Create, "role-binding", binding.team.as_deref(), &name, binding.id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
+    crate::access_cache::forget(db);
     Ok(binding)
 }
 
@@ -159,6 +160,7 @@ pub async fn role_binding_delete(db: &PgPool, opctx: &OpContext, id: Uuid) -> Re
     let name = id.to_string();
     audit(&mut tx, &opctx.actor, AuditVerb::Delete, "role-binding", binding.team.as_deref(), &name, id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;
+    crate::access_cache::forget(db);
     Ok(binding)
 }
 

@@ -6,7 +6,9 @@
 //! authorization lives here and nowhere else. The HTTP layer calls exactly one of these per
 //! request.
 
+pub mod access_cache;
 pub mod accounting;
+pub mod change_notice;
 pub mod cluster;
 pub mod context;
 pub mod controller;
@@ -108,4 +110,11 @@ fn missing_references(
     refs.filter(|(_, name)| missing.contains(name))
         .map(|(field, name)| berth_core::FieldError::new(field, format!("{what} {name:?} does not exist")))
         .collect()
+}
+
+/// What names a database in the caches kept per database: tests and benchmarks run several
+/// in one process.
+fn database_key(db: &berth_store::PgPool) -> String {
+    let o = db.connect_options();
+    format!("{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
 }

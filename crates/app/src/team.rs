@@ -57,6 +57,7 @@ pub async fn team_apply(
         audit_apply(&mut tx, &opctx.actor, KIND, &team.metadata, applied, before).await?;
         berth_store::commit(tx).await?;
         crate::feasibility::forget(db);
+        crate::access_cache::forget(db);
         return Ok((team, applied));
     }
     Err(lost_create_race(KIND, name))
@@ -198,6 +199,7 @@ pub async fn team_delete(
     audit_change(&mut tx, &opctx.actor, AuditVerb::Delete, KIND, &team.metadata).await?;
     berth_store::commit(tx).await?;
     crate::feasibility::forget(db);
+    crate::access_cache::forget(db);
     Ok(team)
 }
 

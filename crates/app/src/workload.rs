@@ -127,6 +127,7 @@ async fn write_workload(
         && let Some(w) =
             store::workload_create_many(db, std::slice::from_ref(&new), CREATED_MESSAGE, actor).await?.pop()
     {
+        crate::change_notice::workloads_submitted(db);
         return Ok((w, Applied::Created));
     }
     for _ in 0..CREATE_RACE_ATTEMPTS {
@@ -378,6 +379,7 @@ async fn create_batch(
     }
     if write == Write::Commit {
         berth_store::commit(tx).await?;
+        crate::change_notice::workloads_submitted(db);
     }
     Ok(created)
 }

@@ -368,6 +368,7 @@ async fn through_berth(
         config: Config::default(),
         epoch: None,
         clock: berth_controllers::Clock::default(),
+        world: Default::default(),
     };
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");
     // Until the cluster's first inventory is in (it lists every job slurmctld remembers,

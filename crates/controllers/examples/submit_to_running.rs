@@ -71,6 +71,7 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
         config: Config::default(),
         epoch: Some(epoch),
         clock: berth_controllers::Clock::default(),
+        world: Default::default(),
     };
     // Record the inventories before the burst.
     berth_controllers::cluster_health::reconcile(&ctx).await?;

@@ -34,7 +34,7 @@ impl crate::runner::Report for EstimateStatus {
 /// # Errors
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
-    let mut world = crate::scheduler::load_world(&ctx.db).await?;
+    let (mut world, _) = ctx.world.load(&ctx.db).await?;
     world.now = ctx.clock.now();
     let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
     let s = &built.snapshot;

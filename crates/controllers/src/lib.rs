@@ -39,6 +39,7 @@ pub mod runner;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status_sync;
+pub mod world;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,6 +111,8 @@ pub struct Context {
     pub epoch: Option<i64>,
     /// The time as the controllers read it.
     pub clock: Clock,
+    /// The world the scheduler read last, kept between its cycles.
+    pub world: world::WorldCache,
 }
 
 impl Context {

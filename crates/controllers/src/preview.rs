@@ -37,7 +37,8 @@ pub async fn quota_preview(
         })
         .collect();
     let result = what_if(&built.snapshot, &changes).map_err(|e| Error::Internal(e.to_string()))?;
-    let by_id: HashMap<String, &Workload> = world.workloads.iter().map(|w| (w.metadata.uid.to_string(), w)).collect();
+    let by_id: HashMap<String, &Workload> =
+        world.workloads.iter().map(|w| (w.metadata.uid.to_string(), &**w)).collect();
     let named = |ids: &[String]| -> Vec<PreviewWorkload> {
         ids.iter()
             .filter_map(|id| by_id.get(id))

@@ -2,7 +2,8 @@
 //! its events and times, for the retention period after it finished (`Config::retention`,
 //! `BERTH_RETENTION_DAYS`), and is then removed, a batch at a time; each removal is
 //! recorded as an event. The usage history is not touched. Idempotency keys are forgotten
-//! once their lifetime is over.
+//! once their lifetime is over, and deleted workloads' tombstones (the change feed's) after
+//! [`crate::world::TOMBSTONES_KEPT`].
 
 use berth_core::Error;
 use serde::Serialize;
@@ -31,6 +32,7 @@ pub async fn reconcile(ctx: &Context) -> Result<RetentionStatus, Error> {
     let removed = berth_store::workload::workload_remove_ended_before(&mut tx, before, BATCH).await?;
     let lifetime = berth_store::idempotency::KEY_LIFETIME;
     berth_store::idempotency::idempotency_prune(&mut *tx, ctx.clock.now() - lifetime).await?;
+    berth_store::workload::workload_tombstones_purge(&mut *tx, crate::world::TOMBSTONES_KEPT.as_secs_f64()).await?;
     berth_store::commit(tx).await?;
     Ok(RetentionStatus { removed: usize::try_from(removed).unwrap_or(usize::MAX) })
 }

@@ -4,6 +4,7 @@
 //! snapshot read. A workload that changed meanwhile is left for the next cycle.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use berth_core::event::EventType;
@@ -31,6 +32,11 @@ pub struct SchedulerStatus {
     pub teams_updated: usize,
     /// Writes skipped because the workload changed after the snapshot was read.
     pub stale: usize,
+    /// Whether the workloads were read in full this cycle (else: the changes since the
+    /// last, see [`crate::world`]).
+    pub full_read: bool,
+    /// The workloads read from the store: all of them, or those written or deleted since.
+    pub changes_read: usize,
     pub cycle_ms: f64,
 }
 
@@ -40,7 +46,8 @@ impl crate::runner::Report for SchedulerStatus {
     }
 }
 
-/// Reads everything the scheduler looks at, in one consistent snapshot.
+/// Reads everything the scheduler looks at, in full, in one consistent snapshot (the
+/// scheduler itself reads through [`crate::world::WorldCache`]).
 ///
 /// # Errors
 /// Store errors.
@@ -52,7 +59,7 @@ pub async fn load_world(db: &berth_store::PgPool) -> Result<World, Error> {
         teams: berth_store::team::team_list_all(&mut *tx).await?,
         clusters: berth_store::cluster::cluster_list_all(&mut *tx).await?,
         nodes: berth_store::cluster::cluster_nodes_list(&mut *tx).await?,
-        workloads: berth_store::workload::workload_list_active(&mut *tx).await?,
+        workloads: berth_store::workload::workload_list_active(&mut *tx).await?.into_iter().map(Arc::new).collect(),
     };
     berth_store::commit(tx).await?;
     Ok(world)
@@ -64,7 +71,7 @@ pub async fn load_world(db: &berth_store::PgPool) -> Result<World, Error> {
 /// Store errors; `Internal` if the snapshot is inconsistent.
 pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let started = Instant::now();
-    let world = load_world(&ctx.db).await?;
+    let (world, read) = ctx.world.load(&ctx.db).await?;
     let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
     let s = &built.snapshot;
     let plan = berth_sched::schedule(s).map_err(|e| Error::Internal(e.to_string()))?;
@@ -93,7 +100,16 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         .collect();
     let mut writes = Vec::new();
     let mut events = Vec::new();
-    let mut status = SchedulerStatus { pending: s.pending.len(), running: s.running.len(), ..Default::default() };
+    let mut status = SchedulerStatus {
+        pending: s.pending.len(),
+        running: s.running.len(),
+        full_read: read == crate::world::Read::Full,
+        changes_read: match read {
+            crate::world::Read::Changes(n) => n,
+            crate::world::Read::Full => world.workloads.len(),
+        },
+        ..Default::default()
+    };
     for a in &plan.admissions {
         let w = &world.workloads[built.pending[a.workload]];
         let placement =

@@ -2,6 +2,7 @@
 //! the snapshot's indices to workloads, teams, clusters and nodes.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::team::Team;
@@ -18,8 +19,8 @@ pub struct World {
     pub teams: Vec<Team>,
     pub clusters: Vec<Cluster>,
     pub nodes: Vec<(ClusterId, ClusterNode)>,
-    /// Every workload that is not finished.
-    pub workloads: Vec<Workload>,
+    /// Every workload that is not finished, by uid.
+    pub workloads: Vec<Arc<Workload>>,
 }
 
 /// A snapshot and the objects behind its indices.

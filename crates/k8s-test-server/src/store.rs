@@ -98,6 +98,13 @@ impl Store {
         self.list(plural).cloned().collect()
     }
 
+    /// Clones of the objects of a resource type that `keep` selects: the controllers pass
+    /// every tick, and cloning what they skip (every finished pod) cost an idle cluster a
+    /// fifth of a core.
+    pub fn snapshot_where(&self, plural: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.list(plural).filter(|o| keep(o)).cloned().collect()
+    }
+
     /// Stores a new object (the caller checked it does not exist) and returns it as stored.
     pub fn insert(&mut self, plural: &'static str, mut obj: Value) -> Value {
         let rv = self.bump();

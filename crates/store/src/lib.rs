@@ -34,6 +34,9 @@ pub type Tx<'a> = Transaction<'a, Postgres>;
 /// The schema, embedded from `migrations/`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 
+/// How long a pooled connection may sit idle before it is pinged again when taken out.
+pub const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Opens a connection pool.
 ///
 /// # Errors
@@ -45,6 +48,18 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(std::time::Duration::from_secs(5))
+        // sqlx pings a connection when it comes back to the pool; pinging it again when it
+        // is taken out doubled the round trips of every request. Only a connection that has
+        // sat idle since (through a database restart, a dropped link) is pinged first.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(options.application_name("berthd"))
         .await
         .map_err(db_error)

@@ -427,6 +427,15 @@ pub async fn workload_lookup(
     Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors, exists: row.exists })
 }
 
+/// Tells the controllers of every replica that workloads changed, from a transaction of its
+/// own (see [`workload_create_many`]).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Error> {
+    sqlx::query!("SELECT pg_notify('berth_changes', 'workloads')").execute(db).await.map(drop).map_err(db_error)
+}
+
 /// Creates workloads, each with its `Created` event and audit record, in one
 /// statement (so one round trip and one implicit transaction). Names already taken are
 /// skipped: the caller compares what was created with what it asked for. Returned in the
@@ -434,7 +443,9 @@ pub async fn workload_lookup(
 ///
 /// This is the hot path of submission, alone or in batches; the general path
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
-/// rows.
+/// rows. Its transaction notifies no one: once it has committed, the caller has
+/// [`notify_workloads_changed`] sent (the application layer sends one for many
+/// submissions).
 ///
 /// # Errors
 /// As [`db_error`]; a conflict when the team was deleted meanwhile.
@@ -474,7 +485,10 @@ pub async fn workload_create_many(
                SELECT $12, 'create', 'workload', team_name, name, uid, NULL, generation, $13 FROM w
            )
            SELECT uid AS "uid!", generation AS "generation!", resource_version AS "resource_version!",
-                  created_at AS "created_at!", updated_at AS "updated_at!"
+                  created_at AS "created_at!", updated_at AS "updated_at!",
+                  -- No notification from this transaction: the caller sends one after it
+                  -- commits (migration workload_submissions_notify_later).
+                  (SELECT set_config('berth.notify', 'later', true)) AS notify
            FROM w"#,
         &uids,
         &team_uids,
@@ -555,6 +569,71 @@ pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workloa
     .fetch_all(db)
     .await
     .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// Where a reader of the change feed stands after this transaction's snapshot: the oldest
+/// transaction the snapshot did not see. What such transactions write, it has not read.
+/// Call inside [`crate::begin_snapshot`].
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn change_cursor(db: impl PgExecutor<'_>) -> Result<i64, Error> {
+    sqlx::query_scalar!(r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS "cursor!""#)
+        .fetch_one(db)
+        .await
+        .map_err(db_error)
+}
+
+/// Every workload, of any phase, written by a transaction at or after `cursor` (from
+/// [`change_cursor`]), shaped as [`workload_list_active`]'s.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_written_since(db: impl PgExecutor<'_>, cursor: i64) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object(
+                      'image', spec #> '{run,image}',
+                      'command', CASE WHEN coalesce(spec #>> '{run,script}', '') <> ''
+                                        OR coalesce(jsonb_array_length(spec #> '{run,command}'), 0) > 0
+                                      THEN '["(elided)"]'::jsonb END)))
+                    AS "spec!: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+           FROM workloads WHERE written_by >= $1::bigint::text::xid8
+           ORDER BY uid"#,
+        cursor,
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// The workloads deleted by transactions at or after `cursor`.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_deleted_since(db: impl PgExecutor<'_>, cursor: i64) -> Result<Vec<Uuid>, Error> {
+    sqlx::query_scalar!("SELECT uid FROM workload_tombstones WHERE written_by >= $1::bigint::text::xid8", cursor)
+        .fetch_all(db)
+        .await
+        .map_err(db_error)
+}
+
+/// Removes the tombstones of workloads deleted more than `kept_seconds` ago by the
+/// database's clock (the time the delete ran, not when its transaction began); how many.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_tombstones_purge(db: impl PgExecutor<'_>, kept_seconds: f64) -> Result<u64, Error> {
+    sqlx::query!(
+        "DELETE FROM workload_tombstones WHERE deleted_at < clock_timestamp() - make_interval(secs => $1)",
+        kept_seconds
+    )
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
     .map_err(db_error)
 }
 

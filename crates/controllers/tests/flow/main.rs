@@ -45,7 +45,10 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
     cluster_health::reconcile(&p.ctx).await.unwrap();
     let mut changes = sqlx::postgres::PgListener::connect_with(&p.ctx.db).await.unwrap();
     changes.listen(berth_controllers::runner::CHANNEL).await.unwrap();
+    // A submission notifies from a transaction of its own, after it committed.
     p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    let created = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    assert_eq!(created.expect("a submission notifies").unwrap().payload(), "workloads");
     scheduler::reconcile(&p.ctx).await.unwrap();
     dispatcher::reconcile(&p.ctx).await.unwrap();
     berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "nlp", "train", None).await.unwrap();
@@ -56,9 +59,22 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
             seen.push(payload);
         }
     }
-    // Created; admitted; dispatched to a sim cluster, whose jobs start at once; the
-    // deletion mark (not a status write).
-    assert_eq!(seen, ["workloads", "workloads status:Admitted", "workloads status:Running", "workloads"]);
+    // Admitted; dispatched to a sim cluster, whose jobs start at once; the deletion mark
+    // (not a status write).
+    assert_eq!(seen, ["workloads status:Admitted", "workloads status:Running", "workloads"]);
+
+    // A burst of submissions: notified in fewer notifications, the last after every commit.
+    let names: Vec<String> = (0..20).map(|i| format!("b{i}")).collect();
+    futures_util::future::join_all(names.iter().map(|n| p.submit("nlp", n, 1, 1.0, json!({})))).await;
+    let committed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workloads WHERE name LIKE 'b%'").fetch_one(&p.ctx.db).await.unwrap();
+    assert_eq!(committed, 20);
+    let mut notified = 0;
+    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.recv()).await {
+        assert_eq!(change.unwrap().payload(), "workloads");
+        notified += 1;
+    }
+    assert!((1..=20).contains(&notified), "{notified} notifications for 20 submissions");
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -706,4 +722,77 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
     let more = p.workload("a", "more").await;
     assert_eq!(more.status.phase, Phase::Running, "{:?}", more.status.pending_reason);
     assert!(more.status.admission.unwrap().borrowed);
+}
+
+/// The scheduler's kept world follows the change feed: a write still uncommitted when the
+/// world is read arrives with the next read (it commits after a later one started), and
+/// deleted workloads leave it; a full read is the same, and so is its plan.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: berth_store::PgPool) {
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    assert_eq!((read, world.workloads.len()), (berth_controllers::world::Read::Full, 0));
+    let early = p.submit("nlp", "early", 1, 1.0, json!({})).await;
+
+    // A writer takes its transaction id and holds it open across a read; a later writer
+    // commits first.
+    let mut slow = db.begin().await.unwrap();
+    sqlx::query("UPDATE workloads SET labels = '{\"slow\": \"yes\"}' WHERE uid = $1")
+        .bind(early.metadata.uid)
+        .execute(&mut *slow)
+        .await
+        .unwrap();
+    let late = p.submit("nlp", "late", 1, 1.0, json!({})).await;
+    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    assert!(matches!(read, berth_controllers::world::Read::Changes(_)), "{read:?}");
+    let uids: Vec<_> = world.workloads.iter().map(|w| w.metadata.uid).collect();
+    assert!(uids.contains(&early.metadata.uid) && uids.contains(&late.metadata.uid));
+    assert!(world.workloads.iter().all(|w| w.metadata.labels.is_empty()), "the slow write is not visible yet");
+    slow.commit().await.unwrap();
+    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let kept = world.workloads.iter().find(|w| w.metadata.uid == early.metadata.uid).unwrap();
+    assert_eq!(kept.metadata.labels.get("slow").map(String::as_str), Some("yes"), "the late commit is read");
+
+    // A pending workload deleted (removed at once) leaves the kept world.
+    berth_app::workload::workload_delete(&db, &p.actor, "nlp", "late", None).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    assert!(world.workloads.iter().all(|w| w.metadata.uid != late.metadata.uid), "a deleted workload is gone");
+    p.assert_kept_world_is_current().await;
+
+    // So do finished ones, and work runs as before.
+    p.cluster("sim-a", 1, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "early").await, Phase::Running);
+    p.advance(600);
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "early").await, Phase::Succeeded);
+    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    assert!(world.workloads.is_empty(), "finished work leaves the kept world");
+}
+
+/// A statement that says "notify later" sends nothing, and only it: the next statement of
+/// the same transaction notifies as before.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn notify_later_covers_one_statement(db: berth_store::PgPool) {
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let mut changes = sqlx::postgres::PgListener::connect_with(&db).await.unwrap();
+    changes.listen(berth_controllers::runner::CHANNEL).await.unwrap();
+    p.submit("nlp", "train", 1, 1.0, json!({})).await;
+    let submitted = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    assert_eq!(submitted.expect("the submission notifies").unwrap().payload(), "workloads");
+    let update = "UPDATE workloads SET labels = jsonb_build_object('n', $1::text), \
+                  generation = generation + (set_config('berth.notify', $2, true) = 'x')::int";
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query(update).bind("1").bind("later").execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(500), changes.recv()).await;
+    assert!(quiet.is_err(), "a statement that notifies later sends nothing");
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query(update).bind("2").bind("later").execute(&mut *tx).await.unwrap();
+    sqlx::query("UPDATE workloads SET labels = '{}'").execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    assert_eq!(next.expect("the next statement notifies").unwrap().payload(), "workloads");
 }

@@ -27,7 +27,7 @@ impl Plane {
         let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
         let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
         let plane = Self {
-            ctx: Context { db, backends, config, epoch: None, clock: Default::default() },
+            ctx: Context { db, backends, config, epoch: None, clock: Default::default(), world: Default::default() },
             clock,
             actor: OpContext::system("test"),
         };
@@ -88,17 +88,33 @@ impl Plane {
         self.workload(team, name).await.status.phase
     }
 
-    /// One pass of every controller, in the order work flows.
+    /// One pass of every controller, in the order work flows. Before the scheduler's, the
+    /// world it keeps (brought up to date from the change feed) is checked against a full
+    /// read.
     pub async fn step(&self) {
         let c = &self.ctx;
         cluster_health::reconcile(c).await.unwrap();
         budgets::reconcile(c).await.unwrap();
+        self.assert_kept_world_is_current().await;
         scheduler::reconcile(c).await.unwrap();
         dispatcher::reconcile(c).await.unwrap();
         status_sync::reconcile(c).await.unwrap();
         preemption::reconcile(c).await.unwrap();
         deletion::reconcile(c).await.unwrap();
         orphans::reconcile(c).await.unwrap();
+    }
+
+    /// The world the scheduler keeps equals a full read of the store, and gives the same
+    /// plan.
+    pub async fn assert_kept_world_is_current(&self) {
+        let (kept, _) = self.ctx.world.load(&self.ctx.db).await.unwrap();
+        let full = scheduler::load_world(&self.ctx.db).await.unwrap();
+        assert_eq!(kept.workloads, full.workloads, "the kept workloads are those a full read finds");
+        let plan = |w: &berth_controllers::snapshot::World| {
+            let built = berth_controllers::snapshot::build(w, 3600);
+            berth_sched::schedule(&berth_sched::Snapshot { now: 0, ..built.snapshot }).unwrap()
+        };
+        assert_eq!(plan(&kept), plan(&full), "the kept world plans as a full read does");
     }
 
     /// Steps until nothing changes (at most 10 passes).

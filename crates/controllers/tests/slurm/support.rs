@@ -86,6 +86,7 @@ impl Plane {
             config,
             epoch: None,
             clock: berth_controllers::Clock::default(),
+            world: Default::default(),
         };
         let actor = OpContext::system("test");
         for dev in devs.values() {

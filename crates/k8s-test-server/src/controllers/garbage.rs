@@ -21,10 +21,7 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
 /// when no dependents remain, and pods go once their containers have stopped.
 fn finish_deletions(cluster: &mut Cluster) {
     for rt in resources::ALL {
-        for obj in cluster.store.snapshot(rt.plural) {
-            if !meta::is_deleting(&obj) {
-                continue;
-            }
+        for obj in cluster.store.snapshot_where(rt.plural, meta::is_deleting) {
             let (namespace, name) = (meta::namespace(&obj).to_string(), meta::name(&obj).to_string());
             let mut finalizers = meta::finalizers(&obj);
             if finalizers.iter().any(|f| f == FOREGROUND_FINALIZER) && cluster.dependents(meta::uid(&obj)).is_empty() {

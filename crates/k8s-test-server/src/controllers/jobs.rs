@@ -178,14 +178,19 @@ fn pod_for(job: &Value, index: Option<i64>) -> Value {
 
 /// One pass of the job controller over every unfinished job that is not being deleted.
 pub(crate) fn reconcile(cluster: &mut Cluster) {
-    let jobs = cluster.store.snapshot(resources::JOBS.plural);
-    let pods = cluster.store.snapshot(resources::PODS.plural);
-    let live: HashSet<&str> = jobs.iter().map(meta::uid).collect();
+    let live: HashSet<String> = cluster.store.list(resources::JOBS.plural).map(|j| meta::uid(j).to_string()).collect();
     cluster.job_tracks.retain(|uid, _| live.contains(uid.as_str()));
+    let active =
+        |j: &Value| !(meta::is_deleting(j) || meta::has_condition(j, "Complete") || meta::has_condition(j, "Failed"));
+    let jobs = cluster.store.snapshot_where(resources::JOBS.plural, active);
+    if jobs.is_empty() {
+        return;
+    }
+    let owners: HashSet<&str> = jobs.iter().map(meta::uid).collect();
+    let pods = cluster
+        .store
+        .snapshot_where(resources::PODS.plural, |p| meta::owner_uids(p).iter().any(|o| owners.contains(o)));
     for obj in &jobs {
-        if meta::is_deleting(obj) || meta::has_condition(obj, "Complete") || meta::has_condition(obj, "Failed") {
-            continue;
-        }
         let Some(spec) = meta::typed::<Job>(obj).and_then(|j| j.spec) else {
             continue;
         };

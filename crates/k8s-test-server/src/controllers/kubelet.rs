@@ -243,9 +243,12 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
         .filter(|n| nodes::is_ready(n))
         .map(|n| (meta::name(n).to_string(), nodes::internal_ip(n).map(str::to_string)))
         .collect();
-    let pods = cluster.store.snapshot(resources::PODS.plural);
-    let live: HashSet<&str> = pods.iter().map(meta::uid).collect();
+    let live: HashSet<&str> = cluster.store.list(resources::PODS.plural).map(meta::uid).collect();
     cluster.pod_clocks.retain(|uid, _| live.contains(uid.as_str()));
+    let bound_and_unfinished = |p: &Value| {
+        p["spec"]["nodeName"].is_string() && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+    };
+    let pods = cluster.store.snapshot_where(resources::PODS.plural, bound_and_unfinished);
     for obj in &pods {
         let Some(node) = obj["spec"]["nodeName"].as_str() else {
             continue;
@@ -253,9 +256,6 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
         let Some(host_ip) = ready_nodes.get(node) else {
             continue;
         };
-        if matches!(obj["status"]["phase"].as_str(), Some("Succeeded" | "Failed")) {
-            continue;
-        }
         let Some(pod) = meta::typed::<Pod>(obj) else {
             continue;
         };

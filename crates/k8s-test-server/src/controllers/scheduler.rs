@@ -223,23 +223,21 @@ fn unschedulable_message(node_count: usize, reasons: &BTreeMap<String, usize>) -
 
 /// One scheduling pass over every unbound pod that is not being deleted.
 pub(crate) fn reconcile(cluster: &mut Cluster) {
+    let pending = |p: &Value| p["spec"]["nodeName"].as_str().is_none_or(str::is_empty) && !meta::is_deleting(p);
+    if !cluster.store.list(resources::PODS.plural).any(pending) {
+        return;
+    }
     let node_objs = cluster.store.snapshot(resources::NODES.plural);
     let typed_nodes: Vec<(Value, Node)> =
         node_objs.into_iter().filter_map(|obj| meta::typed::<Node>(&obj).map(|n| (obj, n))).collect();
-    let pods = cluster.store.snapshot(resources::PODS.plural);
-    let pending = |p: &Value| p["spec"]["nodeName"].as_str().is_none_or(str::is_empty) && !meta::is_deleting(p);
-    if !pods.iter().any(pending) {
-        return;
-    }
+    // Finished pods hold nothing.
+    let pods = cluster.store.snapshot_where(resources::PODS.plural, |p| !finished(p));
     let mut used: HashMap<String, Amounts> = HashMap::new();
     let mut placed: Vec<Placed> = Vec::new();
     for obj in &pods {
         let Some(node) = obj["spec"]["nodeName"].as_str() else {
             continue;
         };
-        if matches!(obj["status"]["phase"].as_str(), Some("Succeeded" | "Failed")) {
-            continue;
-        }
         if let Some(pod) = meta::typed::<Pod>(obj) {
             placed.push(Placed {
                 node: node.to_string(),
@@ -295,6 +293,10 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
         }
         cluster.store.update(resources::PODS.plural, updated);
     }
+}
+
+fn finished(pod: &Value) -> bool {
+    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,107 @@
+//! What the scheduler reads each cycle, kept in memory between cycles: every unfinished
+//! workload, brought up to date from the store's change feed (the workloads written, and
+//! those deleted, by transactions the last read did not see) instead of read again in
+//! full. Flavors, teams, clusters and nodes are few and read in full each time.
+//!
+//! The safety net is a full read: the first time, every [`FULL_READ_EVERY`], after any
+//! failed read, and in each leader term (a term starts with an empty [`WorldCache`]). It
+//! also covers what the feed cannot see: a `TRUNCATE`, writes with triggers disabled
+//! (`session_replication_role = replica`, a restore).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_core::Error;
+use berth_core::workload::Workload;
+use berth_store::PgPool;
+use uuid::Uuid;
+
+use crate::snapshot::World;
+
+/// How often the workloads are read in full all the same.
+pub const FULL_READ_EVERY: Duration = Duration::from_secs(120);
+
+/// How long a deleted workload's tombstone is kept after the delete (by the database's
+/// clock): far longer than a reader stays behind between full reads, and than a deleting
+/// transaction stays open.
+pub const TOMBSTONES_KEPT: Duration = Duration::from_secs(3600);
+
+/// The kept world, shared by the reconcilers that read it (the scheduler, the estimates).
+#[derive(Clone, Default)]
+pub struct WorldCache(Arc<tokio::sync::Mutex<Kept>>);
+
+#[derive(Default)]
+struct Kept {
+    workloads: BTreeMap<Uuid, Arc<Workload>>,
+    /// The change feed's cursor after the last read, and when the last full read was.
+    read: Option<(i64, Instant)>,
+}
+
+/// How a world was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    Full,
+    /// Changes only: how many workloads were written or deleted since.
+    Changes(usize),
+}
+
+impl WorldCache {
+    /// The world now: the kept workloads brought up to date, or read in full when due.
+    ///
+    /// # Errors
+    /// Store errors (the next read is then a full one).
+    pub async fn load(&self, db: &PgPool) -> Result<(World, Read), Error> {
+        let mut kept = self.0.lock().await;
+        let read = kept.refresh(db).await;
+        if read.is_err() {
+            *kept = Kept::default();
+        }
+        read
+    }
+
+    /// The next read is a full one.
+    pub async fn invalidate(&self) {
+        *self.0.lock().await = Kept::default();
+    }
+}
+
+impl Kept {
+    async fn refresh(&mut self, db: &PgPool) -> Result<(World, Read), Error> {
+        let mut tx = berth_store::begin_snapshot(db).await?;
+        let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
+        let now = chrono::Utc::now();
+        let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
+        let teams = berth_store::team::team_list_all(&mut *tx).await?;
+        let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
+        let nodes = berth_store::cluster::cluster_nodes_list(&mut *tx).await?;
+        let read = match self.read {
+            Some((since, full_at)) if full_at.elapsed() < FULL_READ_EVERY => {
+                let written = berth_store::workload::workload_list_written_since(&mut *tx, since).await?;
+                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, since).await?;
+                let changes = written.len() + deleted.len();
+                for w in written {
+                    if w.status.phase.is_final() {
+                        self.workloads.remove(&w.metadata.uid);
+                    } else {
+                        self.workloads.insert(w.metadata.uid, Arc::new(w));
+                    }
+                }
+                for uid in deleted {
+                    self.workloads.remove(&uid);
+                }
+                self.read = Some((cursor, full_at));
+                Read::Changes(changes)
+            }
+            _ => {
+                let all = berth_store::workload::workload_list_active(&mut *tx).await?;
+                self.workloads = all.into_iter().map(|w| (w.metadata.uid, Arc::new(w))).collect();
+                self.read = Some((cursor, Instant::now()));
+                Read::Full
+            }
+        };
+        berth_store::commit(tx).await?;
+        let workloads = self.workloads.values().cloned().collect();
+        Ok((World { now, flavors, teams, clusters, nodes, workloads }, read))
+    }
+}
