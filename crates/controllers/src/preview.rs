@@ -11,7 +11,6 @@ use berth_core::workload::Workload;
 use berth_sched::what_if::{Change, what_if};
 
 use crate::Config;
-use crate::scheduler::load_world;
 use crate::snapshot;
 
 /// The scheduler's next plan with `team`'s quotas replaced by `quotas` (a flavor without an
@@ -25,7 +24,7 @@ pub async fn quota_preview(
     team: &str,
     quotas: &[Quota],
 ) -> Result<QuotaPreview, Error> {
-    let world = load_world(db).await?;
+    let world = crate::world::read_full(db).await?;
     let built = snapshot::build(&world, config.starvation_after.as_secs() as i64);
     let changes: Vec<Change> = world
         .flavors

@@ -4,7 +4,6 @@
 //! snapshot read. A workload that changed meanwhile is left for the next cycle.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use berth_core::event::EventType;
@@ -17,7 +16,7 @@ use berth_store::workload::StatusWrite;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::snapshot::{self, World};
+use crate::snapshot;
 use crate::{Context, EVENT_KIND, version};
 
 /// What one cycle did.
@@ -44,25 +43,6 @@ impl crate::runner::Report for SchedulerStatus {
     fn changes(&self) -> usize {
         self.admitted + self.preempted + self.explained + self.teams_updated
     }
-}
-
-/// Reads everything the scheduler looks at, in full, in one consistent snapshot (the
-/// scheduler itself reads through [`crate::world::WorldCache`]).
-///
-/// # Errors
-/// Store errors.
-pub async fn load_world(db: &berth_store::PgPool) -> Result<World, Error> {
-    let mut tx = berth_store::begin_snapshot(db).await?;
-    let world = World {
-        now: chrono::Utc::now(),
-        flavors: berth_store::flavor::flavor_names(&mut *tx).await?,
-        teams: berth_store::team::team_list_all(&mut *tx).await?,
-        clusters: berth_store::cluster::cluster_list_all(&mut *tx).await?,
-        nodes: berth_store::cluster::cluster_nodes_list(&mut *tx).await?,
-        workloads: berth_store::workload::workload_list_active(&mut *tx).await?.into_iter().map(Arc::new).collect(),
-    };
-    berth_store::commit(tx).await?;
-    Ok(world)
 }
 
 /// One scheduling cycle.

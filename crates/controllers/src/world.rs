@@ -46,6 +46,15 @@ pub enum Read {
     Changes(usize),
 }
 
+/// Everything the scheduler looks at, read in full in one consistent snapshot (what a
+/// first read of a new [`WorldCache`] does).
+///
+/// # Errors
+/// Store errors.
+pub async fn read_full(db: &PgPool) -> Result<World, Error> {
+    WorldCache::default().load(db).await.map(|(world, _)| world)
+}
+
 impl WorldCache {
     /// The world now: the kept workloads brought up to date, or read in full when due.
     ///

@@ -108,7 +108,7 @@ impl Plane {
     /// plan.
     pub async fn assert_kept_world_is_current(&self) {
         let (kept, _) = self.ctx.world.load(&self.ctx.db).await.unwrap();
-        let full = scheduler::load_world(&self.ctx.db).await.unwrap();
+        let full = berth_controllers::world::read_full(&self.ctx.db).await.unwrap();
         assert_eq!(kept.workloads, full.workloads, "the kept workloads are those a full read finds");
         let plan = |w: &berth_controllers::snapshot::World| {
             let built = berth_controllers::snapshot::build(w, 3600);
