@@ -10,11 +10,11 @@
 //! or work no such cluster can run (a fraction of a GPU, no container image). A placement
 //! no cluster matches yet is accepted: the cluster may be registered next.
 //!
-//! The teams, clusters and nodes are read at most every [`FRESH_FOR`] per database, and
-//! anew after a team or cluster changes through this process; a refusal is always
-//! re-checked against a fresh read, so a stale read (another replica's change, a node
-//! inventory just reported) can let an impossible workload in — it then waits as
-//! `Unschedulable` — but never refuses a possible one.
+//! The teams, clusters and nodes are read at most every [`FRESH_FOR`] per database (the
+//! nodes only when their version moved), and anew after a team or cluster changes through
+//! this process; a refusal is always re-checked against a fresh read, so a stale read
+//! (another replica's change, a node inventory just reported) can let an impossible
+//! workload in — it then waits as `Unschedulable` — but never refuses a possible one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,7 +27,7 @@ use berth_core::{ClusterId, Error, FieldError};
 use berth_sched::feasible::{Impossible, Shapes};
 use berth_sched::snapshot as s;
 use berth_store::PgPool;
-use berth_store::cluster::ClusterNode;
+use berth_store::cluster::{ClusterNode, KeptNodes};
 
 use crate::context::OpContext;
 
@@ -49,13 +49,19 @@ struct Facts {
 
 /// The last read per database (tests and benchmarks run several in one process).
 static READS: Mutex<Option<HashMap<String, Arc<Facts>>>> = Mutex::new(None);
+/// The nodes of the last read per database, read again only when they changed.
+static NODES: tokio::sync::Mutex<Option<HashMap<String, Option<KeptNodes>>>> = tokio::sync::Mutex::const_new(None);
 
 async fn read(db: &PgPool) -> Result<Arc<Facts>, Error> {
     let mut tx = berth_store::begin_snapshot(db).await?;
     let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
     let teams = berth_store::team::team_list_all(&mut *tx).await?;
     let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
-    let nodes = berth_store::cluster::cluster_nodes_list(&mut *tx).await?;
+    let nodes = {
+        let mut kept = NODES.lock().await;
+        let kept = kept.get_or_insert_with(HashMap::new).entry(crate::database_key(db)).or_default();
+        berth_store::cluster::cluster_nodes_current(&mut tx, kept).await?
+    };
     berth_store::commit(tx).await?;
     let facts = Arc::new(Facts::build(flavors, &teams, &clusters, &nodes));
     READS.lock().expect("not poisoned").get_or_insert_with(HashMap::new).insert(crate::database_key(db), facts.clone());

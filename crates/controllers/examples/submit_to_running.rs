@@ -14,6 +14,8 @@
 //! cargo run --release -p berth-controllers --example submit_to_running -- 20000 backlog
 //! ```
 
+#[path = "support/scale.rs"]
+mod scale;
 #[path = "support/scratch.rs"]
 mod scratch;
 
@@ -30,15 +32,16 @@ const CLUSTERS: usize = 3;
 const SUBMITTERS: usize = 8;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<()> {
     let workloads: usize = std::env::args().nth(1).map_or(Ok(20_000), |n| n.parse())?;
-    let backlog = match std::env::args().nth(2).as_deref() {
-        None | Some("stream") => false,
-        Some("backlog") => true,
-        Some(other) => return Err(format!("unknown mode {other:?}: stream or backlog").into()),
-    };
+    let arg = |n: usize, default: usize| std::env::args().nth(n).map_or(Ok(default), |v| v.parse());
     let scratch = scratch::Scratch::create().await?;
-    let result = run(&scratch.db, workloads, backlog).await;
+    let result = match std::env::args().nth(2).as_deref() {
+        None | Some("stream") => run(&scratch.db, workloads, false).await,
+        Some("backlog") => run(&scratch.db, workloads, true).await,
+        Some("scale") => scale::run(&scratch.db, workloads, arg(3, 100_000)?, arg(4, 1000)?).await,
+        Some(other) => Err(format!("unknown mode {other:?}: stream, backlog or scale").into()),
+    };
     scratch.drop().await?;
     result
 }
@@ -47,22 +50,37 @@ fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).expect("bench objects parse")
 }
 
-async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Result<(), Box<dyn std::error::Error>> {
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Nodes per cluster with room for `workloads` of 1, 2 or 4 GPUs (2.33 on average), and 10 %
+/// to spare.
+fn nodes_for(workloads: usize) -> usize {
+    (workloads * 7 / 3 / 8 / CLUSTERS) * 11 / 10 + 1
+}
+
+/// A bench workload's spec: `count` tasks of one H100 GPU each, running for months.
+fn spec(i: usize, count: usize) -> serde_json::Value {
+    json!({"kind": "training", "priority": (i % 3) * 10,
+        "tasks": {"count": count, "resources": {"flavors": ["h100"], "gpus": 1}},
+        "sim": {"duration_seconds": 1e7}})
+}
+
+/// The flavor, `CLUSTERS` simulated clusters of `nodes_per_cluster` 8-GPU nodes and `teams`
+/// teams each guaranteed an equal half of the GPUs; the controllers' context, under a
+/// lease as in berthd (every write is fenced with its epoch).
+async fn world(db: &berth_store::PgPool, nodes_per_cluster: usize, teams: usize) -> Result<Context> {
     let actor = OpContext::system("bench");
     berth_app::flavor::flavor_apply(db, &actor, "h100", &parse(json!({"spec": {}})), None).await?;
-    // Room for all: every workload takes 1, 2 or 4 GPUs (one per task), 2.33 on average.
-    let nodes_per_cluster = (workloads * 7 / 3 / 8 / CLUSTERS) * 11 / 10 + 1;
     for c in 0..CLUSTERS {
         let spec = json!({"spec": {"kind": "sim", "sim": {
             "node_groups": [{"name": "n", "count": nodes_per_cluster, "flavor": "h100", "gpus_per_node": 8}]}}});
         berth_app::cluster::cluster_apply(db, &actor, &format!("sim-{c}"), &parse(spec), None).await?;
     }
-    let guarantee = nodes_per_cluster * 8 * CLUSTERS / TEAMS / 2;
-    for t in 0..TEAMS {
+    let guarantee = nodes_per_cluster * 8 * CLUSTERS / teams / 2;
+    for t in 0..teams {
         let spec = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": guarantee}]}});
         berth_app::team::team_apply(db, &actor, &format!("team-{t}"), &parse(spec), None).await?;
     }
-    // The controllers run under a lease, as in berthd: every write is fenced with its epoch.
     let mut lease = db.acquire().await?.detach();
     let epoch = berth_store::controller::leader_take(&mut lease, "bench", chrono::Utc::now()).await?;
     let ctx = Context {
@@ -75,6 +93,13 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
     };
     // Record the inventories before the burst.
     berth_controllers::cluster_health::reconcile(&ctx).await?;
+    Ok(ctx)
+}
+
+async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Result<()> {
+    let actor = OpContext::system("bench");
+    let nodes_per_cluster = nodes_for(workloads);
+    let ctx = world(db, nodes_per_cluster, TEAMS).await?;
     let mut controllers: Option<tokio::task::JoinSet<()>> =
         if backlog { None } else { Some(berth_controllers::runner::start(&ctx, "bench")) };
     println!(
@@ -90,10 +115,7 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
             tokio::spawn(async move {
                 for i in (s..workloads).step_by(SUBMITTERS) {
                     let count = [1, 2, 4][i % 3];
-                    let spec = json!({"spec": {"kind": "training", "priority": (i % 3) * 10,
-                        "tasks": {"count": count, "resources": {"flavors": ["h100"], "gpus": 1}},
-                        "sim": {"duration_seconds": 1e7}}});
-                    let input = serde_json::from_value(spec).expect("parses");
+                    let input = parse(json!({"spec": spec(i, count)}));
                     let team = format!("team-{}", i % TEAMS);
                     berth_app::workload::workload_apply(&db, &actor, &team, &format!("w{i}"), &input, None)
                         .await
@@ -166,11 +188,6 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
         );
         println!("dispatches/s: {:.0} (over {last_running:.2} s)", workloads as f64 / last_running);
     }
-    let percentiles = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize] * 1000.0;
-        format!("p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms", at(0.5), at(0.99), at(1.0))
-    };
     println!("submit→Admitted: {}", percentiles(rows.iter().map(|r| r.1 - r.0).collect()));
     println!("submit→Running:  {}", percentiles(rows.iter().map(|r| r.2 - r.0).collect()));
     let scheduler: Option<serde_json::Value> =
@@ -179,4 +196,14 @@ async fn run(db: &berth_store::PgPool, workloads: usize, backlog: bool) -> Resul
         println!("scheduler: {} cycles, last {:.1} ms", s["runs"], s["last_pass_ms"].as_f64().unwrap_or_default());
     }
     Ok(())
+}
+
+/// p50, p99 and max of seconds, in milliseconds.
+fn percentiles(mut v: Vec<f64>) -> String {
+    if v.is_empty() {
+        return "none".to_owned();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize] * 1000.0;
+    format!("p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms", at(0.5), at(0.99), at(1.0))
 }

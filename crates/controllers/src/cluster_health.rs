@@ -19,6 +19,9 @@ use serde::Serialize;
 
 use crate::{Context, Transition, requeued, requeued_or_failed};
 
+/// How stale a cluster's stored `last_sync` may grow while nothing else about it changes.
+const LAST_SYNC_KEPT: chrono::TimeDelta = chrono::TimeDelta::minutes(1);
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ClusterHealthStatus {
     pub healthy: usize,
@@ -44,9 +47,10 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
     // A deleted cluster's backend goes: its watches stop, and its credential is no longer
     // sent to the endpoint the admin removed.
     ctx.backends.retain(&clusters.iter().map(|c| c.metadata.uid).collect());
-    let mut stored: HashMap<ClusterId, Vec<ClusterNode>> = HashMap::new();
-    for (c, n) in berth_store::cluster::cluster_nodes_list(&ctx.db).await? {
-        stored.entry(c).or_default().push(n);
+    let all_stored = ctx.world.nodes(&ctx.db).await?;
+    let mut stored: HashMap<ClusterId, Vec<&ClusterNode>> = HashMap::new();
+    for (c, n) in all_stored.iter() {
+        stored.entry(*c).or_default().push(n);
     }
     let mut unreachable = Vec::new();
     for cluster in &clusters {
@@ -59,7 +63,8 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
         let next = match refreshed {
             Ok(inventory) => {
                 let nodes = nodes(&inventory);
-                if stored.get(&uid).map_or(&[][..], Vec::as_slice) != nodes.as_slice() {
+                let before = stored.get(&uid).map_or(&[][..], Vec::as_slice);
+                if before.len() != nodes.len() || before.iter().zip(&nodes).any(|(a, b)| *a != b) {
                     let mut tx = ctx.begin().await?;
                     berth_store::cluster::cluster_nodes_replace(&mut tx, uid, &nodes).await?;
                     berth_store::commit(tx).await?;
@@ -106,7 +111,11 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
             }
             ClusterHealth::Unknown => {}
         }
-        if next != cluster.status {
+        // A refresh that only finds the cluster as it was is stored once a minute: each write
+        // wakes the scheduler.
+        let seen_lately = cluster.status.last_sync.is_some_and(|t| now - t < LAST_SYNC_KEPT);
+        let only_seen = ClusterStatus { last_sync: cluster.status.last_sync, ..next.clone() } == cluster.status;
+        if next != cluster.status && !(only_seen && seen_lately) {
             let mut tx = ctx.begin().await?;
             berth_store::cluster::cluster_write_status(&mut *tx, uid, &next).await?;
             berth_store::commit(tx).await?;

@@ -28,6 +28,10 @@ impl crate::runner::Report for DeletionStatus {
     fn changes(&self) -> usize {
         self.cancels_sent + self.removed + self.cancelled
     }
+
+    fn waits_on_time(&self) -> bool {
+        self.deleting + self.cancelling > 0
+    }
 }
 
 /// # Errors

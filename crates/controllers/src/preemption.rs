@@ -33,6 +33,10 @@ impl crate::runner::Report for PreemptionStatus {
     fn changes(&self) -> usize {
         self.cancels_sent + self.requeued + self.failed
     }
+
+    fn waits_on_time(&self) -> bool {
+        self.preempting > 0
+    }
 }
 
 /// # Errors

@@ -1,7 +1,8 @@
 //! Runs every reconciler in its own loop: woken by Postgres `LISTEN/NOTIFY` (channel
 //! `berth_changes`) or its interval, whichever comes first; wake-ups that arrive while a
-//! pass runs fold into one more pass. Each pass's status is stored (at most once a second
-//! per controller) for `/api/v1/controllers`.
+//! pass runs fold into one more pass. Each controller's status is stored for
+//! `/api/v1/controllers`: after a pass that changed something (at most once a second), after
+//! a failed one, and every 10 s while nothing changes.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +26,12 @@ pub const CHANNEL: &str = "berth_changes";
 pub trait Report: Serialize + Send {
     /// How many objects the pass changed; 0 means it is caught up.
     fn changes(&self) -> usize;
+
+    /// Whether something may come due with time alone (a grace period, a job that stops):
+    /// if not, a controller that changes wake passes only on a change or its resync.
+    fn waits_on_time(&self) -> bool {
+        true
+    }
 }
 
 /// Least time between two dispatcher passes. Every stored change wakes the controllers (a
@@ -91,11 +98,21 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     set
 }
 
-/// One pass: how many objects it changed, and its status as JSON.
-type Pass = std::pin::Pin<Box<dyn Future<Output = Result<(usize, serde_json::Value), Error>> + Send>>;
+/// One pass: how many objects it changed, whether it waits on time, and its status as JSON.
+type Pass = std::pin::Pin<Box<dyn Future<Output = Result<Passed, Error>> + Send>>;
 
-fn boxed<S: Report>(r: Result<S, Error>) -> Result<(usize, serde_json::Value), Error> {
-    r.map(|s| (s.changes(), serde_json::to_value(&s).unwrap_or_default()))
+struct Passed {
+    changes: usize,
+    waits_on_time: bool,
+    status: serde_json::Value,
+}
+
+fn boxed<S: Report>(r: Result<S, Error>) -> Result<Passed, Error> {
+    r.map(|s| Passed {
+        changes: s.changes(),
+        waits_on_time: s.waits_on_time(),
+        status: serde_json::to_value(&s).unwrap_or_default(),
+    })
 }
 
 /// Forwards change notifications to the controllers that react to them: all of them,
@@ -136,6 +153,12 @@ fn concerns_scheduler(payload: &str) -> bool {
         .is_none_or(|mut phases| !phases.all(|p| ["Admitted", "Dispatched", "Running", "Preempting"].contains(&p)))
 }
 
+/// The least time between two stored statuses of a controller whose passes change things.
+const SAVE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+/// How often the status of a controller whose passes change nothing is stored (its `runs`
+/// go on counting): an idle site writes no row per pass.
+const SAVE_UNCHANGED_EVERY: Duration = Duration::from_secs(10);
+
 async fn run_loop(
     name: &'static str,
     ctx: Context,
@@ -156,18 +179,20 @@ async fn run_loop(
         metrics::histogram!("berth_controller_pass_seconds", "controller" => name)
             .record(started.elapsed().as_secs_f64());
         metrics::counter!("berth_controller_passes_total", "controller" => name, "result" => outcome).increment(1);
-        if let Ok((changes, _)) = &result {
+        if let Ok(passed) = &result {
+            let changes = passed.changes;
             tracing::debug!(controller = name, changes, ms = started.elapsed().as_secs_f64() * 1000.0, "pass");
         }
-        let (again, last) = match &result {
-            Ok((changes, status)) => (*changes > 0, json!({"ok": status})),
+        let (again, waits, last) = match &result {
+            Ok(p) => (p.changes > 0, p.waits_on_time, json!({"ok": p.status})),
             Err(e) => {
                 errors += 1;
                 tracing::warn!(controller = name, error = %e, "controller pass failed");
-                (false, json!({"error": e.to_string()}))
+                (false, true, json!({"error": e.to_string()}))
             }
         };
-        if result.is_err() || last_saved.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        let due = last_saved.map_or(Duration::MAX, |t| t.elapsed());
+        if result.is_err() || due >= SAVE_UNCHANGED_EVERY || (again && due >= SAVE_AT_MOST_EVERY) {
             let report = json!({
                 "runs": runs, "errors": errors,
                 "last_pass_ms": started.elapsed().as_secs_f64() * 1000.0, "last": last,
@@ -177,7 +202,8 @@ async fn run_loop(
             }
         }
         if !again {
-            let sleep = tokio::time::sleep(every);
+            let idle = if waits || wake.is_none() { every } else { ctx.config.resync.max(every) };
+            let sleep = tokio::time::sleep(idle);
             match &wake {
                 Some(n) => {
                     tokio::select! {

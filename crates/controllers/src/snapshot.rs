@@ -11,6 +11,7 @@ use berth_core::{ClusterId, TeamId};
 use berth_sched::snapshot::{self as s, MAX_GPUS_PER_NODE, ONE_GPU, Resources};
 use berth_store::cluster::ClusterNode;
 use chrono::{DateTime, Utc};
+use rustc_hash::FxHashMap;
 
 /// What the store holds that the scheduler looks at.
 pub struct World {
@@ -18,7 +19,7 @@ pub struct World {
     pub flavors: Vec<String>,
     pub teams: Vec<Team>,
     pub clusters: Vec<Cluster>,
-    pub nodes: Vec<(ClusterId, ClusterNode)>,
+    pub nodes: Arc<Vec<(ClusterId, ClusterNode)>>,
     /// Every workload that is not finished, by uid.
     pub workloads: Vec<Arc<Workload>>,
 }
@@ -39,12 +40,13 @@ fn seconds(t: DateTime<Utc>) -> i64 {
 }
 
 pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
-    let flavor_ix: HashMap<&str, usize> = world.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
-    let team_ix: HashMap<&str, usize> =
+    // Fx hashing: these are looked up once or more per workload and node, 100,000s a cycle.
+    let flavor_ix: FxHashMap<&str, usize> = world.flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
+    let team_ix: FxHashMap<&str, usize> =
         world.teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
-    let cluster_ix: HashMap<&str, usize> =
+    let cluster_ix: FxHashMap<&str, usize> =
         world.clusters.iter().enumerate().map(|(i, c)| (c.metadata.name.as_str(), i)).collect();
-    let cluster_by_uid: HashMap<ClusterId, usize> =
+    let cluster_by_uid: FxHashMap<ClusterId, usize> =
         world.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
 
     let teams = s::Team::tree(&world.teams, &world.flavors);
@@ -60,8 +62,8 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         })
         .collect();
     let mut nodes: Vec<s::Node> = Vec::new();
-    let mut node_ix: HashMap<(usize, &str), usize> = HashMap::new();
-    for (cluster, n) in &world.nodes {
+    let mut node_ix: FxHashMap<(usize, &str), usize> = FxHashMap::default();
+    for (cluster, n) in world.nodes.iter() {
         let (Some(&c), Some(&f)) = (cluster_by_uid.get(cluster), n.flavor.as_deref().and_then(|f| flavor_ix.get(f)))
         else {
             continue;
@@ -167,7 +169,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
 /// longer lists gets a cordoned stand-in, so the work still counts where it runs.
 fn place_running<'a>(
     nodes: &mut Vec<s::Node>,
-    node_ix: &mut HashMap<(usize, &'a str), usize>,
+    node_ix: &mut FxHashMap<(usize, &'a str), usize>,
     cluster: usize,
     flavor: usize,
     placement: &'a [TaskPlacement],

@@ -1,7 +1,8 @@
 //! What the scheduler reads each cycle, kept in memory between cycles: every unfinished
 //! workload, brought up to date from the store's change feed (the workloads written, and
 //! those deleted, by transactions the last read did not see) instead of read again in
-//! full. Flavors, teams, clusters and nodes are few and read in full each time.
+//! full; and the nodes, read again only when their version moved (a large site has tens of
+//! thousands). Flavors, teams and clusters are few and read in full each time.
 //!
 //! The safety net is a full read: the first time, every [`FULL_READ_EVERY`], after any
 //! failed read, and in each leader term (a term starts with an empty [`WorldCache`]). It
@@ -12,9 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_core::Error;
 use berth_core::workload::Workload;
+use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
+use berth_store::cluster::{ClusterNode, KeptNodes};
 use uuid::Uuid;
 
 use crate::snapshot::World;
@@ -34,6 +36,7 @@ pub struct WorldCache(Arc<tokio::sync::Mutex<Kept>>);
 #[derive(Default)]
 struct Kept {
     workloads: BTreeMap<Uuid, Arc<Workload>>,
+    nodes: Option<KeptNodes>,
     /// The change feed's cursor after the last read, and when the last full read was.
     read: Option<(i64, Instant)>,
 }
@@ -69,6 +72,19 @@ impl WorldCache {
         read
     }
 
+    /// Every cluster's nodes, as stored now (read only when they changed since the last).
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn nodes(&self, db: &PgPool) -> Result<Arc<Vec<(ClusterId, ClusterNode)>>, Error> {
+        let mut kept = self.0.lock().await;
+        // One snapshot, so that the version kept is the nodes'.
+        let mut tx = berth_store::begin_snapshot(db).await?;
+        let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut kept.nodes).await?;
+        berth_store::commit(tx).await?;
+        Ok(nodes)
+    }
+
     /// The next read is a full one.
     pub async fn invalidate(&self) {
         *self.0.lock().await = Kept::default();
@@ -83,7 +99,7 @@ impl Kept {
         let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
         let teams = berth_store::team::team_list_all(&mut *tx).await?;
         let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
-        let nodes = berth_store::cluster::cluster_nodes_list(&mut *tx).await?;
+        let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
         let read = match self.read {
             Some((since, full_at)) if full_at.elapsed() < FULL_READ_EVERY => {
                 let written = berth_store::workload::workload_list_written_since(&mut *tx, since).await?;

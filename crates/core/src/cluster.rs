@@ -372,7 +372,8 @@ pub enum ClusterHealth {
 #[serde(default)]
 pub struct ClusterStatus {
     pub health: ClusterHealth,
-    /// When the backend last answered an inventory refresh.
+    /// When the backend last answered an inventory refresh (refreshes every few seconds;
+    /// stored at most a minute apart while nothing else about the cluster changes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync: Option<DateTime<Utc>>,
     /// Inventory refreshes that failed in a row, counted up to the configured threshold at

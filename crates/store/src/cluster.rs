@@ -1,5 +1,7 @@
 //! SQL for clusters.
 
+use std::sync::Arc;
+
 use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec, ClusterStatus, NodeView};
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
@@ -250,6 +252,38 @@ pub async fn cluster_nodes_of(db: impl PgExecutor<'_>, cluster: &str) -> Result<
             schedulable: r.schedulable,
         })
         .collect())
+}
+
+/// The version of the node inventories: it moves with every write of any cluster's nodes,
+/// so a reader that kept [`cluster_nodes_list`] knows whether it is still current.
+///
+/// # Errors
+/// Store errors.
+pub async fn cluster_nodes_version(db: impl PgExecutor<'_>) -> Result<i64, Error> {
+    sqlx::query_scalar!("SELECT version FROM cluster_nodes_version").fetch_one(db).await.map_err(db_error)
+}
+
+/// [`cluster_nodes_list`] as of a [`cluster_nodes_version`].
+pub type KeptNodes = (i64, Arc<Vec<(ClusterId, ClusterNode)>>);
+
+/// Every cluster's nodes: `kept` if it is still current, else read again (and kept). Read in
+/// one snapshot (`conn` in a repeatable-read transaction) for the version to be the nodes'.
+///
+/// # Errors
+/// Store errors.
+pub async fn cluster_nodes_current(
+    conn: &mut PgConnection,
+    kept: &mut Option<KeptNodes>,
+) -> Result<Arc<Vec<(ClusterId, ClusterNode)>>, Error> {
+    let version = cluster_nodes_version(&mut *conn).await?;
+    match kept {
+        Some((v, nodes)) if *v == version => Ok(nodes.clone()),
+        _ => {
+            let nodes = Arc::new(cluster_nodes_list(&mut *conn).await?);
+            *kept = Some((version, nodes.clone()));
+            Ok(nodes)
+        }
+    }
 }
 
 /// Every cluster's nodes: (cluster uid, node), by cluster and name.

@@ -458,7 +458,57 @@ async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_fligh
     p.team("a", None, 8, None).await;
     p.cluster("sim-a", 1, json!({})).await;
     cluster_health::reconcile(&new).await.unwrap();
+    age_last_sync(&p, 3600).await;
     assert!(cluster_health::reconcile(&old).await.is_err(), "the old leader's status write fails");
+}
+
+/// Makes every cluster's stored `last_sync` `seconds` old.
+async fn age_last_sync(p: &Plane, seconds: i32) {
+    sqlx::query(
+        "UPDATE clusters SET status = jsonb_set(status, '{last_sync}', to_jsonb(now() - make_interval(secs => $1)))",
+    )
+    .bind(f64::from(seconds))
+    .execute(&p.ctx.db)
+    .await
+    .unwrap();
+}
+
+/// An idle site wrote each cluster's status at every health refresh (every 2 s) only to move
+/// `last_sync`, and each write woke the scheduler for a whole cycle. Now a refresh that finds
+/// the cluster as it was writes once a minute; any other change is written at once.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_health_refresh_that_finds_nothing_new_writes_once_a_minute(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let version = || async {
+        let c = berth_store::cluster::cluster_fetch(&p.ctx.db, "sim-a").await.unwrap().unwrap();
+        (c.metadata.resource_version, c.status)
+    };
+    let (first, status) = version().await;
+    assert_eq!(status.health, berth_core::cluster::ClusterHealth::Healthy);
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(version().await.0, first, "a refresh seconds later that finds nothing new writes nothing");
+
+    age_last_sync(&p, 59).await;
+    let (aged, _) = version().await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(version().await.0, aged, "59 s is not yet a minute");
+
+    age_last_sync(&p, 61).await;
+    let (stale, before) = version().await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let (after, status) = version().await;
+    assert_ne!(after, stale, "a minute on, the refresh is stored");
+    assert!(status.last_sync > before.last_sync, "{:?} then {:?}", before.last_sync, status.last_sync);
+
+    // A failed refresh is written at once, seconds after the last.
+    p.cluster("sim-a", 1, json!({"unreachable": true})).await;
+    let (outage, _) = version().await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let (failed, status) = version().await;
+    assert_ne!(failed, outage);
+    assert_eq!(status.consecutive_failures, 1);
 }
 
 /// The overcommit a review found: a running 8-GPU workload was shrunk to 2 by a PUT, Berth
@@ -769,6 +819,37 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
     assert_eq!(p.phase("nlp", "early").await, Phase::Succeeded);
     let (world, _) = p.ctx.world.load(&db).await.unwrap();
     assert!(world.workloads.is_empty(), "finished work leaves the kept world");
+}
+
+/// The kept nodes are read again whenever any cluster's inventory is written: a refresh
+/// that finds new nodes, another replica's write, a cluster's delete (a cascade).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_kept_nodes_follow_every_write_of_an_inventory(db: berth_store::PgPool) {
+    let p = Plane::new(db.clone()).await;
+    let count = || async { p.ctx.world.load(&db).await.unwrap().0.nodes.len() };
+    p.cluster("sim-a", 1, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(count().await, 1);
+    p.cluster("sim-b", 2, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(count().await, 3, "a refresh that finds another cluster's nodes");
+    p.assert_kept_world_is_current().await;
+
+    let one = "(SELECT cluster_uid, name FROM cluster_nodes ORDER BY cluster_uid, name LIMIT 1)";
+    sqlx::query(&format!("UPDATE cluster_nodes SET gpus = 4 WHERE (cluster_uid, name) = {one}"))
+        .execute(&db)
+        .await
+        .unwrap();
+    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    assert_eq!(world.nodes.iter().filter(|(_, n)| n.gpus == 4).count(), 1, "a write from elsewhere");
+    // Cluster health compares with what is stored now, and puts the inventory back.
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    assert!(world.nodes.iter().all(|(_, n)| n.gpus == 8), "{:?}", world.nodes);
+
+    berth_app::cluster::cluster_delete(&db, &p.actor, "sim-b", None).await.unwrap();
+    assert_eq!(count().await, 1, "a cluster's delete takes its nodes");
+    p.assert_kept_world_is_current().await;
 }
 
 /// A statement that says "notify later" sends nothing, and only it: the next statement of

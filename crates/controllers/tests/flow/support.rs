@@ -110,6 +110,7 @@ impl Plane {
         let (kept, _) = self.ctx.world.load(&self.ctx.db).await.unwrap();
         let full = berth_controllers::world::read_full(&self.ctx.db).await.unwrap();
         assert_eq!(kept.workloads, full.workloads, "the kept workloads are those a full read finds");
+        assert_eq!(kept.nodes, full.nodes, "the kept nodes are those a full read finds");
         let plan = |w: &berth_controllers::snapshot::World| {
             let built = berth_controllers::snapshot::build(w, 3600);
             berth_sched::schedule(&berth_sched::Snapshot { now: 0, ..built.snapshot }).unwrap()

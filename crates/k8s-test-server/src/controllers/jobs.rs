@@ -177,19 +177,21 @@ fn pod_for(job: &Value, index: Option<i64>) -> Value {
 }
 
 /// One pass of the job controller over every unfinished job that is not being deleted.
-pub(crate) fn reconcile(cluster: &mut Cluster) {
+/// Returns when the next active deadline of a job falls due.
+pub(crate) fn reconcile(cluster: &mut Cluster) -> Option<Instant> {
     let live: HashSet<String> = cluster.store.list(resources::JOBS.plural).map(|j| meta::uid(j).to_string()).collect();
     cluster.job_tracks.retain(|uid, _| live.contains(uid.as_str()));
     let active =
         |j: &Value| !(meta::is_deleting(j) || meta::has_condition(j, "Complete") || meta::has_condition(j, "Failed"));
     let jobs = cluster.store.snapshot_where(resources::JOBS.plural, active);
     if jobs.is_empty() {
-        return;
+        return None;
     }
     let owners: HashSet<&str> = jobs.iter().map(meta::uid).collect();
     let pods = cluster
         .store
         .snapshot_where(resources::PODS.plural, |p| meta::owner_uids(p).iter().any(|o| owners.contains(o)));
+    let (now, mut due) = (Instant::now(), None);
     for obj in &jobs {
         let Some(spec) = meta::typed::<Job>(obj).and_then(|j| j.spec) else {
             continue;
@@ -198,7 +200,13 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
             continue;
         }
         reconcile_job(cluster, obj, &spec, &pods);
+        let deadline = spec.active_deadline_seconds.and_then(|d| u64::try_from(d).ok()).map(Duration::from_secs);
+        let started = cluster.job_tracks.get(meta::uid(obj)).map(|t| t.started);
+        if let (Some(started), Some(deadline)) = (started, deadline) {
+            due = [due, Some(started + deadline).filter(|at| *at > now)].into_iter().flatten().min();
+        }
     }
+    due
 }
 
 fn reconcile_job(cluster: &mut Cluster, obj: &Value, spec: &k8s_openapi::api::batch::v1::JobSpec, pods: &[Value]) {

@@ -179,10 +179,16 @@ fn start(pod: &mut Value, spec: &[Container], pod_ip: &str, host_ip: Option<&str
 }
 
 /// Terminates the containers whose time has come; sets the phase once all have terminated.
-fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &mut PodClock, grace: Duration, now: Instant) {
-    let Some(started) = clock.started else {
-        return;
-    };
+/// Returns when the next of the others will stop by itself or be killed.
+fn progress(
+    pod: &mut Value,
+    plans: &HashMap<String, Behavior>,
+    clock: &mut PodClock,
+    grace: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    let started = clock.started?;
+    let mut next: Option<Instant> = None;
     let finished_at = meta::now();
     if let Some(statuses) = pod["status"]["containerStatuses"].as_array_mut() {
         for status in statuses.iter_mut() {
@@ -198,7 +204,10 @@ fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &mut PodC
                 (Some(n), Some(k)) if k < n && now >= k => (SIGTERM_EXIT_CODE, "Error"),
                 (None, Some(k)) if now >= k => (SIGTERM_EXIT_CODE, "Error"),
                 (Some(n), _) if now >= n => (plan.exit_code, plan.reason),
-                _ => continue,
+                _ => {
+                    next = [next, natural, killed].into_iter().flatten().min();
+                    continue;
+                }
             };
             if let Some(name) = status["name"].as_str() {
                 clock.terminated.insert(name.to_owned(), now);
@@ -232,11 +241,15 @@ fn progress(pod: &mut Value, plans: &HashMap<String, Behavior>, clock: &mut PodC
         meta::set_condition(pod, "Ready", "False", "ContainersNotReady", &message);
         meta::set_condition(pod, "ContainersReady", "False", "ContainersNotReady", &message);
     }
+    next
 }
 
-/// One pass of the fake kubelet over every bound, unfinished pod on a Ready node.
-pub(crate) fn reconcile(cluster: &mut Cluster) {
+/// One pass of the fake kubelet over every bound, unfinished pod on a Ready node. Returns
+/// when the next change that time alone brings is due (a container's exit or kill, an image
+/// pull's back-off), so that an idle cluster is not passed over again before then.
+pub(crate) fn reconcile(cluster: &mut Cluster) -> Option<Instant> {
     let now = Instant::now();
+    let mut due: Option<Instant> = None;
     let ready_nodes: HashMap<String, Option<String>> = cluster
         .store
         .list(resources::NODES.plural)
@@ -274,8 +287,9 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
         let mut updated = obj.clone();
         if pulls_fail {
             let clock = cluster.pod_clocks.entry(meta::uid(obj).to_string()).or_default();
-            let failed_at = *clock.pull_failed.get_or_insert(now);
-            pull_failure(&mut updated, &containers, now.duration_since(failed_at) >= PULL_BACKOFF_AFTER);
+            let backoff_at = *clock.pull_failed.get_or_insert(now) + PULL_BACKOFF_AFTER;
+            pull_failure(&mut updated, &containers, now >= backoff_at);
+            due = [due, Some(backoff_at).filter(|at| *at > now)].into_iter().flatten().min();
         } else if started.is_none() {
             let pod_ip = cluster.next_address("10.244");
             start(&mut updated, &containers, &pod_ip, host_ip.as_deref());
@@ -290,8 +304,9 @@ pub(crate) fn reconcile(cluster: &mut Cluster) {
             if deleting && clock.stop_requested.is_none() {
                 clock.stop_requested = Some(now);
             }
-            progress(&mut updated, &plans, clock, grace, now);
+            due = [due, progress(&mut updated, &plans, clock, grace, now)].into_iter().flatten().min();
         }
         cluster.store.update(resources::PODS.plural, updated);
     }
+    due
 }

@@ -8,32 +8,39 @@ pub(crate) mod kubelet;
 pub(crate) mod scheduler;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cluster::Cluster;
 use crate::shared::Shared;
 
-/// Longest wait between passes (time-based transitions are checked this often).
-const TICK: Duration = Duration::from_millis(50);
 /// Pause after a wake-up, so that a burst of API writes is handled in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(2);
 
 /// One pass of every controller, in an order that lets each see the previous ones' work.
-fn pass(cluster: &mut Cluster) {
+/// Returns when the next change that time alone brings is due.
+fn pass(cluster: &mut Cluster) -> Option<Instant> {
     scheduler::reconcile(cluster);
-    kubelet::reconcile(cluster);
-    jobs::reconcile(cluster);
+    let pods = kubelet::reconcile(cluster);
+    let jobs = jobs::reconcile(cluster);
     deployments::reconcile(cluster);
     garbage::reconcile(cluster);
+    pods.into_iter().chain(jobs).min()
 }
 
-/// Runs the controllers until the task is aborted: a pass per change (debounced) or per tick.
+/// Runs the controllers until the task is aborted: a pass per change (debounced), and one
+/// when a time-based change is due; none while nothing changes.
 pub(crate) async fn run(shared: Arc<Shared>) {
     loop {
-        pass(&mut shared.lock());
+        let due = pass(&mut shared.lock());
+        let timer = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = shared.wake.notified() => tokio::time::sleep(DEBOUNCE).await,
-            () = tokio::time::sleep(TICK) => {}
+            () = timer => {}
         }
     }
 }
