@@ -545,24 +545,20 @@ pub async fn workload_names_taken(db: impl PgExecutor<'_>, team: &str, names: &[
 }
 
 /// Every workload not yet finished (final ones are history), ordered by uid, as the
-/// scheduler reads them: `spec.run` keeps only its image, without the script, command and
-/// environment, which make up nearly all of a large spec, so a scheduling pass does not
-/// carry every stored script. What the scheduler needs of them — whether there is a
-/// script or a command at all (Slurm runs nothing else) — stays, as a `command` of the
-/// one placeholder word `(elided)`.
+/// scheduler reads them: the SQL function `workload_spec_for_scheduling` keeps of
+/// `spec.run` only its image, without the script, command and environment, which make up
+/// nearly all of a large spec, so a scheduling pass does not carry every stored script.
+/// What the scheduler needs of them — whether there is a script or a command at all
+/// (Slurm runs nothing else) — stays, as a `command` of the one placeholder word
+/// `(elided)`.
 ///
 /// # Errors
 /// As [`db_error`].
 pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object(
-                      'image', spec #> '{run,image}',
-                      'command', CASE WHEN coalesce(spec #>> '{run,script}', '') <> ''
-                                        OR coalesce(jsonb_array_length(spec #> '{run,command}'), 0) > 0
-                                      THEN '["(elided)"]'::jsonb END)))
-                    AS "spec!: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+        r#"SELECT uid, team_name, name, labels AS "labels: _", workload_spec_for_scheduling(spec) AS "spec!: _",
+                  status AS "status: _", generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
            ORDER BY uid"#
     )
@@ -593,13 +589,8 @@ pub async fn change_cursor(db: impl PgExecutor<'_>) -> Result<i64, Error> {
 pub async fn workload_list_written_since(db: impl PgExecutor<'_>, cursor: i64) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", jsonb_set(spec, '{run}', jsonb_strip_nulls(jsonb_build_object(
-                      'image', spec #> '{run,image}',
-                      'command', CASE WHEN coalesce(spec #>> '{run,script}', '') <> ''
-                                        OR coalesce(jsonb_array_length(spec #> '{run,command}'), 0) > 0
-                                      THEN '["(elided)"]'::jsonb END)))
-                    AS "spec!: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+        r#"SELECT uid, team_name, name, labels AS "labels: _", workload_spec_for_scheduling(spec) AS "spec!: _",
+                  status AS "status: _", generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE written_by >= $1::bigint::text::xid8
            ORDER BY uid"#,
         cursor,

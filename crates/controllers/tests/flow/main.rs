@@ -821,6 +821,38 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
     assert!(world.workloads.is_empty(), "finished work leaves the kept world");
 }
 
+/// The scheduler reads a spec's `run` as its image and whether there is anything to run,
+/// not the script, command and environment themselves; the full read and the change feed
+/// read it the same way.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::PgPool) {
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let (_, read) = p.ctx.world.load(&db).await.unwrap();
+    assert_eq!(read, berth_controllers::world::Read::Full);
+    let run = json!({"image": "pytorch:2", "script": "#!/bin/sh\ntrain --secret-flag", "env": {"TOKEN": "t"}});
+    p.submit("nlp", "scripted", 1, 1.0, json!({"run": run})).await;
+    p.submit("nlp", "commanded", 1, 1.0, json!({"run": {"command": ["train", "--fast"]}})).await;
+    p.submit("nlp", "image-only", 1, 1.0, json!({"run": {"image": "pytorch:2"}})).await;
+    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    assert!(matches!(read, berth_controllers::world::Read::Changes(3)), "{read:?}");
+    let run_of = |name: &str| {
+        let w = world.workloads.iter().find(|w| w.metadata.name == name).unwrap();
+        serde_json::to_value(&w.spec.run).unwrap()
+    };
+    let elided = |image: Option<&str>| {
+        let mut run = json!({"command": ["(elided)"], "env": {}});
+        if let Some(image) = image {
+            run["image"] = json!(image);
+        }
+        run
+    };
+    assert_eq!(run_of("scripted"), elided(Some("pytorch:2")));
+    assert_eq!(run_of("commanded"), elided(None));
+    assert_eq!(run_of("image-only"), json!({"image": "pytorch:2", "command": [], "env": {}}));
+    p.assert_kept_world_is_current().await;
+}
+
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
 /// that finds new nodes, another replica's write, a cluster's delete (a cascade).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

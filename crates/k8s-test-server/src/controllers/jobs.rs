@@ -203,7 +203,7 @@ pub(crate) fn reconcile(cluster: &mut Cluster) -> Option<Instant> {
         let deadline = spec.active_deadline_seconds.and_then(|d| u64::try_from(d).ok()).map(Duration::from_secs);
         let started = cluster.job_tracks.get(meta::uid(obj)).map(|t| t.started);
         if let (Some(started), Some(deadline)) = (started, deadline) {
-            due = [due, Some(started + deadline).filter(|at| *at > now)].into_iter().flatten().min();
+            due = super::sooner(due, Some(started + deadline).filter(|at| *at > now));
         }
     }
     due

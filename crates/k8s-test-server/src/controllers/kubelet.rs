@@ -205,7 +205,7 @@ fn progress(
                 (None, Some(k)) if now >= k => (SIGTERM_EXIT_CODE, "Error"),
                 (Some(n), _) if now >= n => (plan.exit_code, plan.reason),
                 _ => {
-                    next = [next, natural, killed].into_iter().flatten().min();
+                    next = super::sooner(next, super::sooner(natural, killed));
                     continue;
                 }
             };
@@ -289,7 +289,7 @@ pub(crate) fn reconcile(cluster: &mut Cluster) -> Option<Instant> {
             let clock = cluster.pod_clocks.entry(meta::uid(obj).to_string()).or_default();
             let backoff_at = *clock.pull_failed.get_or_insert(now) + PULL_BACKOFF_AFTER;
             pull_failure(&mut updated, &containers, now >= backoff_at);
-            due = [due, Some(backoff_at).filter(|at| *at > now)].into_iter().flatten().min();
+            due = super::sooner(due, Some(backoff_at).filter(|at| *at > now));
         } else if started.is_none() {
             let pod_ip = cluster.next_address("10.244");
             start(&mut updated, &containers, &pod_ip, host_ip.as_deref());
@@ -304,7 +304,7 @@ pub(crate) fn reconcile(cluster: &mut Cluster) -> Option<Instant> {
             if deleting && clock.stop_requested.is_none() {
                 clock.stop_requested = Some(now);
             }
-            due = [due, progress(&mut updated, &plans, clock, grace, now)].into_iter().flatten().min();
+            due = super::sooner(due, progress(&mut updated, &plans, clock, grace, now));
         }
         cluster.store.update(resources::PODS.plural, updated);
     }

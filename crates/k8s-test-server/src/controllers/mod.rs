@@ -24,7 +24,12 @@ fn pass(cluster: &mut Cluster) -> Option<Instant> {
     let jobs = jobs::reconcile(cluster);
     deployments::reconcile(cluster);
     garbage::reconcile(cluster);
-    pods.into_iter().chain(jobs).min()
+    sooner(pods, jobs)
+}
+
+/// The earlier of two due times, either of which may be none.
+pub(crate) fn sooner(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    a.into_iter().chain(b).min()
 }
 
 /// Runs the controllers until the task is aborted: a pass per change (debounced), and one
