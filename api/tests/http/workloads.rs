@@ -193,6 +193,86 @@ async fn concurrent_puts_of_one_new_name_create_it_exactly_once(db: berth_store:
     assert_eq!(creates, 1);
 }
 
+/// Submissions made at the same time are written together (berth_app::group_commit), and
+/// each keeps what is its own: its submitter, request id and owner in its records.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn concurrent_creates_by_several_callers_keep_each_callers_records(db: berth_store::PgPool) {
+    use berth_core::auth::Role;
+
+    let s = std::sync::Arc::new(Server::start(db).await);
+    s.seed().await;
+    let puts: Vec<_> = (0..24)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let who = format!("user{}", i % 3);
+                let token = crate::common::token(&who, &[(Role::Member, Some("nlp"))]);
+                let path = format!("/api/v1/teams/nlp/workloads/w{i}");
+                let reply = s.send_as(Some(&token), Method::PUT, &path, Some(&WorkloadBody::new().json())).await;
+                assert_eq!(reply.status, 201, "{}", reply.body);
+                let request_id = reply.headers["x-request-id"].to_str().unwrap().to_owned();
+                (format!("w{i}"), who, request_id, reply.body)
+            })
+        })
+        .collect();
+    for put in puts {
+        let (name, who, request_id, body) = put.await.unwrap();
+        assert_eq!(body["metadata"]["owner"]["subject"], who.as_str(), "{body}");
+        let (actor, recorded_id): (String, Option<String>) =
+            sqlx::query_as("SELECT actor, request_id FROM audit_log WHERE name = $1 AND verb = 'create'")
+                .bind(&name)
+                .fetch_one(&s.db)
+                .await
+                .unwrap();
+        assert_eq!((actor.as_str(), recorded_id.as_deref()), (who.as_str(), Some(request_id.as_str())), "{name}");
+        let stored = s.get(&format!("/api/v1/teams/nlp/workloads/{name}")).await;
+        assert_eq!(stored.body["metadata"]["uid"], body["metadata"]["uid"]);
+    }
+    let counts = s.table_counts().await;
+    assert_eq!((counts["workloads"], counts["events"]), (24, 24), "one Created event each");
+}
+
+/// A submission that cannot be written (its team was deleted after it was checked) fails
+/// alone: the others written in the same statement are created.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool) {
+    use berth_app::group_commit::{Submission, create};
+    use berth_core::workload::{WorkloadApply, WorkloadStatus};
+
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
+    let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
+    let submission = |name: &str, team_uid: uuid::Uuid| Submission {
+        uid: berth_core::WorkloadId::new(),
+        team_uid: berth_core::TeamId(team_uid),
+        team: "nlp".into(),
+        name: name.into(),
+        labels: Default::default(),
+        spec: spec.clone(),
+        status: WorkloadStatus::default(),
+        owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into() },
+        actor: berth_core::event::Actor::new("admin", None),
+    };
+    // Spawned together, they queue before any writer runs and make up one statement.
+    let writes: Vec<_> = (0..8)
+        .map(|i| {
+            let team = if i == 3 { uuid::Uuid::new_v4() } else { nlp };
+            let (db, submission) = (db.clone(), submission(&format!("w{i}"), team));
+            tokio::spawn(async move { create(&db, submission).await })
+        })
+        .collect();
+    for (i, write) in writes.into_iter().enumerate() {
+        match write.await.unwrap() {
+            Ok(Some(w)) => assert_ne!(i, 3, "{w:?}"),
+            Ok(None) => panic!("w{i}: no name was taken"),
+            Err(e) => assert_eq!(i, 3, "{e}"),
+        }
+    }
+    let counts = s.table_counts().await;
+    assert_eq!((counts["workloads"], counts["events"]), (7, 7));
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_queue_is_in_the_schedulers_order_and_the_summary_counts_phases(db: berth_store::PgPool) {
     use berth_core::auth::Role;

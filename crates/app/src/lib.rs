@@ -15,6 +15,7 @@ pub mod controller;
 pub mod demo;
 pub mod feasibility;
 pub mod flavor;
+pub mod group_commit;
 pub mod history;
 pub mod identity;
 pub mod logs;

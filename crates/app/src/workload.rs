@@ -26,7 +26,7 @@ use crate::{
 const KIND: &str = "workload";
 /// `?owner=me`: the caller's own workloads.
 pub const OWNER_ME: &str = "me";
-const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
+pub(crate) const CREATED_MESSAGE: &str = "workload submitted; waiting for admission";
 
 /// Creates or replaces a workload. A new workload starts `Pending`.
 ///
@@ -103,9 +103,30 @@ async fn write_workload(
     }
     crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
     let actor = &opctx.actor;
-    let labels = input.metadata.labels.clone().unwrap_or_default();
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let owner = opctx.principal.owner();
+    // Fast path for the common case, a plain submission of a new name: written with the
+    // submissions made meanwhile, in one statement with its event and audit record
+    // ([`crate::group_commit`]). Anything else (the name exists, preconditions were
+    // given, or another writer won the name meanwhile) takes the general path below,
+    // which locks the row and applies the declarative rules.
+    if !lookup.exists && write == Write::Commit && if_match.is_none() && input.metadata.resource_version.is_none() {
+        let submission = crate::group_commit::Submission {
+            uid: WorkloadId::new(),
+            team_uid,
+            team: team.to_owned(),
+            name: name.to_owned(),
+            labels: input.metadata.labels.clone().unwrap_or_default(),
+            spec: input.spec.clone(),
+            status: status.clone(),
+            owner: owner.clone(),
+            actor: actor.clone(),
+        };
+        if let Some(w) = crate::group_commit::create(db, submission).await? {
+            return Ok((w, Applied::Created));
+        }
+    }
+    let labels = input.metadata.labels.clone().unwrap_or_default();
     let new = NewWorkload {
         owner: Some(&owner),
         uid: WorkloadId::new(),
@@ -115,21 +136,8 @@ async fn write_workload(
         labels: &labels,
         spec: &input.spec,
         status: &status,
+        actor,
     };
-    // Fast path for the common case, a plain submission of a new name: one statement
-    // writes the workload, its event and its audit record. Anything else (the name
-    // exists, preconditions were given, or another writer won the name meanwhile) takes
-    // the general path below, which locks the row and applies the declarative rules.
-    if !lookup.exists
-        && write == Write::Commit
-        && if_match.is_none()
-        && input.metadata.resource_version.is_none()
-        && let Some(w) =
-            store::workload_create_many(db, std::slice::from_ref(&new), CREATED_MESSAGE, actor).await?.pop()
-    {
-        crate::change_notice::workloads_submitted(db);
-        return Ok((w, Applied::Created));
-    }
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
         let existing = store::workload_fetch_for_update(&mut tx, team, name).await?;
@@ -349,6 +357,7 @@ async fn create_batch(
             spec: &item.spec,
             status: &status,
             owner: Some(&owner),
+            actor,
         })
         .collect();
     let mut tx = berth_store::begin(db).await?;
@@ -357,7 +366,7 @@ async fn create_batch(
     {
         return Err(Error::Unavailable(KEY_TAKEN.into()));
     }
-    let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE, actor).await?;
+    let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE).await?;
     if created.len() < new.len() {
         // Some names are taken: nothing of the batch is kept.
         drop(tx);

@@ -17,6 +17,7 @@ use berth_core::workload::Workload;
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
+use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
 use crate::snapshot::World;
@@ -39,6 +40,9 @@ struct Kept {
     nodes: Option<KeptNodes>,
     /// The change feed's cursor after the last read, and when the last full read was.
     read: Option<(i64, Instant)>,
+    /// When the scheduler last wrote every queue position that moved (by the controllers'
+    /// clock), see [`crate::scheduler::POSITIONS_REFRESH`].
+    positions_written: Option<DateTime<Utc>>,
 }
 
 /// How a world was read.
@@ -83,6 +87,21 @@ impl WorldCache {
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut kept.nodes).await?;
         berth_store::commit(tx).await?;
         Ok(nodes)
+    }
+
+    /// Whether every queue position that moved is due to be written: none was in this
+    /// term, or the last time is `every` ago.
+    pub async fn positions_due(&self, now: DateTime<Utc>, every: Duration) -> bool {
+        self.0
+            .lock()
+            .await
+            .positions_written
+            .is_none_or(|at| now - at >= TimeDelta::from_std(every).unwrap_or_default())
+    }
+
+    /// Every queue position that moved was written at `at`.
+    pub async fn positions_written(&self, at: DateTime<Utc>) {
+        self.0.lock().await.positions_written = Some(at);
     }
 
     /// The next read is a full one.

@@ -310,7 +310,9 @@ pub struct PendingReason {
     pub details: Option<serde_json::Value>,
 }
 
-/// Place in the queue; 1 is next.
+/// Place in the queue; 1 is next. Within the first 100 (of the whole queue or of the
+/// team) it is current as of the scheduler's last cycle; further back it may be up to 10 s
+/// old, unless the pending reason changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QueuePosition {
     pub global: u32,

@@ -152,6 +152,8 @@ pub struct NewWorkload<'a> {
     pub spec: &'a WorkloadSpec,
     pub status: &'a WorkloadStatus,
     pub owner: Option<&'a Owner>,
+    /// Who submits it, for its audit record.
+    pub actor: &'a berth_core::event::Actor,
 }
 
 /// Inserts a workload; `None` when another writer created the name first.
@@ -453,7 +455,6 @@ pub async fn workload_create_many(
     db: impl PgExecutor<'_>,
     items: &[NewWorkload<'_>],
     event_message: &str,
-    actor: &berth_core::event::Actor,
 ) -> Result<Vec<Workload>, Error> {
     let uids: Vec<Uuid> = items.iter().map(|w| w.uid.0).collect();
     let team_uids: Vec<Uuid> = items.iter().map(|w| w.team_uid.0).collect();
@@ -466,6 +467,8 @@ pub async fn workload_create_many(
     let specs: Vec<Json<&WorkloadSpec>> = items.iter().map(|w| Json(w.spec)).collect();
     let statuses: Vec<Json<&WorkloadStatus>> = items.iter().map(|w| Json(w.status)).collect();
     let owners: Vec<Option<Json<&Owner>>> = items.iter().map(|w| w.owner.map(Json)).collect();
+    let subjects: Vec<&str> = items.iter().map(|w| w.actor.subject.as_str()).collect();
+    let request_ids: Vec<Option<&str>> = items.iter().map(|w| w.actor.request_id.as_deref()).collect();
     // Only what Postgres decides comes back; the rest is what was sent.
     let rows = sqlx::query!(
         r#"WITH w AS (
@@ -482,7 +485,8 @@ pub async fn workload_create_many(
                SELECT 'workload', uid, 'Normal', 'Created', $11 FROM w
            ), a AS (
                INSERT INTO audit_log (actor, verb, kind, team, name, uid, generation_before, generation_after, request_id)
-               SELECT $12, 'create', 'workload', team_name, name, uid, NULL, generation, $13 FROM w
+               SELECT i.actor, 'create', 'workload', w.team_name, w.name, w.uid, NULL, w.generation, i.request_id
+               FROM w JOIN unnest($1::uuid[], $12::text[], $13::text[]) AS i (uid, actor, request_id) USING (uid)
            )
            SELECT uid AS "uid!", generation AS "generation!", resource_version AS "resource_version!",
                   created_at AS "created_at!", updated_at AS "updated_at!",
@@ -501,8 +505,8 @@ pub async fn workload_create_many(
         &specs as _,
         &statuses as _,
         event_message,
-        actor.subject,
-        actor.request_id,
+        &subjects as _,
+        &request_ids as _,
         &owners as _,
     )
     .fetch_all(db)

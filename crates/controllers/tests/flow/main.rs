@@ -853,6 +853,41 @@ async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::P
     p.assert_kept_world_is_current().await;
 }
 
+/// Queue positions: the head's are written as they move, those further back every
+/// `POSITIONS_REFRESH` (writing each move would rewrite the whole queue each cycle).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn queue_positions_behind_the_head_are_refreshed_on_their_period(db: berth_store::PgPool) {
+    use berth_controllers::scheduler::{POSITIONS_KEPT_CURRENT, POSITIONS_REFRESH};
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let queued = POSITIONS_KEPT_CURRENT + 20;
+    for i in 1..=queued {
+        p.submit("nlp", &format!("w{i}"), 1, 1.0, json!({})).await;
+    }
+    let position = |w: berth_core::workload::Workload| w.status.queue_position.map(|q| q.global);
+    let positions = || async {
+        let mut all = Vec::new();
+        for i in 1..=queued {
+            all.push(position(p.workload("nlp", &format!("w{i}")).await));
+        }
+        all
+    };
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let first: Vec<_> = (1..=queued).map(Some).collect();
+    assert_eq!(positions().await, first);
+    // One of higher priority goes ahead of them all.
+    p.submit("nlp", "urgent", 1, 1.0, json!({"priority": 5})).await;
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(position(p.workload("nlp", "urgent").await), Some(1), "a new workload's position is written at once");
+    let moved: Vec<_> = (1..=queued).map(|i| Some(if i < POSITIONS_KEPT_CURRENT { i + 1 } else { i })).collect();
+    assert_eq!(positions().await, moved, "the head moved; the rest waits for the refresh");
+    assert_eq!(cycle.explained, POSITIONS_KEPT_CURRENT as usize);
+    p.ctx.clock.advance(POSITIONS_REFRESH);
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let all_moved: Vec<_> = (1..=queued).map(|i| Some(i + 1)).collect();
+    assert_eq!(positions().await, all_moved);
+}
+
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
 /// that finds new nodes, another replica's write, a cluster's delete (a cascade).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

@@ -1,0 +1,162 @@
+//! Group commit of submissions: new workloads submitted at the same time, one per request,
+//! are written by one statement in one transaction, and each request is answered once
+//! that transaction has committed.
+//!
+//! A single-row transaction costs Postgres nearly as much as one of a hundred rows (the
+//! round trips, the statement, the commit's WAL flush), so one statement per submission
+//! held creates to ~0.1 of pgbench's single-row insert rate. Here a submission joins the
+//! queue of its database; a writer takes everything queued (up to [`MOST_PER_STATEMENT`])
+//! and writes it, and submissions that arrive meanwhile make up the next statement. No
+//! submission waits for others to arrive: one alone is written at once, and at most
+//! [`WRITERS`] statements are in flight per database, so a burst forms groups by itself.
+//!
+//! A writer runs as a task of its own, so a request that goes away mid-write cannot take
+//! the answers of the others with it. Should a group's statement fail, each of its
+//! submissions is written alone, so one that cannot be written (its team was deleted
+//! meanwhile) fails by itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use berth_core::event::Actor;
+use berth_core::meta::{Labels, Owner};
+use berth_core::workload::{Workload, WorkloadSpec, WorkloadStatus};
+use berth_core::{Error, TeamId, WorkloadId};
+use berth_store::PgPool;
+use berth_store::workload::{self as store, NewWorkload};
+use tokio::sync::oneshot;
+
+/// Statements in flight at once per database.
+const WRITERS: usize = 4;
+
+/// Submissions written by one statement at most.
+const MOST_PER_STATEMENT: usize = 100;
+
+/// A new workload to create, owned so that another task can write it.
+pub struct Submission {
+    pub uid: WorkloadId,
+    pub team_uid: TeamId,
+    pub team: String,
+    pub name: String,
+    pub labels: Labels,
+    pub spec: WorkloadSpec,
+    pub status: WorkloadStatus,
+    pub owner: Owner,
+    pub actor: Actor,
+}
+
+/// The answer to a submission: the workload created, or `None` when its name was taken.
+type Answer = Result<Option<Workload>, Error>;
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<(Submission, oneshot::Sender<Answer>)>,
+    writers: usize,
+}
+
+static QUEUES: Mutex<Option<HashMap<String, Arc<Mutex<Queue>>>>> = Mutex::new(None);
+
+/// Creates the workload, with its `Created` event and audit record, in a statement shared
+/// with the submissions made meanwhile; `None` when a workload of that name exists (the
+/// caller then takes the general path). Returns once the write has committed.
+///
+/// # Errors
+/// As [`store::workload_create_many`]; [`Error::Unavailable`] when the write was stopped
+/// before it answered (the process is shutting down).
+pub async fn create(db: &PgPool, submission: Submission) -> Answer {
+    let queue = {
+        let mut all = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+        all.get_or_insert_default().entry(crate::database_key(db)).or_default().clone()
+    };
+    let (answer, answered) = oneshot::channel();
+    let start = {
+        let mut q = lock(&queue);
+        q.waiting.push((submission, answer));
+        let start = q.writers < WRITERS;
+        if start {
+            q.writers += 1;
+        }
+        start
+    };
+    if start {
+        tokio::spawn(write(db.clone(), queue));
+    }
+    answered.await.unwrap_or_else(|_| Err(Error::Unavailable("the submission's write was stopped; retry".into())))
+}
+
+fn lock(queue: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    queue.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes what is queued, group by group, until nothing is.
+async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
+    // Counts the writer out, under the same lock as the last look at the queue (so that a
+    // submission queued after it is seen, or starts a writer of its own). Should the task
+    // be dropped mid-write (its runtime ends), submissions still queued when the last
+    // writer goes are answered with an error (their senders dropped), not left waiting.
+    struct Writer(Arc<Mutex<Queue>>, bool);
+    impl Drop for Writer {
+        fn drop(&mut self) {
+            if !self.1 {
+                let mut q = lock(&self.0);
+                q.writers -= 1;
+                if q.writers == 0 {
+                    q.waiting.clear();
+                }
+            }
+        }
+    }
+    let mut writer = Writer(queue.clone(), false);
+    loop {
+        let group: Vec<_> = {
+            let mut q = lock(&queue);
+            if q.waiting.is_empty() {
+                q.writers -= 1;
+                writer.1 = true;
+                return;
+            }
+            let n = q.waiting.len().min(MOST_PER_STATEMENT);
+            q.waiting.drain(..n).collect()
+        };
+        let (submissions, answers): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+        for (answer, result) in answers.into_iter().zip(write_group(&db, &submissions).await) {
+            // The request may have gone away; its workload is written all the same.
+            let _ = answer.send(result);
+        }
+        crate::change_notice::workloads_submitted(&db);
+    }
+}
+
+/// The answer to each submission of the group, in order.
+async fn write_group(db: &PgPool, submissions: &[Submission]) -> Vec<Answer> {
+    let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
+    match store::workload_create_many(db, &new, crate::workload::CREATED_MESSAGE).await {
+        Ok(created) => {
+            let mut by_uid: HashMap<_, _> = created.into_iter().map(|w| (w.metadata.uid, w)).collect();
+            new.iter().map(|n| Ok(by_uid.remove(&n.uid.0))).collect()
+        }
+        Err(e) if new.len() == 1 => vec![Err(e)],
+        Err(_) => {
+            let mut answers = Vec::with_capacity(new.len());
+            for n in &new {
+                let alone = store::workload_create_many(db, std::slice::from_ref(n), crate::workload::CREATED_MESSAGE);
+                answers.push(alone.await.map(|mut created| created.pop()));
+            }
+            answers
+        }
+    }
+}
+
+fn new_workload(s: &Submission) -> NewWorkload<'_> {
+    NewWorkload {
+        uid: s.uid,
+        team_uid: s.team_uid,
+        team: &s.team,
+        name: &s.name,
+        labels: &s.labels,
+        spec: &s.spec,
+        status: &s.status,
+        owner: Some(&s.owner),
+        actor: &s.actor,
+    }
+}
