@@ -131,16 +131,13 @@ async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
 async fn write_group(db: &PgPool, submissions: &[Submission]) -> Vec<Answer> {
     let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
     match store::workload_create_many(db, &new, crate::workload::CREATED_MESSAGE).await {
-        Ok(created) => {
-            let mut by_uid: HashMap<_, _> = created.into_iter().map(|w| (w.metadata.uid, w)).collect();
-            new.iter().map(|n| Ok(by_uid.remove(&n.uid.0))).collect()
-        }
+        Ok(created) => created.into_iter().map(Ok).collect(),
         Err(e) if new.len() == 1 => vec![Err(e)],
         Err(_) => {
             let mut answers = Vec::with_capacity(new.len());
             for n in &new {
                 let alone = store::workload_create_many(db, std::slice::from_ref(n), crate::workload::CREATED_MESSAGE);
-                answers.push(alone.await.map(|mut created| created.pop()));
+                answers.push(alone.await.map(|mut created| created.pop().flatten()));
             }
             answers
         }

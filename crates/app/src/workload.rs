@@ -367,7 +367,7 @@ async fn create_batch(
         return Err(Error::Unavailable(KEY_TAKEN.into()));
     }
     let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE).await?;
-    if created.len() < new.len() {
+    let Some(created) = created.into_iter().collect::<Option<Vec<Workload>>>() else {
         // Some names are taken: nothing of the batch is kept.
         drop(tx);
         let taken = store::workload_names_taken(db, team, &names).await?;
@@ -379,7 +379,7 @@ async fn create_batch(
             ),
             None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
         });
-    }
+    };
     let redactor = opctx.redactor();
     let created: Vec<Workload> = created.into_iter().map(|w| redactor.workload(w)).collect();
     if let Some((scope, _)) = idempotency_key {

@@ -440,8 +440,8 @@ pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Err
 
 /// Creates workloads, each with its `Created` event and audit record, in one
 /// statement (so one round trip and one implicit transaction). Names already taken are
-/// skipped: the caller compares what was created with what it asked for. Returned in the
-/// order given.
+/// skipped: the answer has an item per workload given, in order, `None` where the name
+/// was taken.
 ///
 /// This is the hot path of submission, alone or in batches; the general path
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
@@ -455,7 +455,7 @@ pub async fn workload_create_many(
     db: impl PgExecutor<'_>,
     items: &[NewWorkload<'_>],
     event_message: &str,
-) -> Result<Vec<Workload>, Error> {
+) -> Result<Vec<Option<Workload>>, Error> {
     let uids: Vec<Uuid> = items.iter().map(|w| w.uid.0).collect();
     let team_uids: Vec<Uuid> = items.iter().map(|w| w.team_uid.0).collect();
     let teams: Vec<&str> = items.iter().map(|w| w.team).collect();
@@ -515,7 +515,7 @@ pub async fn workload_create_many(
     let mut created: std::collections::HashMap<Uuid, _> = rows.into_iter().map(|r| (r.uid, r)).collect();
     Ok(items
         .iter()
-        .filter_map(|w| {
+        .map(|w| {
             let r = created.remove(&w.uid.0)?;
             Some(Workload {
                 metadata: ObjectMeta {
