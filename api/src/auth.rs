@@ -7,15 +7,18 @@
 //!
 //! Failures are logged with a reason code and never with the token.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use berth_auth::{AuthError, Verifier};
+use berth_auth::{AuthError, Verified, Verifier};
 use berth_core::auth::Principal;
+use chrono::Utc;
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
@@ -26,6 +29,7 @@ use crate::state::AppState;
 #[derive(Clone)]
 pub struct Auth {
     pub verifier: Verifier,
+    verified: Arc<VerifiedTokens>,
     writes: Option<Limiter>,
     reads: Option<Limiter>,
     teams: Option<Limiter>,
@@ -62,7 +66,26 @@ impl Auth {
     }
 
     pub fn with_limits(verifier: Verifier, limits: RateLimits) -> Self {
-        Self { verifier, writes: limiter(limits.writes), reads: limiter(limits.reads), teams: limiter(limits.teams) }
+        Self {
+            verifier,
+            verified: Arc::default(),
+            writes: limiter(limits.writes),
+            reads: limiter(limits.reads),
+            teams: limiter(limits.teams),
+        }
+    }
+
+    /// Verifies a token, or takes it at its word if it passed within
+    /// [`VERIFIED_KEPT_FOR`] and has not expired since: a client sends the same token with
+    /// every request, and checking it again took a tenth of a `GET`'s time.
+    async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
+        let keys = self.verifier.keys_version();
+        if let Some(verified) = self.verified.get(token, keys) {
+            return Ok(verified);
+        }
+        let verified = self.verifier.verify(token).await?;
+        self.verified.keep(token, keys, &verified);
+        Ok(verified)
     }
 
     /// The seconds to wait when the principal, or a team the request counts against, is
@@ -85,6 +108,38 @@ impl Auth {
                 wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
             })
             .max()
+    }
+}
+
+/// The longest a verified token is taken at its word (never past its expiry). A key its
+/// issuer withdrew (a JWKS rotation) is noticed within this time.
+const VERIFIED_KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// The most tokens kept; past it the cache starts over.
+const MOST_VERIFIED_KEPT: usize = 10_000;
+
+/// Tokens that passed [`Verifier::verify`], by their text, with when they stop being taken
+/// at their word and the [`Verifier::keys_version`] they were verified with: once keys
+/// were fetched again, every token is verified again.
+#[derive(Default)]
+struct VerifiedTokens(Mutex<HashMap<Box<str>, (Instant, u64, Verified)>>);
+
+impl VerifiedTokens {
+    fn get(&self, token: &str, keys: u64) -> Option<Verified> {
+        let kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.get(token)
+            .filter(|(until, version, _)| Instant::now() < *until && *version == keys)
+            .map(|(_, _, verified)| verified.clone())
+    }
+
+    fn keep(&self, token: &str, keys: u64, verified: &Verified) {
+        let Ok(left) = (verified.expires_at - Utc::now()).to_std() else { return };
+        let until = Instant::now() + left.min(VERIFIED_KEPT_FOR);
+        let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() >= MOST_VERIFIED_KEPT {
+            kept.clear();
+        }
+        kept.insert(token.into(), (until, keys, verified.clone()));
     }
 }
 
@@ -128,7 +183,7 @@ enum Refusal {
 
 async fn principal(state: &AppState, token: Result<String, AuthError>) -> Result<Principal, Refusal> {
     let token = token.map_err(Refusal::Token)?;
-    let verified = state.auth.verifier.verify(&token).await.map_err(Refusal::Token)?;
+    let verified = state.auth.verify(&token).await.map_err(Refusal::Token)?;
     berth_app::identity::principal(&state.db, &token, verified).await.map_err(Refusal::Store)?.map_err(Refusal::Token)
 }
 
@@ -174,4 +229,32 @@ fn too_many_requests(seconds: u64) -> Response {
     .into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
     unread_body(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verified(expires_in: chrono::TimeDelta) -> Verified {
+        Verified {
+            issuer: "berth".into(),
+            subject: "ada".into(),
+            grants: Vec::new(),
+            service_account: None,
+            expires_at: Utc::now() + expires_in,
+        }
+    }
+
+    #[test]
+    fn a_kept_token_is_taken_at_its_word_until_it_expires_or_keys_change() {
+        let tokens = VerifiedTokens::default();
+        tokens.keep("a", 1, &verified(chrono::TimeDelta::milliseconds(300)));
+        tokens.keep("expired", 1, &verified(chrono::TimeDelta::seconds(-1)));
+        assert_eq!(tokens.get("a", 1).map(|v| v.subject), Some("ada".into()));
+        assert_eq!(tokens.get("a", 2), None, "keys were fetched again since");
+        assert_eq!(tokens.get("expired", 1), None, "an expired token is not kept");
+        assert_eq!(tokens.get("other", 1), None);
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        assert_eq!(tokens.get("a", 1), None, "not past its expiry");
+    }
 }

@@ -10,8 +10,31 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::auth::Auth;
 
+/// What every handler can reach, behind one handle: it is cloned for every request (each
+/// extractor and middleware takes its own), so a clone is one counter, not one per part.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(db: PgPool, auth: Auth) -> Self {
+        Self::from(Shared::new(db, auth))
+    }
+}
+
+impl From<Shared> for AppState {
+    fn from(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+pub struct Shared {
     pub db: PgPool,
     pub metrics: PrometheusHandle,
     pub auth: Auth,
@@ -21,7 +44,8 @@ pub struct AppState {
     pub backends: Arc<Registry>,
 }
 
-impl AppState {
+impl Shared {
+    /// The defaults: no CORS, `/metrics` beside the API, no backends configured.
     pub fn new(db: PgPool, auth: Auth) -> Self {
         Self {
             db,

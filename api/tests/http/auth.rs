@@ -433,7 +433,10 @@ async fn public_routes_cors_and_dashboard_headers(db: berth_store::PgPool) {
         web_dir: None,
         ..berthd::state::HttpConfig::default()
     };
-    let app = berthd::app(berthd::state::AppState { http, ..berthd::state::AppState::new(db, auth) });
+    let app = berthd::app(berthd::state::AppState::from(berthd::state::Shared {
+        http,
+        ..berthd::state::Shared::new(db, auth)
+    }));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let preflight = |origin: &'static str| {
         plain
@@ -548,7 +551,10 @@ async fn the_dashboard_build_is_served_with_its_assets(db: berth_store::PgPool) 
     let base = format!("http://{}", listener.local_addr().unwrap());
     let auth = berthd::auth::Auth::new(common::verifier(None), None);
     let http = berthd::state::HttpConfig { web_dir: Some(dir.clone()), ..Default::default() };
-    let app = berthd::app(berthd::state::AppState { http, ..berthd::state::AppState::new(db, auth) });
+    let app = berthd::app(berthd::state::AppState::from(berthd::state::Shared {
+        http,
+        ..berthd::state::Shared::new(db, auth)
+    }));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let plain = reqwest::Client::new();
     let page = plain.get(format!("{base}/")).send().await.unwrap();

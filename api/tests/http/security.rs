@@ -457,10 +457,10 @@ async fn serve_with_limits(db: berth_store::PgPool, limits: berthd::server::Conn
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let http = berthd::state::HttpConfig { limits, ..berthd::state::HttpConfig::default() };
-    let state = berthd::state::AppState {
+    let state = berthd::state::AppState::from(berthd::state::Shared {
         http,
-        ..berthd::state::AppState::new(db, berthd::auth::Auth::new(common::verifier(None), None))
-    };
+        ..berthd::state::Shared::new(db, berthd::auth::Auth::new(common::verifier(None), None))
+    });
     tokio::spawn(berthd::server::serve(listener, berthd::app(state), limits, std::future::pending()));
     addr
 }

@@ -596,3 +596,76 @@ async fn a_batch_item_without_a_name_gets_one_from_its_generate_name(db: berth_s
     s.put("/api/v1/teams/nlp/workloads/x", &generated("")).await.assert_problem(422, Some("/metadata/generate_name"));
     s.put_ok("/api/v1/teams/nlp/workloads/x", &generated("ok-"), 201).await;
 }
+
+/// A GET answers from memory (berth_app::workload_cache) yet sees every write committed
+/// before it, whoever made it: here SQL behind Berth's back, as another replica's writes
+/// are. Readers hammering the same name meanwhile make the reads of the change feed
+/// shared, so a read arriving while one is under way must wait for the next.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_read_sees_every_write_committed_before_it_whoever_wrote_it(db: berth_store::PgPool) {
+    let s = std::sync::Arc::new(Server::start(db).await);
+    s.seed().await;
+    let path = "/api/v1/teams/nlp/workloads/w";
+    let first = s.put_ok(path, &WorkloadBody::new().json(), 201).await.body;
+    assert_eq!(s.get(path).await.body["metadata"]["uid"], first["metadata"]["uid"]);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, stop) = (s.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let status = s.get("/api/v1/teams/nlp/workloads/w").await.status;
+                    assert!(status == 200 || status == 404, "{status}");
+                }
+            })
+        })
+        .collect();
+    for n in 0..30 {
+        sqlx::query(
+            "UPDATE workloads SET labels = jsonb_build_object('n', $1::text),
+                    resource_version = nextval('resource_version_seq') WHERE name = 'w'",
+        )
+        .bind(n.to_string())
+        .execute(&s.db)
+        .await
+        .unwrap();
+        let read = s.get(path).await;
+        assert_eq!(read.body["metadata"]["labels"]["n"], n.to_string(), "write {n}: {}", read.body);
+    }
+    sqlx::query("DELETE FROM workloads WHERE name = 'w'").execute(&s.db).await.unwrap();
+    assert_eq!(s.get(path).await.status, 404);
+    let second = s.put_ok(path, &WorkloadBody::new().json(), 201).await.body;
+    assert_ne!(second["metadata"]["uid"], first["metadata"]["uid"]);
+    assert_eq!(s.get(path).await.body["metadata"]["uid"], second["metadata"]["uid"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+
+    // The cache's connection to the feed is killed (an idle timeout, a proxy's restart): a
+    // read may fail once, and the next ones are fresh again.
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE datname = current_database() AND query LIKE 'WITH feed AS%'",
+    )
+    .fetch_one(&s.db)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1);
+    sqlx::query(
+        "UPDATE workloads SET labels = '{\"n\": \"after\"}', resource_version = nextval('resource_version_seq')",
+    )
+    .execute(&s.db)
+    .await
+    .unwrap();
+    let mut statuses = Vec::new();
+    let read = loop {
+        let read = s.get(path).await;
+        statuses.push(read.status.as_u16());
+        if read.status == 200 || statuses.len() == 3 {
+            break read;
+        }
+    };
+    assert_eq!(read.body["metadata"]["labels"]["n"], "after", "{statuses:?} {}", read.body);
+}

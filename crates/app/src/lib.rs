@@ -22,6 +22,7 @@ pub mod logs;
 pub mod metrics;
 pub mod team;
 pub mod workload;
+pub mod workload_cache;
 
 use berth_core::Error;
 use berth_core::apply::{Applied, Current};

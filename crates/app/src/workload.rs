@@ -393,15 +393,15 @@ async fn create_batch(
     Ok(created)
 }
 
-/// Fetches a workload.
+/// Fetches a workload, as committed when the call began (from [`crate::workload_cache`]).
 ///
 /// # Errors
 /// [`Error::NotFound`] when the team has no workload by that name, or the caller cannot
 /// see the team.
 pub async fn workload_get(db: &PgPool, opctx: &OpContext, team: &str, name: &str) -> Result<Workload, Error> {
     opctx.access().read_team(team)?;
-    let workload = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
-    Ok(opctx.redactor().workload(workload))
+    let workload = crate::workload_cache::workload(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    Ok(opctx.redactor().workload(Workload::clone(&workload)))
 }
 
 /// Lists workloads, filtered: of `team` when given (taken from the path), else of every

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
@@ -62,6 +63,9 @@ pub struct Jwks {
     pub config: Arc<OidcConfig>,
     http: reqwest::Client,
     cache: Arc<Mutex<Cache>>,
+    /// How many times the key set was fetched: what a token was verified against changes
+    /// with it.
+    fetches: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Jwks {
@@ -78,7 +82,12 @@ impl Jwks {
             .timeout(Duration::from_secs(5))
             .build()
             .expect("an HTTP client with default settings builds");
-        Self { config: Arc::new(config), http, cache: Arc::default() }
+        Self { config: Arc::new(config), http, cache: Arc::default(), fetches: Arc::default() }
+    }
+
+    /// How many times the key set was fetched (each may have withdrawn keys).
+    pub fn key_sets_fetched(&self) -> u64 {
+        self.fetches.load(Ordering::Acquire)
     }
 
     /// The key of `kid`, fetching the key set when it is stale or lacks that key.
@@ -93,7 +102,10 @@ impl Jwks {
         let may_fetch = age.is_none_or(|a| a >= self.config.min_refresh);
         if stale || (!cache.keys.contains_key(kid) && may_fetch) {
             match self.fetch(&mut cache).await {
-                Ok(keys) => cache.keys = keys,
+                Ok(keys) => {
+                    cache.keys = keys;
+                    self.fetches.fetch_add(1, Ordering::Release);
+                }
                 Err(e) => {
                     tracing::warn!(issuer = %self.config.issuer, error = %e, "fetching the issuer's JWKS failed");
                     if cache.fetched_at.is_none() {

@@ -222,6 +222,12 @@ impl Verifier {
         self.oidc.as_ref().map(|o| o.config.issuer.as_str()).or(self.berth.as_ref().map(|b| b.issuer.as_str()))
     }
 
+    /// What verification depends on besides the token and the clock: it changes each time
+    /// an OIDC issuer's key set is fetched again (a key may have been withdrawn).
+    pub fn keys_version(&self) -> u64 {
+        self.oidc.as_ref().map_or(0, Jwks::key_sets_fetched)
+    }
+
     /// Checks a token's header, issuer, signature and claims.
     ///
     /// # Errors

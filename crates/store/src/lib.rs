@@ -26,7 +26,7 @@ pub mod workload;
 use berth_core::Error;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-pub use sqlx::{PgPool, Postgres, Transaction};
+pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 /// A transaction on the Berth database.
 pub type Tx<'a> = Transaction<'a, Postgres>;
@@ -63,6 +63,15 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         .connect_with(options.application_name("berthd"))
         .await
         .map_err(db_error)
+}
+
+/// A connection outside `pool`, with its settings, for a reader that asks all the time: a
+/// pooled connection costs a second round trip each time (sqlx pings it on its way back).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn connect_alone(pool: &PgPool) -> Result<PgConnection, Error> {
+    sqlx::Connection::connect_with(&*pool.connect_options()).await.map_err(db_error)
 }
 
 /// Brings the schema up to date. Safe to call from several processes at once.

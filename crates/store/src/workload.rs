@@ -605,6 +605,74 @@ pub async fn workload_list_written_since(db: impl PgExecutor<'_>, cursor: i64) -
     .map_err(db_error)
 }
 
+/// What the change feed holds since `cursor`, read in one statement (so in one snapshot):
+/// where the reader stands after it, every workload written (whole, as
+/// [`workload_fetch`] gives it), and the uids of those deleted.
+pub struct FeedRead {
+    pub cursor: i64,
+    pub written: Vec<Workload>,
+    pub deleted: Vec<Uuid>,
+}
+
+/// Reads the change feed since `cursor` (from [`change_cursor`] or an earlier
+/// [`FeedRead`]), or only where it stands now when `cursor` is `None`.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_feed_read(db: impl PgExecutor<'_>, cursor: Option<i64>) -> Result<FeedRead, Error> {
+    let Some(since) = cursor else {
+        return Ok(FeedRead { cursor: change_cursor(db).await?, written: Vec::new(), deleted: Vec::new() });
+    };
+    let rows = sqlx::query!(
+        r#"WITH feed AS (
+               SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS cursor,
+                      ARRAY(SELECT uid FROM workload_tombstones WHERE written_by >= $1::bigint::text::xid8) AS deleted)
+           SELECT feed.cursor AS "cursor!", feed.deleted AS "deleted!",
+                  w.uid AS "uid?", w.team_name AS "team_name?", w.name AS "name?",
+                  w.labels AS "labels?: Json<Labels>", w.spec AS "spec?: Json<WorkloadSpec>",
+                  w.status AS "status?: Json<WorkloadStatus>", w.generation AS "generation?",
+                  w.resource_version AS "resource_version?", w.created_at AS "created_at?",
+                  w.updated_at AS "updated_at?", w.deletion_timestamp, w.owner AS "owner: Json<Owner>"
+           FROM feed LEFT JOIN workloads w ON w.written_by >= $1::bigint::text::xid8"#,
+        since,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    let mut read = FeedRead { cursor: since, written: Vec::with_capacity(rows.len()), deleted: Vec::new() };
+    for r in rows {
+        read.cursor = r.cursor;
+        if read.deleted.is_empty() {
+            read.deleted = r.deleted;
+        }
+        let (Some(uid), Some(team_name), Some(name), Some(labels), Some(spec), Some(status)) =
+            (r.uid, r.team_name, r.name, r.labels, r.spec, r.status)
+        else {
+            continue;
+        };
+        let (Some(generation), Some(resource_version), Some(created_at), Some(updated_at)) =
+            (r.generation, r.resource_version, r.created_at, r.updated_at)
+        else {
+            continue;
+        };
+        read.written.push(Workload::from(WorkloadRow {
+            uid,
+            team_name,
+            name,
+            labels,
+            spec,
+            status,
+            generation,
+            resource_version,
+            created_at,
+            updated_at,
+            deletion_timestamp: r.deletion_timestamp,
+            owner: r.owner,
+        }));
+    }
+    Ok(read)
+}
+
 /// The workloads deleted by transactions at or after `cursor`.
 ///
 /// # Errors
