@@ -234,6 +234,68 @@ async fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_dies(db: PgP
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Two replicas serve GETs from memory; a write through one is read at once through the
+/// other, while readers hammer the same name there (so the reads of the change feed are
+/// shared), and so are a delete and a re-create under the same name.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_write_through_one_replica_is_read_at_once_through_the_other(db: PgPool) {
+    let url = support::database_url(&db);
+    let dir = std::env::temp_dir().join(format!("berth-reads-{}", uuid::Uuid::now_v7()));
+    let replicas = [Berthd::start(&url, "replica-1", &dir), Berthd::start(&url, "replica-2", &dir)];
+    let put = |i: usize| {
+        json!({"metadata": {"labels": {"n": i.to_string()}},
+               "spec": {"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}})
+    };
+    let (status, _) = replicas[0].call(reqwest::Method::PUT, "/api/v1/flavors/h100", Some(&json!({"spec": {}}))).await;
+    assert_eq!(status, 201);
+    let team = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 8}]}});
+    assert_eq!(replicas[1].call(reqwest::Method::PUT, "/api/v1/teams/t", Some(&team)).await.0, 201);
+    let path = "/api/v1/teams/t/workloads/w";
+    let (status, created) = replicas[0].call(reqwest::Method::PUT, path, Some(&put(0))).await;
+    assert_eq!(status, 201, "{created}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = {
+        let (address, token, stop) = (replicas[1].address.clone(), replicas[1].admin_token(), stop.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let reply = client.get(format!("http://{address}{path}")).bearer_auth(&token).send().await.unwrap();
+                assert!(matches!(reply.status().as_u16(), 200 | 404), "{}", reply.status());
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for i in 1..=40 {
+        let (writer, reader) = (&replicas[i % 2], &replicas[(i + 1) % 2]);
+        let (status, written) = writer.call(reqwest::Method::PUT, path, Some(&put(i))).await;
+        assert_eq!(status, 200, "{written}");
+        let (status, read) = reader.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200);
+        assert_eq!(read["metadata"]["labels"]["n"], i.to_string(), "write {i} not seen through the other replica");
+        // The scheduler (on the leader) may have written the status since: never older.
+        let version = |w: &Value| w["metadata"]["resource_version"].as_str().unwrap().parse::<u64>().unwrap();
+        assert!(version(&read) >= version(&written), "{read} is older than {written}");
+    }
+    assert_eq!(replicas[0].call(reqwest::Method::DELETE, path, None).await.0, 202);
+    assert_eq!(replicas[1].call(reqwest::Method::GET, path, None).await.0, 404, "a Pending workload is removed at once");
+    let (status, again) = replicas[1].call(reqwest::Method::PUT, path, Some(&put(99))).await;
+    assert_eq!(status, 201);
+    assert_ne!(again["metadata"]["uid"], created["metadata"]["uid"]);
+    let (_, read) = replicas[0].call(reqwest::Method::GET, path, None).await;
+    assert_eq!(read["metadata"]["uid"], again["metadata"]["uid"], "the old workload is not served");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = hammer.await.unwrap();
+    println!("{reads} GETs through replica-2 meanwhile");
+    assert!(reads > 0);
+    for replica in replicas {
+        replica.kill();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 async fn wait_for_leader(b: &Berthd, timeout: std::time::Duration) -> String {
     wait_for_leader_other_than(b, "", timeout).await
 }
