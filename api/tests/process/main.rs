@@ -280,7 +280,11 @@ async fn a_write_through_one_replica_is_read_at_once_through_the_other(db: PgPoo
         assert!(version(&read) >= version(&written), "{read} is older than {written}");
     }
     assert_eq!(replicas[0].call(reqwest::Method::DELETE, path, None).await.0, 202);
-    assert_eq!(replicas[1].call(reqwest::Method::GET, path, None).await.0, 404, "a Pending workload is removed at once");
+    assert_eq!(
+        replicas[1].call(reqwest::Method::GET, path, None).await.0,
+        404,
+        "a Pending workload is removed at once"
+    );
     let (status, again) = replicas[1].call(reqwest::Method::PUT, path, Some(&put(99))).await;
     assert_eq!(status, 201);
     assert_ne!(again["metadata"]["uid"], created["metadata"]["uid"]);

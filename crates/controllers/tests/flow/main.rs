@@ -35,6 +35,25 @@ async fn a_submitted_workload_runs_and_succeeds(db: berth_store::PgPool) {
     assert_eq!(p.jobs("sim-a").await.len(), 1);
 }
 
+/// Status sync reads the kept world brought up to date from the change feed: work
+/// dispatched since the scheduler's (or its own) last read is followed by its next pass.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn status_sync_follows_work_dispatched_since_the_last_read_of_the_world(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(status_sync::reconcile(&p.ctx).await.unwrap().watched, 0, "only admitted so far");
+    dispatcher::reconcile(&p.ctx).await.unwrap();
+    assert!(matches!(p.phase("nlp", "train").await, Phase::Dispatched | Phase::Running));
+    p.advance(600);
+    let synced = status_sync::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((synced.watched, synced.finished), (1, 1));
+    assert_eq!(p.phase("nlp", "train").await, Phase::Succeeded);
+}
+
 /// The change notifications tell a write of statuses alone (with the phases written) from
 /// every other change, so the scheduler can sleep through a burst of dispatches.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
