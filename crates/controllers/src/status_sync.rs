@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use berth_adapters::{JobKey, JobState, JobStatus};
 use berth_core::Error;
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
+use berth_store::workload::BackendWork;
 use chrono::Utc;
 use serde::Serialize;
 use uuid::Uuid;
@@ -42,16 +43,13 @@ const FOLLOWED: [Phase; 3] = [Phase::Dispatched, Phase::Running, Phase::Unknown]
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
     let mut status = StatusSyncStatus::default();
-    // The kept world first (brought up to date from the change feed): most work is as the
-    // backend says, and only the rest is read again from the store.
-    let work = ctx.world.workloads_in(&ctx.db, &FOLLOWED).await?;
+    // A light view first (no specs): most work is as the backend says, and only the rest
+    // is read in full.
+    let work = berth_store::workload::workload_list_backend_work(&ctx.db, &FOLLOWED).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    let mut by_cluster: HashMap<&str, Vec<&Workload>> = HashMap::new();
+    let mut by_cluster: HashMap<&str, Vec<&BackendWork>> = HashMap::new();
     for w in &work {
-        // Deleted work belongs to the deletion controller.
-        if let Some(a) = w.status.admission.as_ref().filter(|_| w.metadata.deletion_timestamp.is_none()) {
-            by_cluster.entry(a.cluster.as_str()).or_default().push(w);
-        }
+        by_cluster.entry(w.cluster.as_str()).or_default().push(w);
     }
     let mut candidates: HashMap<Uuid, Option<JobStatus>> = HashMap::new();
     for cluster in &clusters {
@@ -68,29 +66,27 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
         };
         let mut jobs: HashMap<JobKey, JobStatus> = jobs.into_iter().map(|j| (j.key, j)).collect();
         for w in watched {
-            let uid = w.metadata.uid;
-            let job = jobs.remove(&JobKey { workload: uid, attempt: w.status.attempt });
+            let job = jobs.remove(&JobKey { workload: w.uid, attempt: w.attempt });
             let current = match job.as_ref().map(|j| j.state) {
-                Some(JobState::Queued) => w.status.phase != Phase::Unknown,
-                Some(JobState::Running) => w.status.phase == Phase::Running,
+                Some(JobState::Queued) => w.phase != Phase::Unknown,
+                Some(JobState::Running) => w.phase == Phase::Running,
                 _ => false,
             };
             if !current {
-                candidates.insert(uid, job);
+                candidates.insert(w.uid, job);
             }
         }
     }
     let uids: Vec<Uuid> = candidates.keys().copied().collect();
     let workloads = berth_store::workload::workload_fetch_many(&ctx.db, &uids).await?;
-    let read: HashMap<Uuid, &Workload> = work.iter().map(|w| (w.metadata.uid, &**w)).collect();
+    let read: HashMap<Uuid, &BackendWork> = work.iter().map(|b| (b.uid, b)).collect();
     let mut transitions = Vec::new();
     for w in &workloads {
         let job = &candidates[&w.metadata.uid];
-        // The workload moved on since the kept world's read (another attempt, another
-        // phase): leave it for the next pass.
-        let same = read
-            .get(&w.metadata.uid)
-            .is_some_and(|k| k.status.attempt == w.status.attempt && k.status.phase == w.status.phase);
+        // The workload moved on since the light read (another attempt, another phase):
+        // leave it for the next pass.
+        let same =
+            read.get(&w.metadata.uid).is_some_and(|b| b.attempt == w.status.attempt && b.phase == w.status.phase);
         if !same || w.stopping() {
             continue;
         }

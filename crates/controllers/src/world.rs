@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_core::workload::{Phase, Workload};
+use berth_core::workload::Workload;
 use berth_core::{ClusterId, Error};
+use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
-use berth_store::{PgPool, Tx};
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
@@ -30,8 +30,7 @@ pub const FULL_READ_EVERY: Duration = Duration::from_secs(120);
 /// transaction stays open.
 pub const TOMBSTONES_KEPT: Duration = Duration::from_secs(3600);
 
-/// The kept world, shared by the reconcilers that read it (the scheduler, the estimates,
-/// status sync).
+/// The kept world, shared by the reconcilers that read it (the scheduler, the estimates).
 #[derive(Clone, Default)]
 pub struct WorldCache(Arc<tokio::sync::Mutex<Kept>>);
 
@@ -77,26 +76,6 @@ impl WorldCache {
         read
     }
 
-    /// The unfinished workloads in `phases`, brought up to date first: status sync's view,
-    /// which at 100,000 running was a read of every such row twice a second.
-    ///
-    /// # Errors
-    /// Store errors (the next read is then a full one).
-    pub async fn workloads_in(&self, db: &PgPool, phases: &[Phase]) -> Result<Vec<Arc<Workload>>, Error> {
-        let mut kept = self.0.lock().await;
-        let caught_up = async {
-            let mut tx = berth_store::begin_snapshot(db).await?;
-            kept.catch_up(&mut tx).await?;
-            berth_store::commit(tx).await
-        }
-        .await;
-        if let Err(e) = caught_up {
-            *kept = Kept::default();
-            return Err(e);
-        }
-        Ok(kept.workloads.values().filter(|w| phases.contains(&w.status.phase)).cloned().collect())
-    }
-
     /// Every cluster's nodes, as stored now (read only when they changed since the last).
     ///
     /// # Errors
@@ -134,25 +113,16 @@ impl WorldCache {
 impl Kept {
     async fn refresh(&mut self, db: &PgPool) -> Result<(World, Read), Error> {
         let mut tx = berth_store::begin_snapshot(db).await?;
-        let read = self.catch_up(&mut tx).await?;
+        let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
         let now = chrono::Utc::now();
         let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
         let teams = berth_store::team::team_list_all(&mut *tx).await?;
         let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
-        berth_store::commit(tx).await?;
-        let workloads = self.workloads.values().cloned().collect();
-        Ok((World { now, flavors, teams, clusters, nodes, workloads }, read))
-    }
-
-    /// Brings the workloads up to date as `tx`'s snapshot (repeatable read) sees them: the
-    /// changes since the last read, or all of them when a full read is due.
-    async fn catch_up(&mut self, tx: &mut Tx<'_>) -> Result<Read, Error> {
-        let cursor = berth_store::workload::change_cursor(&mut **tx).await?;
-        Ok(match self.read {
+        let read = match self.read {
             Some((since, full_at)) if full_at.elapsed() < FULL_READ_EVERY => {
-                let written = berth_store::workload::workload_list_written_since(&mut **tx, since).await?;
-                let deleted = berth_store::workload::workload_deleted_since(&mut **tx, since).await?;
+                let written = berth_store::workload::workload_list_written_since(&mut *tx, since).await?;
+                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, since).await?;
                 let changes = written.len() + deleted.len();
                 for w in written {
                     if w.status.phase.is_final() {
@@ -168,11 +138,14 @@ impl Kept {
                 Read::Changes(changes)
             }
             _ => {
-                let all = berth_store::workload::workload_list_active(&mut **tx).await?;
+                let all = berth_store::workload::workload_list_active(&mut *tx).await?;
                 self.workloads = all.into_iter().map(|w| (w.metadata.uid, Arc::new(w))).collect();
                 self.read = Some((cursor, Instant::now()));
                 Read::Full
             }
-        })
+        };
+        berth_store::commit(tx).await?;
+        let workloads = self.workloads.values().cloned().collect();
+        Ok((World { now, flavors, teams, clusters, nodes, workloads }, read))
     }
 }

@@ -918,6 +918,39 @@ pub async fn workload_fetch_many(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Resu
     .map_err(db_error)
 }
 
+/// Where a workload that reached a backend stands, without its spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendWork {
+    pub uid: Uuid,
+    pub phase: Phase,
+    pub attempt: u32,
+    pub cluster: String,
+}
+
+/// Unfinished workloads in `phases` on a cluster, not being deleted: the light view status
+/// sync compares with the backends' job lists.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_backend_work(db: impl PgExecutor<'_>, phases: &[Phase]) -> Result<Vec<BackendWork>, Error> {
+    let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    let rows = sqlx::query!(
+        r#"SELECT uid, phase, coalesce((status ->> 'attempt')::bigint, 0) AS "attempt!", cluster AS "cluster!"
+           FROM workloads
+           WHERE phase = ANY($1) AND deletion_timestamp IS NULL AND cluster IS NOT NULL"#,
+        &phases as &[&str],
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    rows.into_iter()
+        .map(|r| {
+            let phase = stored_phase(&r.phase)?;
+            Ok(BackendWork { uid: r.uid, phase, attempt: u32::try_from(r.attempt).unwrap_or(0), cluster: r.cluster })
+        })
+        .collect()
+}
+
 /// Workloads not yet ended, counted by team, flavor (the admitted one, else the first
 /// acceptable) and phase: `(team, flavor, phase, count)`.
 ///
