@@ -35,8 +35,9 @@ async fn a_submitted_workload_runs_and_succeeds(db: berth_store::PgPool) {
     assert_eq!(p.jobs("sim-a").await.len(), 1);
 }
 
-/// Status sync reads the kept world brought up to date from the change feed: work
-/// dispatched since the scheduler's (or its own) last read is followed by its next pass.
+/// Work dispatched since the scheduler's (or status sync's own) last read is followed by
+/// status sync's very next pass, whatever it reads the workloads from (a kept world must be
+/// caught up first).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn status_sync_follows_work_dispatched_since_the_last_read_of_the_world(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
