@@ -50,11 +50,10 @@ fn fresh<T: Clone>(entry: Option<&(Instant, T)>) -> Option<T> {
     entry.filter(|(read_at, _)| read_at.elapsed() < KEPT_FOR).map(|(_, v)| v.clone())
 }
 
-static CACHES: Mutex<Option<HashMap<String, Arc<AccessCache>>>> = Mutex::new(None);
+static CACHES: crate::PerDatabase<AccessCache> = crate::PerDatabase::new();
 
 fn cache(db: &PgPool) -> Arc<AccessCache> {
-    let mut caches = CACHES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    caches.get_or_insert_default().entry(crate::database_key(db)).or_default().clone()
+    CACHES.of(db)
 }
 
 /// The grants bound to a user (`issuer`, `subject`).

@@ -8,9 +8,8 @@
 //! are covered by the next one. Should one fail, or a request be dropped between its commit
 //! and this call, the controllers still look on their interval.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use berth_store::PgPool;
 use tokio::sync::Notify;
@@ -21,14 +20,11 @@ struct Notifier {
     wake: Notify,
 }
 
-static NOTIFIERS: Mutex<Option<HashMap<String, Arc<Notifier>>>> = Mutex::new(None);
+static NOTIFIERS: crate::PerDatabase<Notifier> = crate::PerDatabase::new();
 
 /// Workloads were submitted to `db` and their transaction has committed.
 pub fn workloads_submitted(db: &PgPool) {
-    let notifier = {
-        let mut all = NOTIFIERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.get_or_insert_default().entry(crate::database_key(db)).or_default().clone()
-    };
+    let notifier = NOTIFIERS.of(db);
     if !notifier.running.swap(true, Ordering::AcqRel) {
         tokio::spawn(send(notifier.clone(), db.clone()));
     }

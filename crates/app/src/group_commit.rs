@@ -15,7 +15,6 @@
 //! submissions is written alone, so one that cannot be written (its team was deleted
 //! meanwhile) fails by itself.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use berth_core::event::Actor;
@@ -54,7 +53,7 @@ struct Queue {
     writers: usize,
 }
 
-static QUEUES: Mutex<Option<HashMap<String, Arc<Mutex<Queue>>>>> = Mutex::new(None);
+static QUEUES: crate::PerDatabase<Mutex<Queue>> = crate::PerDatabase::new();
 
 /// Creates the workload, with its `Created` event and audit record, in a statement shared
 /// with the submissions made meanwhile; `None` when a workload of that name exists (the
@@ -64,10 +63,7 @@ static QUEUES: Mutex<Option<HashMap<String, Arc<Mutex<Queue>>>>> = Mutex::new(No
 /// As [`store::workload_create_many`]; [`Error::Unavailable`] when the write was stopped
 /// before it answered (the process is shutting down).
 pub async fn create(db: &PgPool, submission: Submission) -> Answer {
-    let queue = {
-        let mut all = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
-        all.get_or_insert_default().entry(crate::database_key(db)).or_default().clone()
-    };
+    let queue = QUEUES.of(db);
     let (answer, answered) = oneshot::channel();
     let start = {
         let mut q = lock(&queue);

@@ -120,3 +120,18 @@ fn database_key(db: &berth_store::PgPool) -> String {
     let o = db.connect_options();
     format!("{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
 }
+
+/// One `T` per database, made on first use and shared by every caller in the process (the
+/// caches, queues and notifiers kept per database).
+struct PerDatabase<T>(std::sync::Mutex<Option<std::collections::HashMap<String, std::sync::Arc<T>>>>);
+
+impl<T: Default> PerDatabase<T> {
+    const fn new() -> Self {
+        Self(std::sync::Mutex::new(None))
+    }
+
+    fn of(&self, db: &berth_store::PgPool) -> std::sync::Arc<T> {
+        let mut all = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.get_or_insert_default().entry(database_key(db)).or_default().clone()
+    }
+}

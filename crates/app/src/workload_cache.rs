@@ -66,11 +66,10 @@ struct State {
     kept: HashMap<Key, Arc<Workload>>,
 }
 
-static CACHES: Mutex<Option<HashMap<String, Arc<WorkloadCache>>>> = Mutex::new(None);
+static CACHES: crate::PerDatabase<WorkloadCache> = crate::PerDatabase::new();
 
 fn cache(db: &PgPool) -> Arc<WorkloadCache> {
-    let mut caches = CACHES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    caches.get_or_insert_default().entry(crate::database_key(db)).or_default().clone()
+    CACHES.of(db)
 }
 
 impl WorkloadCache {
@@ -114,32 +113,41 @@ impl WorkloadCache {
         }
     }
 
-    fn apply(&self, result: Result<FeedRead, Error>) -> bool {
+    /// Ends the read of the feed begun last, and wakes who waits on it: with what it read,
+    /// or, when it failed (`None`), with nothing kept and their reads sent to the store.
+    fn complete(&self, read: Option<FeedRead>) {
         let mut state = self.state();
         state.completed = state.begun;
-        let read = match result {
-            Ok(read) => read,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the workload change feed failed; reads go to the store");
-                state.cursor = None;
-                state.kept.clear();
-                return false;
-            }
-        };
-        let started = match state.cursor {
+        let done = state.completed;
+        let ok = read.is_some();
+        if let Some(read) = read {
+            state.apply(read);
+        } else {
+            state.cursor = None;
+            state.kept.clear();
+        }
+        drop(state);
+        self.completed.send_replace((done, ok));
+    }
+}
+
+impl State {
+    /// Brings what is kept up to date with a read of the feed.
+    fn apply(&mut self, read: FeedRead) {
+        let started = match self.cursor {
             Some((_, started)) => started,
             None => {
-                state.kept.clear();
+                self.kept.clear();
                 Instant::now()
             }
         };
-        state.cursor = Some((read.cursor, started));
+        self.cursor = Some((read.cursor, started));
         // Only what is kept is brought up to date: what was written but never read costs
         // no memory, and a busy world (the scheduler rewriting queue positions, status
         // syncs) does not push out what readers ask for.
         for w in read.written {
             let key = (w.metadata.team.clone().unwrap_or_default(), w.metadata.name.clone());
-            if let Some(kept) = state.kept.get_mut(&key)
+            if let Some(kept) = self.kept.get_mut(&key)
                 && version(kept) <= version(&w)
             {
                 *kept = Arc::new(w);
@@ -147,9 +155,8 @@ impl WorkloadCache {
         }
         if !read.deleted.is_empty() {
             let deleted: HashSet<_> = read.deleted.into_iter().collect();
-            state.kept.retain(|_, w| !deleted.contains(&w.metadata.uid));
+            self.kept.retain(|_, w| !deleted.contains(&w.metadata.uid));
         }
-        true
     }
 }
 
@@ -167,14 +174,8 @@ async fn read_feed(cache: Arc<WorkloadCache>, db: PgPool) {
             self.0.reader_running.store(false, Ordering::Release);
             // Whoever waits on a read that will not come goes to the store, as after a
             // failed one.
-            let mut state = self.0.state();
-            state.begun += 1;
-            state.completed = state.begun;
-            state.cursor = None;
-            state.kept.clear();
-            let done = state.completed;
-            drop(state);
-            self.0.completed.send_replace((done, false));
+            self.0.state().begun += 1;
+            self.0.complete(None);
         }
     }
     let _stopped = Stopped(cache.clone());
@@ -206,8 +207,9 @@ async fn read_feed(cache: Arc<WorkloadCache>, db: PgPool) {
         })
         .await
         .unwrap_or_else(|_| Err(Error::Unavailable("the workload change feed did not answer".into())));
-        let ok = cache.apply(read);
-        let done = cache.state().completed;
-        cache.completed.send_replace((done, ok));
+        if let Err(e) = &read {
+            tracing::warn!(error = %e, "reading the workload change feed failed; reads go to the store");
+        }
+        cache.complete(read.ok());
     }
 }
