@@ -27,6 +27,10 @@ use berth_app::context::OpContext;
 use berth_controllers::{Config, Context};
 use serde_json::json;
 
+/// The allocator berthd runs the controllers with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const TEAMS: usize = 100;
 const CLUSTERS: usize = 3;
 const SUBMITTERS: usize = 8;

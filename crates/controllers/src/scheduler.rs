@@ -46,6 +46,14 @@ pub struct SchedulerStatus {
     /// The workloads read from the store: all of them, or those written or deleted since.
     pub changes_read: usize,
     pub cycle_ms: f64,
+    /// Where the cycle's time went (milliseconds): reading the world, building the
+    /// snapshot, planning, turning the plan into status writes and reasons, and writing
+    /// them.
+    pub read_ms: f64,
+    pub build_ms: f64,
+    pub plan_ms: f64,
+    pub explain_ms: f64,
+    pub write_ms: f64,
 }
 
 impl crate::runner::Report for SchedulerStatus {
@@ -60,16 +68,24 @@ impl crate::runner::Report for SchedulerStatus {
 /// Store errors; `Internal` if the snapshot is inconsistent.
 pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let started = Instant::now();
-    let (world, read) = ctx.world.load(&ctx.db).await?;
+    let ms = |since: Instant| since.elapsed().as_secs_f64() * 1000.0;
+    let (mut world, read) = ctx.world.load(&ctx.db).await?;
+    world.now = ctx.clock.now();
+    let read_ms = ms(started);
+    let phase = Instant::now();
     let built = snapshot::build(&world, ctx.config.starvation_after.as_secs() as i64);
+    let build_ms = ms(phase);
+    let phase = Instant::now();
     let s = &built.snapshot;
     let plan = berth_sched::schedule(s).map_err(|e| Error::Internal(e.to_string()))?;
+    let plan_ms = ms(phase);
+    let phase = Instant::now();
     let name = |w: &Workload| format!("{}/{}", w.metadata.team.as_deref().unwrap_or_default(), w.metadata.name);
     let running_name = |i: usize| name(&world.workloads[built.running[i]]);
     let pending_name = |i: usize| name(&world.workloads[built.pending[i]]);
     // A victim's grace period runs from its cancel (sent after this cycle if not yet).
     let grace = chrono::Duration::from_std(ctx.config.cancel_grace).unwrap_or_default();
-    let now = chrono::Utc::now();
+    let now = world.now;
     let stops_by = |i: usize| world.workloads[built.running[i]].status.cancel_requested_at.unwrap_or(now) + grace;
 
     let submitted: std::collections::HashMap<uuid::Uuid, Option<chrono::DateTime<chrono::Utc>>> = plan
@@ -97,6 +113,9 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             crate::world::Read::Changes(n) => n,
             crate::world::Read::Full => world.workloads.len(),
         },
+        read_ms,
+        build_ms,
+        plan_ms,
         ..Default::default()
     };
     for a in &plan.admissions {
@@ -202,6 +221,8 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         }
     }
     status.teams_updated = team_writes.len();
+    status.explain_ms = ms(phase);
+    let phase = Instant::now();
 
     let mut tx = ctx.begin().await?;
     let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
@@ -247,7 +268,8 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     for c in counted {
         c.record();
     }
-    status.cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
+    status.write_ms = ms(phase);
+    status.cycle_ms = ms(started);
     Ok(status)
 }
 

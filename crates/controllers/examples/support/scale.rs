@@ -160,7 +160,12 @@ async fn submit_batches(
 struct Cycles {
     runs: Option<i64>,
     seconds: Vec<f64>,
+    /// Per cycle: milliseconds in each of [`PHASES`].
+    phases: Vec<[f64; 5]>,
 }
+
+/// The parts of a cycle its status times.
+const PHASES: [&str; 5] = ["read", "build", "plan", "explain", "write"];
 
 /// Cycles timed once nothing more can be admitted (one every `resync` then).
 const SETTLED: usize = 5;
@@ -184,6 +189,7 @@ impl Cycles {
         }
         self.runs = status["runs"].as_i64();
         self.seconds.push(last["cycle_ms"].as_f64().unwrap_or_default() / 1000.0);
+        self.phases.push(PHASES.map(|p| last[format!("{p}_ms")].as_f64().unwrap_or_default()));
         Ok(Some(last))
     }
 
@@ -224,7 +230,7 @@ impl Cycles {
             if let Some(last) = self.sample(db).await? {
                 let n = |k: &str| last[k].as_i64().unwrap_or_default();
                 if (n("pending") + n("running")) as usize >= total && n("admitted") == 0 {
-                    settled.extend(self.seconds.last());
+                    settled.extend(self.seconds.last().copied().zip(self.phases.last().copied()));
                     seen = (n("running"), n("pending"));
                 }
             }
@@ -233,11 +239,26 @@ impl Cycles {
             }
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
-        self.seconds = settled;
+        (self.seconds, self.phases) = settled.into_iter().unzip();
         Ok(seen)
     }
 
+    /// The cycles' percentiles, and the median of each phase.
     fn report(&self) -> String {
-        format!("{} sampled: {}", self.seconds.len(), percentiles(self.seconds.clone()))
+        let phases: Vec<String> = PHASES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let mut ms: Vec<f64> = self.phases.iter().map(|p| p[i]).collect();
+                ms.sort_by(f64::total_cmp);
+                format!("{name} {:.0}", ms.get(ms.len() / 2).copied().unwrap_or_default())
+            })
+            .collect();
+        format!(
+            "{} sampled: {}; median ms per phase: {}",
+            self.seconds.len(),
+            percentiles(self.seconds.clone()),
+            phases.join(", ")
+        )
     }
 }
