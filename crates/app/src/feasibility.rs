@@ -1,5 +1,6 @@
 //! The door check: a workload that can never run as submitted is refused (422 naming the
-//! field to change) instead of waiting forever.
+//! field to change) instead of waiting forever, and so is one that asks for more protection
+//! from preemption than its team allows.
 //!
 //! It asks the scheduler's own test (`berth_sched::feasible`) on a snapshot of the teams,
 //! clusters and nodes, with the one workload pending and nothing running, so the door and
@@ -154,6 +155,19 @@ fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> V
     let s = &facts.snapshot;
     let mut errors = Vec::new();
     for (at, spec) in specs {
+        // Protection beyond what the team allows would hold off its lenders' reclaim.
+        if let Some(asked) = spec.preemption.map(|p| p.min_runtime_seconds) {
+            let allowed = s::min_runtime(&s.teams, t, None);
+            if asked > allowed {
+                errors.push(FieldError::new(
+                    format!("{at}/spec/preemption/min_runtime_seconds"),
+                    format!(
+                        "must be at most {allowed}: the min runtime team {team} allows (its spec.preemption, or that \
+                         of the nearest team above it that sets one)"
+                    ),
+                ));
+            }
+        }
         let flavors = spec.tasks.resources.flavors.iter().filter_map(|f| facts.flavor_ix.get(f).copied()).collect();
         let p = s::Pending::of(at.clone(), t, flavors, spec, 0);
         let why = berth_sched::feasible::impossible_for(s, &facts.shapes, &facts.ancestors, &p);

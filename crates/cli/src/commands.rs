@@ -761,6 +761,9 @@ fn unblock(code: &str) -> &'static str {
         "WaitingForPreemptor" | "WaitingForReclaim" => {
             "capacity is being freed for it: it starts when the preempted work stops"
         }
+        "WaitingForMinRuntime" => {
+            "the work it would preempt is protected by its min runtime: it is preempted once that has passed"
+        }
         "NotEnoughGpus" | "NoClusterFits" => {
             "no cluster has that many GPUs free in one place: wait, or ask for fewer GPUs per task"
         }

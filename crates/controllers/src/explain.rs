@@ -151,6 +151,21 @@ pub fn pending_reason(
                 json!({"cluster": cluster(*c), "flavor": flavor(*f), "victims": victims, "grace_ends_at": by}),
             )
         }
+        Reason::WaitingForMinRuntime { cluster: c, flavor: f, victims, until } => {
+            let until =
+                DateTime::from_timestamp(*until, 0).unwrap_or_default().to_rfc3339_opts(SecondsFormat::Secs, true);
+            let victims: Vec<String> = victims.iter().map(|&v| running_name(v)).collect();
+            (
+                "WaitingForMinRuntime",
+                format!(
+                    "only preempting {} on {}/{} would make room, and it is protected by its min runtime until {until}",
+                    victims.join(", "),
+                    cluster(*c),
+                    flavor(*f),
+                ),
+                json!({"cluster": cluster(*c), "flavor": flavor(*f), "victims": victims, "protected_until": until}),
+            )
+        }
         Reason::TopologyUnsatisfiable { flavor: f } => (
             "TopologyUnsatisfiable",
             format!("no single topology block of {} can hold all tasks", flavor(*f)),

@@ -101,6 +101,12 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 continue;
             };
             let placement = place_running(&mut nodes, &mut node_ix, cluster, flavor, &a.placement, &tasks);
+            // Its min runtime counts from when its backend started it.
+            let min_runtime = s::min_runtime(&teams, team, w.spec.preemption.map(|p| p.min_runtime_seconds));
+            let protected_until = match w.status.started_at {
+                Some(at) if min_runtime > 0 => seconds(at) + i64::from(min_runtime),
+                _ => 0,
+            };
             running_ix.push(i);
             running.push(s::Running {
                 id: w.metadata.uid.to_string(),
@@ -109,6 +115,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 preemptible: w.spec.preemptible,
                 borrowed: a.borrowed,
                 started_at: seconds(w.status.started_at.unwrap_or(w.metadata.update_timestamp)),
+                protected_until,
                 preempting: phase == Phase::Preempting || w.stopping(),
                 cluster,
                 flavor,

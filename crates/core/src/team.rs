@@ -41,6 +41,11 @@ pub struct TeamSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(max_items = 16)]
     pub budgets: Vec<crate::usage::Budget>,
+    /// How preemption treats the running work of the team's subtree (a team below that
+    /// sets its own overrides it): the protection its workloads get, and the most one
+    /// may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<crate::workload::PreemptionPolicy>,
 }
 
 /// A team's quota for one flavor, in GPUs.
@@ -244,6 +249,9 @@ impl TeamApply {
             }
             v.check(q.weight <= WEIGHT_MAX, at("weight"), || format!("must be at most {WEIGHT_MAX}"));
         }
+        if let Some(p) = &s.preemption {
+            p.validate(&mut v, "/spec/preemption");
+        }
         v.check(s.budgets.len() <= BUDGETS_MAX, "/spec/budgets", || format!("at most {BUDGETS_MAX} budgets"));
         let mut seen = BTreeMap::new();
         for (i, b) in s.budgets.iter().enumerate() {
@@ -378,5 +386,20 @@ mod tests {
         let Err(Error::Invalid(errors)) = apply.validate("nlp") else { panic!() };
         let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["/spec/quotas/0/limit", "/spec/quotas/1/flavor"]);
+    }
+
+    #[test]
+    fn a_min_runtime_above_a_week_is_rejected() {
+        let apply = |seconds| TeamApply {
+            metadata: ApplyMeta::default(),
+            spec: TeamSpec {
+                preemption: Some(crate::workload::PreemptionPolicy { min_runtime_seconds: seconds }),
+                ..TeamSpec::default()
+            },
+            status: None,
+        };
+        assert!(apply(604_800).validate("nlp").is_ok());
+        let Err(Error::Invalid(errors)) = apply(604_801).validate("nlp") else { panic!() };
+        assert_eq!(errors[0].field, "/spec/preemption/min_runtime_seconds");
     }
 }

@@ -162,6 +162,10 @@ pub struct WorkloadSpec {
     /// Checkpoints and resumes: after preemption it is requeued rather than failed.
     #[serde(default)]
     pub resumable: bool,
+    /// Protection from preemption once it runs, at most what its team allows (the
+    /// team's `spec.preemption`, which also applies when this is left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionPolicy>,
     /// Only for `inference`: replica bounds and the scaling target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference: Option<Inference>,
@@ -243,6 +247,27 @@ pub struct Run {
 pub const COMMAND_MAX_TOTAL: usize = 65_536;
 /// The most characters of all environment values together.
 pub const ENV_MAX_TOTAL: usize = 131_072;
+
+/// How preemption treats running work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreemptionPolicy {
+    /// For this long after it starts running, no preemption (reclaim or priority) takes
+    /// it; 0 to 604,800 (a week).
+    #[schema(example = 1800, maximum = 604_800)]
+    pub min_runtime_seconds: u32,
+}
+
+/// The longest `min_runtime_seconds`.
+pub const MIN_RUNTIME_MAX: u32 = 604_800;
+
+impl PreemptionPolicy {
+    pub(crate) fn validate(&self, v: &mut Validator, at: &str) {
+        v.check(self.min_runtime_seconds <= MIN_RUNTIME_MAX, format!("{at}/min_runtime_seconds"), || {
+            format!("must be at most {MIN_RUNTIME_MAX} (a week)")
+        });
+    }
+}
 
 /// Replica bounds of an inference service.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -495,6 +520,9 @@ impl WorkloadApply {
                 "must be between 1 and 31536000 (one year)".into()
             });
         }
+        if let Some(p) = &s.preemption {
+            p.validate(&mut v, "/spec/preemption");
+        }
         match (&s.inference, s.kind) {
             (Some(_), kind) if kind != WorkloadKind::Inference => {
                 v.error("/spec/inference", format!("only inference workloads take this, not {}", kind.as_str()));
@@ -638,6 +666,7 @@ impl WorkloadSpec {
             run: Run::default(),
             max_runtime_seconds: None,
             resumable: false,
+            preemption: None,
             inference: None,
             sim: None,
         }

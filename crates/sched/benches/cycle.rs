@@ -79,7 +79,13 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             })
             .collect();
         let parent = leaf.then_some(t % departments);
-        s.teams.push(Team { name: format!("team-{t}"), parent, quotas, budget_stops: Vec::new() });
+        s.teams.push(Team {
+            name: format!("team-{t}"),
+            parent,
+            quotas,
+            budget_stops: Vec::new(),
+            min_runtime_seconds: None,
+        });
     }
     let tiers = ["reservation", "on-demand", "spot"];
     let kinds = [ClusterKind::Slurm, ClusterKind::Kubernetes, ClusterKind::Sim];
@@ -125,6 +131,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
                 preemptible: rng.chance(90),
                 borrowed: used[i] > s.teams[team].quotas[node.flavor].guaranteed,
                 started_at: s.now - rng.below(86_400) as i64,
+                protected_until: 0,
                 preempting: false,
                 cluster: node.cluster,
                 flavor: node.flavor,

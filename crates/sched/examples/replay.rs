@@ -232,6 +232,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
                 parent: None,
                 quotas: vec![Quota { guaranteed: g, limit: None, weight: 1 }],
                 budget_stops: Vec::new(),
+                min_runtime_seconds: None,
             })
             .collect(),
         clusters: vec![Cluster {
@@ -374,6 +375,7 @@ fn berth_cycle(
                 preemptible: true,
                 borrowed: a.borrowed,
                 started_at: a.started,
+                protected_until: 0,
                 preempting: false,
                 cluster: 0,
                 flavor: 0,

@@ -55,6 +55,9 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
         if v.preempting || !v.preemptible {
             out.push(format!("running {} is preempted but is stopping already or not preemptible", p.victim));
         }
+        if s.now < v.protected_until {
+            out.push(format!("running {} is preempted within its min runtime", p.victim));
+        }
         if counted_on.get(&p.victim) != Some(&w) {
             out.push(format!("running {} is preempted for pending {w}, which does not wait for it", p.victim));
         }
@@ -446,6 +449,17 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
                     && !victims.is_empty()
                     && victims.iter().all(|&v| s.running[v].cluster == *cluster && s.running[v].flavor == *flavor)
             }
+            Reason::WaitingForMinRuntime { cluster, flavor, victims, until } => {
+                let r = |v: usize| &s.running[v];
+                possible.contains(flavor)
+                    && victims.iter().map(|&v| r(v).protected_until).max() == Some(*until)
+                    && victims.iter().all(|&v| {
+                        r(v).cluster == *cluster
+                            && r(v).flavor == *flavor
+                            && !r(v).preempting
+                            && s.now < r(v).protected_until
+                    })
+            }
         };
         if !sound {
             out.push(format!("pending {w} waits with a reason the snapshot does not bear out: {:?}", waiting.reason));
@@ -521,7 +535,8 @@ fn reclaim_violations(
                     let r = &s.running[v];
                     let releasable = if r.preempting {
                         !counted_on.contains_key(&v) && crate::cycle::could_preempt(p, r, true)
-                    } else if !gone(v) && r.preemptible && r.borrowed && r.team != p.team {
+                    } else if !gone(v) && r.preemptible && r.borrowed && r.team != p.team && s.now >= r.protected_until
+                    {
                         let i = r.team * flavors + f;
                         let left = kept_running[i] - taken.get(&r.team).copied().unwrap_or(0);
                         let above = gpus(left) > share[i] + 1e-9;

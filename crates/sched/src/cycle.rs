@@ -17,7 +17,8 @@
 //!    already stopping (and it could have preempted itself), then borrowed work of other
 //!    teams above their fair share, then lower-priority preemptible work of its own team;
 //!    cheapest first (lowest priority, most recently started), and only as many as
-//!    needed. It then waits for its victims, with the nodes it will use and its quota held
+//!    needed; never work still within its min runtime ([`Running::protected_until`]) —
+//!    a workload that only protected work could make room for says so and waits. It then waits for its victims, with the nodes it will use and its quota held
 //!    for it; the victims keep their GPUs and quota until they are gone from the
 //!    snapshot, so nothing is admitted into them during their grace period. A victim,
 //!    requeued, waits until the workload it was preempted for has started
@@ -250,6 +251,9 @@ struct Cycle<'a> {
     gone: Vec<bool>,
     /// Per running workload: borrowed, preemptible, of a team above its share at the start.
     reclaimable: Vec<bool>,
+    /// Per running workload: within its min runtime, so no victim in this cycle.
+    protected: Vec<bool>,
+    any_protected: bool,
     /// Per pending workload: admitted in this plan.
     admitted: Vec<bool>,
     /// Per pending workload: why it can never run in each flavor where it cannot.
@@ -303,6 +307,7 @@ impl<'a> Cycle<'a> {
             }
         }
         let mut pools = pools;
+        let protected: Vec<bool> = s.running.iter().map(|r| !r.preempting && s.now < r.protected_until).collect();
         let reclaimable: Vec<bool> = s
             .running
             .iter()
@@ -354,6 +359,8 @@ impl<'a> Cycle<'a> {
             demand,
             gone: vec![false; s.running.len()],
             reclaimable,
+            any_protected: protected.contains(&true),
+            protected,
             admitted: vec![false; s.pending.len()],
             paused: vec![None; s.teams.len() * flavors],
             impossible,
@@ -505,6 +512,7 @@ impl<'a> Cycle<'a> {
         if let Some(reason) = self.preempt_for(w) {
             return Some(reason);
         }
+        let protected = self.waits_for_min_runtime(w);
         if starving {
             match reserved_in {
                 // Its nodes are still held: hold the quota again.
@@ -512,7 +520,7 @@ impl<'a> Cycle<'a> {
                 None => self.reserve(w),
             }
         }
-        Some(self.reason(p, quota_reason, attempts))
+        Some(protected.unwrap_or_else(|| self.reason(p, quota_reason, attempts)))
     }
 
     /// Holds `nodes` for `w`: no other workload is placed on them in this cycle.
@@ -833,27 +841,7 @@ impl<'a> Cycle<'a> {
     fn preempt_for(&mut self, w: PendingIx) -> Option<Reason> {
         let s = self.s;
         let p = &s.pending[w];
-        let mut best: Option<(FlavorIx, Reclaim)> = None;
-        for &f in &p.flavors {
-            // Within its team's own guarantee, a workload may take back borrowed work
-            // wherever that frees what blocks it: nodes, or an ancestor's limit (the
-            // victims' usage counts against the ancestors they share with it; `fits` in
-            // `reclaim_on` checks every limit with the victims gone).
-            let in_quota_now = self.within_guarantee(p, f);
-            let pools: Vec<(ClusterIx, usize)> =
-                self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
-            for (_, pool) in pools {
-                if let Some(found) = self.reclaim_on(w, f, pool, in_quota_now)
-                    && best.as_ref().is_none_or(|(_, b)| found.key < b.key)
-                {
-                    best = Some((f, found));
-                }
-            }
-            if best.is_some() {
-                break;
-            }
-        }
-        let (f, found) = best?;
+        let (f, found) = self.victims_for(w, false)?;
         for &v in &found.victims {
             self.gone[v] = true;
             let victim = &s.running[v];
@@ -888,8 +876,57 @@ impl<'a> Cycle<'a> {
         Some(Reason::WaitingForReclaim { cluster, flavor: f, victims: found.victims })
     }
 
-    /// Victims on one pool that let `w` run in-quota in flavor `f`, if any.
-    fn reclaim_on(&self, w: PendingIx, f: FlavorIx, pool_ix: usize, in_quota_now: bool) -> Option<Reclaim> {
+    /// The fewest, cheapest victims that let `w` run in-quota, in its first flavor where
+    /// any do; work within its min runtime counts as a victim only with
+    /// `ignore_protection`.
+    fn victims_for(&self, w: PendingIx, ignore_protection: bool) -> Option<(FlavorIx, Reclaim)> {
+        let p = &self.s.pending[w];
+        let mut best: Option<(FlavorIx, Reclaim)> = None;
+        for &f in &p.flavors {
+            // Within its team's own guarantee, a workload may take back borrowed work
+            // wherever that frees what blocks it: nodes, or an ancestor's limit (the
+            // victims' usage counts against the ancestors they share with it; `fits` in
+            // `reclaim_on` checks every limit with the victims gone).
+            let in_quota_now = self.within_guarantee(p, f);
+            let pools: Vec<(ClusterIx, usize)> =
+                self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
+            for (_, pool) in pools {
+                if let Some(found) = self.reclaim_on(w, f, pool, in_quota_now, ignore_protection)
+                    && best.as_ref().is_none_or(|(_, b)| found.key < b.key)
+                {
+                    best = Some((f, found));
+                }
+            }
+            if best.is_some() {
+                break;
+            }
+        }
+        best
+    }
+
+    /// Why `w` waits when preempting work still within its min runtime would let it run
+    /// in-quota (and nothing else would): that work, and when the last of it may be
+    /// preempted.
+    fn waits_for_min_runtime(&self, w: PendingIx) -> Option<Reason> {
+        if !self.any_protected {
+            return None;
+        }
+        let (flavor, found) = self.victims_for(w, true)?;
+        let victims: Vec<RunningIx> = found.victims.into_iter().filter(|&v| self.protected[v]).collect();
+        let until = victims.iter().map(|&v| self.s.running[v].protected_until).max()?;
+        Some(Reason::WaitingForMinRuntime { cluster: self.pools[found.pool].cluster, flavor, victims, until })
+    }
+
+    /// Victims on one pool that let `w` run in-quota in flavor `f`, if any (work within its
+    /// min runtime only with `ignore_protection`).
+    fn reclaim_on(
+        &self,
+        w: PendingIx,
+        f: FlavorIx,
+        pool_ix: usize,
+        in_quota_now: bool,
+        ignore_protection: bool,
+    ) -> Option<Reclaim> {
         let s = self.s;
         let p = &s.pending[w];
         let pool = &self.pools[pool_ix];
@@ -905,12 +942,13 @@ impl<'a> Cycle<'a> {
         candidates.extend(
             pool.stopping_list.iter().filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
         );
+        let open = |v: RunningIx| !self.gone[v] && (ignore_protection || !self.protected[v]);
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).
-            candidates.extend(pool.reclaim_list.iter().filter(|&&v| !self.gone[v] && s.running[v].team != p.team));
+            candidates.extend(pool.reclaim_list.iter().filter(|&&v| open(v) && s.running[v].team != p.team));
         }
         if let Some(own) = pool.own_list.get(&p.team) {
-            candidates.extend(own.iter().filter(|&&v| !self.gone[v] && s.running[v].priority < p.priority));
+            candidates.extend(own.iter().filter(|&&v| open(v) && s.running[v].priority < p.priority));
         }
         let needed = u64::from(p.tasks.total_gpus());
         let at_most: u64 = candidates.iter().map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum();

@@ -70,6 +70,7 @@ pub fn start_times(
                 preemptible: p.preemptible,
                 borrowed: a.borrowed,
                 started_at: snap.now,
+                protected_until: 0,
                 preempting: false,
                 cluster: a.cluster,
                 flavor: a.flavor,

@@ -86,6 +86,9 @@ pub enum Reason {
     NoClusterFits { attempts: Vec<FlavorAttempt> },
     /// Victims were preempted (or are stopping) to make room; it starts when they are gone.
     WaitingForReclaim { cluster: ClusterIx, flavor: FlavorIx, victims: Vec<RunningIx> },
+    /// Only preempting `victims`, still within their min runtime, would make room for it;
+    /// the last of them may be preempted from `until` ([`crate::Snapshot::now`]'s clock).
+    WaitingForMinRuntime { cluster: ClusterIx, flavor: FlavorIx, victims: Vec<RunningIx>, until: i64 },
     /// There is room, but on no single topology block as the workload requires.
     TopologyUnsatisfiable { flavor: FlavorIx },
     /// Every cluster the placement allows is cordoned.
@@ -109,6 +112,7 @@ impl Reason {
             Self::WaitingForPreemptor { .. } => "waiting_for_preemptor",
             Self::NoClusterFits { .. } => "no_cluster_fits",
             Self::WaitingForReclaim { .. } => "waiting_for_reclaim",
+            Self::WaitingForMinRuntime { .. } => "waiting_for_min_runtime",
             Self::TopologyUnsatisfiable { .. } => "topology_unsatisfiable",
             Self::ClustersCordoned => "clusters_cordoned",
             Self::PlacementMatchesNoCluster => "placement_matches_no_cluster",

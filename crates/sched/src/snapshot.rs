@@ -50,6 +50,21 @@ pub struct Team {
     /// Its budgets that are used up and stop work (in the subtree) until they reset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budget_stops: Vec<BudgetStop>,
+    /// The protection from preemption its subtree's running work gets, and the most a
+    /// workload may ask for (a team below that sets one overrides it); see
+    /// [`min_runtime`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_runtime_seconds: Option<u32>,
+}
+
+/// How long work of `team` is protected from preemption once it runs: what the workload
+/// declares (`declared`), at most what the nearest team up the tree that sets a
+/// protection allows, and that team's protection when the workload declares none; none
+/// where no team sets one.
+pub fn min_runtime(teams: &[Team], team: TeamIx, declared: Option<u32>) -> u32 {
+    let allowed =
+        std::iter::successors(Some(team), |&t| teams[t].parent).find_map(|t| teams[t].min_runtime_seconds).unwrap_or(0);
+    declared.map_or(allowed, |d| d.min(allowed))
 }
 
 /// A used-up budget that stops new work, or new borrowing, in a team's subtree.
@@ -83,7 +98,13 @@ impl Team {
                     }
                 }
                 let parent = t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
-                Self { name: t.metadata.name.clone(), parent, quotas, budget_stops: budget_stops(t, &flavor_ix) }
+                Self {
+                    name: t.metadata.name.clone(),
+                    parent,
+                    quotas,
+                    budget_stops: budget_stops(t, &flavor_ix),
+                    min_runtime_seconds: t.spec.preemption.map(|p| p.min_runtime_seconds),
+                }
             })
             .collect()
     }
@@ -266,6 +287,10 @@ pub struct Running {
     /// Admitted beyond its team's guarantee: reclaimable.
     pub borrowed: bool,
     pub started_at: i64,
+    /// No preemption takes it before this time (its min runtime, counted from when it
+    /// started running); 0: none.
+    #[serde(default)]
+    pub protected_until: i64,
     /// Already told to stop: its GPUs are about to be free.
     pub preempting: bool,
     pub cluster: ClusterIx,

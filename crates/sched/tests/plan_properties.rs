@@ -48,8 +48,9 @@ proptest! {
 /// out its grace period meanwhile) and is requeued. Every cycle's plan holds the
 /// invariants, no two workloads preempt each other, and preemption dies out (none in the
 /// last 4 cycles). A workload that would start to starve during those minutes
-/// starves from the start: that is an event from outside, like an arrival. A failure comes
-/// with each cycle's preemptions, admissions and reasons.
+/// starves from the start, and running work whose min runtime would end during them is
+/// unprotected from the start: those are events from outside, like an arrival. A failure
+/// comes with each cycle's preemptions, admissions and reasons.
 fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
     // Victims stop `grace` cycles late, so each preemption takes that much longer to play
     // out: the window grows with it.
@@ -58,6 +59,11 @@ fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
         let waited = s.now - p.submitted_at;
         if waited < s.starvation_after_seconds && waited + cycles * 60 >= s.starvation_after_seconds {
             p.submitted_at = s.now - s.starvation_after_seconds;
+        }
+    }
+    for r in &mut s.running {
+        if r.protected_until > s.now && r.protected_until <= s.now + cycles * 60 {
+            r.protected_until = s.now;
         }
     }
     let mut w = World::from(s);

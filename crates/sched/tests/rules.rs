@@ -1082,3 +1082,97 @@ fn work_without_a_script_or_command_never_goes_to_slurm() {
         &Reason::Unschedulable { why: vec![Impossible::NotCapable { flavor: 0, missing: missing.into() }] }
     );
 }
+
+#[test]
+fn work_within_its_min_runtime_is_not_reclaimed_and_the_owner_is_told_until_when() {
+    // b borrows a's idle 8 with a job protected for 30 minutes from its start (now − 600);
+    // a's own job waits, naming the protected job and when its protection ends; from then
+    // on the job is reclaimed as any borrowed work.
+    let (mut w, nodes) = two_owners();
+    let now = w.s.now;
+    w.run("b-own", "b", &nodes[1..], 1, 8 * GPU, false, 0, now - 600);
+    let borrowed = w.run("b-borrowed", "b", &nodes[..1], 1, 8 * GPU, true, 0, now - 600);
+    w.s.running[borrowed].protected_until = now - 600 + 1800;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+    let until = now + 1200;
+    assert!(
+        matches!(reason(&w, &plan, "a1"), Reason::WaitingForMinRuntime { victims, until: u, .. }
+            if victims == &[borrowed] && *u == until),
+        "{:?}",
+        reason(&w, &plan, "a1")
+    );
+
+    w.s.now = until;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["b-borrowed"]);
+}
+
+#[test]
+fn min_runtime_holds_off_priority_preemption_and_unprotected_work_is_taken_first() {
+    // a runs two low-priority 4-GPU jobs on its guarantee: the cheaper victim (started
+    // last) is protected, so an urgent 4-GPU job of a preempts the other one; with both
+    // protected it preempts nothing and says why.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 1, 8, None);
+    let now = w.s.now;
+    let older = w.run("a-older", "a", &nodes, 1, 4 * GPU, false, -5, now - 7200);
+    let newer = w.run("a-newer", "a", &nodes, 1, 4 * GPU, false, -5, now - 60);
+    w.s.running[newer].protected_until = now + 540;
+    let urgent = w.submit("a-urgent", "a", 1, 4 * GPU, &["h100"]);
+    w.pending(urgent).priority = 100;
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["a-older"]);
+
+    w.s.running[older].protected_until = now + 60;
+    let plan = w.plan();
+    assert!(plan.preemptions.is_empty());
+    // Either job alone makes room: the cheaper one (started last) is named.
+    assert!(
+        matches!(reason(&w, &plan, "a-urgent"), Reason::WaitingForMinRuntime { victims, until, .. }
+            if victims == &[newer] && *until == now + 540),
+        "{:?}",
+        reason(&w, &plan, "a-urgent")
+    );
+}
+
+#[test]
+fn the_checker_refuses_a_plan_that_preempts_work_within_its_min_runtime() {
+    let (mut w, nodes) = two_owners();
+    let now = w.s.now;
+    w.run("b-own", "b", &nodes[1..], 1, 8 * GPU, false, 0, now - 600);
+    let borrowed = w.run("b-borrowed", "b", &nodes[..1], 1, 8 * GPU, true, 0, now - 600);
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = berth_sched::schedule(&w.s).unwrap();
+    assert_eq!(preempted(&w, &plan), ["b-borrowed"]);
+    w.s.running[borrowed].protected_until = now + 1;
+    assert!(
+        violations(&w.s, &plan).iter().any(|v| v.contains("within its min runtime")),
+        "{:?}",
+        violations(&w.s, &plan)
+    );
+}
+
+#[test]
+fn a_teams_min_runtime_covers_its_subtree_and_bounds_what_a_workload_asks() {
+    use berth_sched::snapshot::min_runtime;
+    let mut w = World::new(&["h100"]);
+    let dept = w.team("dept", None, &[]);
+    let team = w.team("team", Some("dept"), &[]);
+    let sub = w.team("sub", Some("team"), &[]);
+    let other = w.team("other", None, &[]);
+    w.s.teams[dept].min_runtime_seconds = Some(3600);
+    w.s.teams[team].min_runtime_seconds = Some(600);
+    let teams = &w.s.teams;
+    // The nearest team up the tree that sets one decides; none: no protection.
+    assert_eq!(min_runtime(teams, sub, None), 600);
+    assert_eq!(min_runtime(teams, dept, None), 3600);
+    assert_eq!(min_runtime(teams, other, None), 0);
+    // A workload may ask for less, never more.
+    assert_eq!(min_runtime(teams, sub, Some(60)), 60);
+    assert_eq!(min_runtime(teams, sub, Some(7200)), 600);
+    assert_eq!(min_runtime(teams, other, Some(60)), 0);
+}

@@ -964,3 +964,51 @@ async fn notify_later_covers_one_statement(db: berth_store::PgPool) {
     let next = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
     assert_eq!(next.expect("the next statement notifies").unwrap().payload(), "workloads");
 }
+
+/// A team's min runtime holds off the reclaim of its borrowed work until the work has run
+/// that long (on the controllers' clock), and the owner's waiting workload says until
+/// when; a workload may ask for less protection than its team allows, never more.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn borrowed_work_within_its_min_runtime_is_reclaimed_only_once_it_has_run_that_long(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 8, None).await;
+    let team_b =
+        json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 8}], "preemption": {"min_runtime_seconds": 600}}});
+    let input = serde_json::from_value(team_b).unwrap();
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "b", &input, None).await.unwrap();
+    p.cluster("sim-a", 2, json!({})).await;
+
+    let more = json!({"spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 8}},
+        "preemption": {"min_runtime_seconds": 601}}});
+    let input = serde_json::from_value(more).unwrap();
+    let refused = berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "b", "greedy", &input, None).await;
+    let Err(berth_core::Error::Invalid(errors)) = refused else { panic!("accepted: {refused:?}") };
+    assert_eq!(errors[0].field, "/spec/preemption/min_runtime_seconds");
+    assert!(errors[0].message.contains("at most 600"), "{}", errors[0].message);
+
+    p.submit("b", "b1", 1, 8.0, json!({"sim": {"duration_seconds": 3600}})).await;
+    p.settle().await;
+    p.submit("b", "b2", 1, 8.0, json!({"sim": {"duration_seconds": 3600}})).await;
+    p.settle().await;
+    assert!(p.workload("b", "b2").await.status.admission.unwrap().borrowed);
+    assert_eq!(p.phase("b", "b2").await, Phase::Running);
+
+    p.advance(300);
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("b", "b2").await, Phase::Running, "protected for 600 s from its start");
+    let reason = p.workload("a", "a1").await.status.pending_reason.unwrap();
+    assert_eq!(reason.code, "WaitingForMinRuntime");
+    assert!(reason.message.contains("b/b2"), "{}", reason.message);
+    let started = p.workload("b", "b2").await.status.started_at.unwrap();
+    let until = (started + chrono::TimeDelta::seconds(600)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(reason.details.unwrap()["protected_until"], until);
+
+    p.advance(300);
+    p.settle().await;
+    assert_eq!(p.phase("b", "b2").await, Phase::Preempting);
+    assert_eq!(p.phase("b", "b1").await, Phase::Running, "only the borrowed workload is preempted");
+    p.advance(30);
+    p.settle().await;
+    assert_eq!(p.phase("a", "a1").await, Phase::Running);
+}

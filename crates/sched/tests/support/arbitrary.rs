@@ -115,6 +115,8 @@ struct RunningSpec {
     preemptible: bool,
     borrowed: bool,
     age: i64,
+    /// Its min runtime, if it has one (still running within it where above `age`).
+    min_runtime: Option<i64>,
     preempting: bool,
     tasks: Resources,
 }
@@ -123,17 +125,10 @@ fn running() -> impl Strategy<Value = RunningSpec> {
     (
         (any::<Index>(), any::<Index>(), -2i32..3),
         (prop::bool::weighted(0.8), any::<bool>(), 0i64..10_000, prop::bool::weighted(0.1)),
-        resources(),
+        (resources(), prop::option::weighted(0.25, 0i64..20_000)),
     )
-        .prop_map(|((team, node, priority), (preemptible, borrowed, age, preempting), tasks)| RunningSpec {
-            team,
-            node,
-            priority,
-            preemptible,
-            borrowed,
-            age,
-            preempting,
-            tasks,
+        .prop_map(|((team, node, priority), (preemptible, borrowed, age, preempting), (tasks, min_runtime))| {
+            RunningSpec { team, node, priority, preemptible, borrowed, age, min_runtime, preempting, tasks }
         })
 }
 
@@ -234,7 +229,13 @@ fn build(
                 resets_at: if reset { s.now } else { s.now + 86_400 },
             })
             .collect();
-        s.teams.push(Team { name: format!("t{t}"), parent, quotas: quotas[..flavors].to_vec(), budget_stops });
+        s.teams.push(Team {
+            name: format!("t{t}"),
+            parent,
+            quotas: quotas[..flavors].to_vec(),
+            budget_stops,
+            min_runtime_seconds: None,
+        });
     }
     for (c, (kind, tier, cordoned, nodes)) in clusters.iter().enumerate() {
         let labels: BTreeMap<String, String> = tier.iter().map(|t| ("tier".to_string(), t.to_string())).collect();
@@ -273,6 +274,7 @@ fn build(
             preemptible: r.preemptible,
             borrowed: r.borrowed,
             started_at: s.now - r.age,
+            protected_until: r.min_runtime.map_or(0, |m| s.now - r.age + m),
             preempting: r.preempting,
             cluster,
             flavor,

@@ -59,6 +59,7 @@ impl World {
             parent,
             quotas: q,
             budget_stops: Vec::new(),
+            min_runtime_seconds: None,
         });
         self.s.teams.len() - 1
     }
@@ -121,6 +122,7 @@ impl World {
             preemptible: true,
             borrowed,
             started_at,
+            protected_until: 0,
             preempting: false,
             cluster,
             flavor,
@@ -183,6 +185,7 @@ impl World {
                 preemptible: p.preemptible,
                 borrowed: a.borrowed,
                 started_at: self.s.now,
+                protected_until: 0,
                 preempting: false,
                 cluster: a.cluster,
                 flavor: a.flavor,
