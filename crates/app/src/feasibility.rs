@@ -162,8 +162,9 @@ fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> V
                 errors.push(FieldError::new(
                     format!("{at}/spec/preemption/min_runtime_seconds"),
                     format!(
-                        "must be at most {allowed}: the min runtime team {team} allows (its spec.preemption, or that \
-                         of the nearest team above it that sets one)"
+                        "must be at most {allowed}: the min runtime team {team} allows (the lowest \
+                         spec.preemption.min_runtime_seconds of it and the teams above it; none unless its top-level \
+                         team sets one)"
                     ),
                 ));
             }

@@ -41,9 +41,9 @@ pub struct TeamSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(max_items = 16)]
     pub budgets: Vec<crate::usage::Budget>,
-    /// How preemption treats the running work of the team's subtree (a team below that
-    /// sets its own overrides it): the protection its workloads get, and the most one
-    /// may ask for.
+    /// How preemption treats the running work of the team's subtree: the protection its
+    /// workloads get, and the most one may ask for. A team below may only lower it, and
+    /// without one on the top-level team nothing in its tree is protected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<crate::workload::PreemptionPolicy>,
 }

@@ -162,8 +162,9 @@ pub struct WorkloadSpec {
     /// Checkpoints and resumes: after preemption it is requeued rather than failed.
     #[serde(default)]
     pub resumable: bool,
-    /// Protection from preemption once it runs, at most what its team allows (the
-    /// team's `spec.preemption`, which also applies when this is left out).
+    /// Protection from preemption once it runs, at most what its team allows (the lowest
+    /// `spec.preemption` of the team and the teams above it, which also applies when this
+    /// is left out; none unless the top-level team sets one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<PreemptionPolicy>,
     /// Only for `inference`: replica bounds and the scaling target.

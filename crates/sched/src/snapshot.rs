@@ -50,20 +50,25 @@ pub struct Team {
     /// Its budgets that are used up and stop work (in the subtree) until they reset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budget_stops: Vec<BudgetStop>,
-    /// The protection from preemption its subtree's running work gets, and the most a
-    /// workload may ask for (a team below that sets one overrides it); see
+    /// The protection from preemption its subtree's running work gets at most; see
     /// [`min_runtime`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_runtime_seconds: Option<u32>,
 }
 
 /// How long work of `team` is protected from preemption once it runs: what the workload
-/// declares (`declared`), at most what the nearest team up the tree that sets a
-/// protection allows, and that team's protection when the workload declares none; none
-/// where no team sets one.
+/// declares (`declared`), at most what its team allows, and that when it declares none.
+/// A team allows the lowest protection set on it and the teams above it, and none unless
+/// its top-level team sets one: each level may only lower what the level above grants, so
+/// those who manage a subtree cannot shield its borrowed work from other teams' reclaim
+/// beyond what a platform admin granted the top-level team.
 pub fn min_runtime(teams: &[Team], team: TeamIx, declared: Option<u32>) -> u32 {
-    let allowed =
-        std::iter::successors(Some(team), |&t| teams[t].parent).find_map(|t| teams[t].min_runtime_seconds).unwrap_or(0);
+    let chain: Vec<TeamIx> = std::iter::successors(Some(team), |&t| teams[t].parent).collect();
+    let top = chain.last().map(|&t| teams[t].min_runtime_seconds);
+    let allowed = match top {
+        Some(Some(_)) => chain.iter().filter_map(|&t| teams[t].min_runtime_seconds).min().unwrap_or(0),
+        _ => 0,
+    };
     declared.map_or(allowed, |d| d.min(allowed))
 }
 

@@ -1157,20 +1157,28 @@ fn the_checker_refuses_a_plan_that_preempts_work_within_its_min_runtime() {
 }
 
 #[test]
-fn a_teams_min_runtime_covers_its_subtree_and_bounds_what_a_workload_asks() {
+fn a_teams_min_runtime_covers_its_subtree_which_may_only_lower_it_as_may_a_workload() {
     use berth_sched::snapshot::min_runtime;
     let mut w = World::new(&["h100"]);
     let dept = w.team("dept", None, &[]);
     let team = w.team("team", Some("dept"), &[]);
     let sub = w.team("sub", Some("team"), &[]);
+    let greedy = w.team("greedy", Some("dept"), &[]);
     let other = w.team("other", None, &[]);
+    let shielded = w.team("shielded", Some("other"), &[]);
     w.s.teams[dept].min_runtime_seconds = Some(3600);
     w.s.teams[team].min_runtime_seconds = Some(600);
+    w.s.teams[greedy].min_runtime_seconds = Some(86_400);
+    w.s.teams[shielded].min_runtime_seconds = Some(86_400);
     let teams = &w.s.teams;
-    // The nearest team up the tree that sets one decides; none: no protection.
+    // The lowest set on the way up; a team that sets none allows what its parent does.
     assert_eq!(min_runtime(teams, sub, None), 600);
     assert_eq!(min_runtime(teams, dept, None), 3600);
+    // A sub-team's admin cannot grant more than the department was granted…
+    assert_eq!(min_runtime(teams, greedy, None), 3600);
+    // …nor any where the top-level team grants none.
     assert_eq!(min_runtime(teams, other, None), 0);
+    assert_eq!(min_runtime(teams, shielded, None), 0);
     // A workload may ask for less, never more.
     assert_eq!(min_runtime(teams, sub, Some(60)), 60);
     assert_eq!(min_runtime(teams, sub, Some(7200)), 600);
