@@ -61,8 +61,9 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
         })
         .collect();
-    let mut nodes: Vec<s::Node> = Vec::new();
-    let mut node_ix: FxHashMap<(usize, &str), usize> = FxHashMap::default();
+    let mut nodes: Vec<s::Node> = Vec::with_capacity(world.nodes.len());
+    let mut node_ix: FxHashMap<(usize, &str), usize> =
+        FxHashMap::with_capacity_and_hasher(world.nodes.len(), rustc_hash::FxBuildHasher);
     for (cluster, n) in world.nodes.iter() {
         let (Some(&c), Some(&f)) = (cluster_by_uid.get(cluster), n.flavor.as_deref().and_then(|f| flavor_ix.get(f)))
         else {
@@ -83,8 +84,9 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         ));
     }
 
-    let mut running = Vec::new();
-    let mut running_ix = Vec::new();
+    // Most unfinished work runs at a large site.
+    let mut running = Vec::with_capacity(world.workloads.len());
+    let mut running_ix = Vec::with_capacity(world.workloads.len());
     let mut pending = Vec::new();
     let mut pending_ix = Vec::new();
     let mut unschedulable = Vec::new();
@@ -109,7 +111,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             };
             running_ix.push(i);
             running.push(s::Running {
-                id: w.metadata.uid.to_string(),
+                id: w.metadata.uid.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).to_owned(),
                 team,
                 priority: w.spec.priority,
                 preemptible: w.spec.preemptible,

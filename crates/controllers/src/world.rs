@@ -4,10 +4,12 @@
 //! full; and the nodes, read again only when their version moved (a large site has tens of
 //! thousands). Flavors, teams and clusters are few and read in full each time.
 //!
-//! The safety net is a full read: the first time, every [`FULL_READ_EVERY`], after any
-//! failed read, and in each leader term (a term starts with an empty [`WorldCache`]). It
-//! also covers what the feed cannot see: a `TRUNCATE`, writes with triggers disabled
-//! (`session_replication_role = replica`, a restore).
+//! The safety net is a full read: the first time, after any failed read, and in each
+//! leader term (a term starts with an empty [`WorldCache`]) in the cycle; and every
+//! [`FULL_READ_EVERY`] in a task of its own, whose result replaces the kept workloads at the
+//! next read (which then applies the changes since the full read's cursor), so that no
+//! cycle waits for it. It also covers what the feed cannot see: a `TRUNCATE`, writes with
+//! triggers disabled (`session_replication_role = replica`, a restore).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,18 +33,60 @@ pub const FULL_READ_EVERY: Duration = Duration::from_secs(120);
 pub const TOMBSTONES_KEPT: Duration = Duration::from_secs(3600);
 
 /// The kept world, shared by the reconcilers that read it (the scheduler, the estimates).
-#[derive(Clone, Default)]
-pub struct WorldCache(Arc<tokio::sync::Mutex<Kept>>);
+#[derive(Clone)]
+pub struct WorldCache {
+    kept: Arc<tokio::sync::Mutex<Kept>>,
+    full_read_every: Duration,
+}
+
+impl Default for WorldCache {
+    fn default() -> Self {
+        Self::with_full_read_every(FULL_READ_EVERY)
+    }
+}
+
+/// The unfinished workloads by uid.
+type Workloads = BTreeMap<Uuid, Arc<Workload>>;
 
 #[derive(Default)]
 struct Kept {
-    workloads: BTreeMap<Uuid, Arc<Workload>>,
+    workloads: Workloads,
     nodes: Option<KeptNodes>,
     /// The change feed's cursor after the last read, and when the last full read was.
     read: Option<(i64, Instant)>,
+    /// The periodic full read, under way in the background.
+    full_read: Option<FullRead>,
     /// When the scheduler last wrote every queue position that moved (by the controllers'
     /// clock), see [`crate::scheduler::POSITIONS_REFRESH`].
     positions_written: Option<DateTime<Utc>>,
+}
+
+/// Every unfinished workload as of a change feed cursor, read by a task of its own so that
+/// the periodic full read (a second at 100,000 workloads) holds up no cycle. Dropped with
+/// the kept world (a new leader term), it stops.
+struct FullRead {
+    started: Instant,
+    task: tokio::task::JoinHandle<Result<(i64, Workloads), Error>>,
+}
+
+impl FullRead {
+    fn start(db: &PgPool) -> Self {
+        let db = db.clone();
+        let task = tokio::spawn(async move {
+            let mut tx = berth_store::begin_snapshot(&db).await?;
+            let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
+            let all = berth_store::workload::workload_list_active(&mut *tx).await?;
+            berth_store::commit(tx).await?;
+            Ok((cursor, all.into_iter().map(|w| (w.metadata.uid, Arc::new(w))).collect()))
+        });
+        Self { started: Instant::now(), task }
+    }
+}
+
+impl Drop for FullRead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// How a world was read.
@@ -63,13 +107,18 @@ pub async fn read_full(db: &PgPool) -> Result<World, Error> {
 }
 
 impl WorldCache {
+    /// A kept world read in full in the background every `every` (tests).
+    pub fn with_full_read_every(every: Duration) -> Self {
+        Self { kept: Arc::default(), full_read_every: every }
+    }
+
     /// The world now: the kept workloads brought up to date, or read in full when due.
     ///
     /// # Errors
     /// Store errors (the next read is then a full one).
     pub async fn load(&self, db: &PgPool) -> Result<(World, Read), Error> {
-        let mut kept = self.0.lock().await;
-        let read = kept.refresh(db).await;
+        let mut kept = self.kept.lock().await;
+        let read = kept.refresh(db, self.full_read_every).await;
         if read.is_err() {
             *kept = Kept::default();
         }
@@ -81,7 +130,7 @@ impl WorldCache {
     /// # Errors
     /// Store errors.
     pub async fn nodes(&self, db: &PgPool) -> Result<Arc<Vec<(ClusterId, ClusterNode)>>, Error> {
-        let mut kept = self.0.lock().await;
+        let mut kept = self.kept.lock().await;
         // One snapshot, so that the version kept is the nodes'.
         let mut tx = berth_store::begin_snapshot(db).await?;
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut kept.nodes).await?;
@@ -92,7 +141,7 @@ impl WorldCache {
     /// Whether every queue position that moved is due to be written: none was in this
     /// term, or the last time is `every` ago.
     pub async fn positions_due(&self, now: DateTime<Utc>, every: Duration) -> bool {
-        self.0
+        self.kept
             .lock()
             .await
             .positions_written
@@ -101,17 +150,37 @@ impl WorldCache {
 
     /// Every queue position that moved was written at `at`.
     pub async fn positions_written(&self, at: DateTime<Utc>) {
-        self.0.lock().await.positions_written = Some(at);
+        self.kept.lock().await.positions_written = Some(at);
     }
 
     /// The next read is a full one.
     pub async fn invalidate(&self) {
-        *self.0.lock().await = Kept::default();
+        *self.kept.lock().await = Kept::default();
     }
 }
 
 impl Kept {
-    async fn refresh(&mut self, db: &PgPool) -> Result<(World, Read), Error> {
+    async fn refresh(&mut self, db: &PgPool, full_read_every: Duration) -> Result<(World, Read), Error> {
+        // A finished background full read replaces the kept workloads (before this read's
+        // snapshot, so the full read's is older); the changes since its cursor are then
+        // read as after any read.
+        let mut swapped = false;
+        if self.full_read.as_ref().is_some_and(|f| f.task.is_finished())
+            && let Some(mut done) = self.full_read.take()
+        {
+            let (cursor, all) = (&mut done.task).await.map_err(|e| Error::Internal(e.to_string()))??;
+            // Freeing the replaced world takes tens of milliseconds at 100,000: not in the cycle.
+            let replaced = std::mem::replace(&mut self.workloads, all);
+            tokio::task::spawn_blocking(move || drop(replaced));
+            self.read = Some((cursor, done.started));
+            swapped = true;
+        }
+        if let Some((_, full_at)) = self.read
+            && full_at.elapsed() >= full_read_every
+            && self.full_read.is_none()
+        {
+            self.full_read = Some(FullRead::start(db));
+        }
         let mut tx = berth_store::begin_snapshot(db).await?;
         let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
         let now = chrono::Utc::now();
@@ -120,7 +189,7 @@ impl Kept {
         let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
         let read = match self.read {
-            Some((since, full_at)) if full_at.elapsed() < FULL_READ_EVERY => {
+            Some((since, full_at)) => {
                 let written = berth_store::workload::workload_list_written_since(&mut *tx, since).await?;
                 let deleted = berth_store::workload::workload_deleted_since(&mut *tx, since).await?;
                 let changes = written.len() + deleted.len();
@@ -135,9 +204,9 @@ impl Kept {
                     self.workloads.remove(&uid);
                 }
                 self.read = Some((cursor, full_at));
-                Read::Changes(changes)
+                if swapped { Read::Full } else { Read::Changes(changes) }
             }
-            _ => {
+            None => {
                 let all = berth_store::workload::workload_list_active(&mut *tx).await?;
                 self.workloads = all.into_iter().map(|w| (w.metadata.uid, Arc::new(w))).collect();
                 self.read = Some((cursor, Instant::now()));

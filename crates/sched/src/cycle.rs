@@ -130,7 +130,8 @@ pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Optio
         }
     }
     for pool in &mut pools {
-        pool.running.sort_by_key(|&i| (s.running[i].priority, Reverse(s.running[i].started_at), i));
+        // The index makes every key distinct, so an unstable sort gives the same order.
+        pool.running.sort_unstable_by_key(|&i| (s.running[i].priority, Reverse(s.running[i].started_at), i));
     }
     (pools, at)
 }

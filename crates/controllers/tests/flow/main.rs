@@ -1012,3 +1012,44 @@ async fn borrowed_work_within_its_min_runtime_is_reclaimed_only_once_it_has_run_
     p.settle().await;
     assert_eq!(p.phase("a", "a1").await, Phase::Running);
 }
+
+/// The periodic full read runs beside the cycles and replaces the kept world at the next
+/// read after it finishes: what the change feed cannot see (a row deleted with its
+/// tombstone, as a restore or hand-made SQL would) is gone then, and what was written
+/// meanwhile is kept.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothing(db: berth_store::PgPool) {
+    use berth_controllers::world::{Read, WorldCache, read_full};
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let every = std::time::Duration::from_secs(1);
+    let cache = WorldCache::with_full_read_every(every);
+    let started = std::time::Instant::now();
+    assert_eq!(cache.load(&db).await.unwrap().1, Read::Full);
+    let ghost = p.submit("nlp", "ghost", 1, 1.0, json!({})).await;
+    let has = |w: &berth_controllers::snapshot::World, uid| w.workloads.iter().any(|w| w.metadata.uid == uid);
+    assert!(has(&cache.load(&db).await.unwrap().0, ghost.metadata.uid));
+
+    // Behind the feed's back: the row and its tombstone.
+    sqlx::query("DELETE FROM workloads WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
+    sqlx::query("DELETE FROM workload_tombstones WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
+    let (world, read) = cache.load(&db).await.unwrap();
+    if started.elapsed() < every {
+        assert!(matches!(read, Read::Changes(0)), "{read:?}");
+        assert!(has(&world, ghost.metadata.uid), "the feed cannot see it");
+    }
+
+    let after = p.submit("nlp", "after", 1, 1.0, json!({})).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let world = loop {
+        let (world, read) = cache.load(&db).await.unwrap();
+        if read == Read::Full {
+            break world;
+        }
+        assert!(std::time::Instant::now() < deadline, "no background full read came back");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(!has(&world, ghost.metadata.uid), "the full read does not find it");
+    assert!(has(&world, after.metadata.uid), "a write since is kept");
+    assert_eq!(world.workloads, read_full(&db).await.unwrap().workloads);
+}
