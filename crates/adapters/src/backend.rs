@@ -63,6 +63,28 @@ pub struct JobRequest {
     pub max_runtime_seconds: Option<u64>,
     /// How long a simulated cluster runs it (simulated seconds).
     pub sim_duration_seconds: Option<f64>,
+    /// A later attempt of resumable work (after a preemption or a lost job): it should
+    /// resume from its last checkpoint.
+    pub resume: bool,
+}
+
+impl JobRequest {
+    /// What Berth tells the job about itself in its environment: `BERTH_TEAM`,
+    /// `BERTH_WORKLOAD`, `BERTH_WORKLOAD_UID`, `BERTH_ATTEMPT`, and for a resumed attempt
+    /// `BERTH_RESUME=1` and `BERTH_PREVIOUS_ATTEMPT`.
+    pub fn berth_environment(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("BERTH_TEAM".to_owned(), self.team.clone()),
+            ("BERTH_WORKLOAD".to_owned(), self.workload.clone()),
+            ("BERTH_WORKLOAD_UID".to_owned(), self.key.workload.to_string()),
+            ("BERTH_ATTEMPT".to_owned(), self.key.attempt.to_string()),
+        ];
+        if self.resume {
+            env.push(("BERTH_RESUME".to_owned(), "1".to_owned()));
+            env.push(("BERTH_PREVIOUS_ATTEMPT".to_owned(), self.key.attempt.saturating_sub(1).to_string()));
+        }
+        env
+    }
 }
 
 /// A backend job's state.

@@ -689,6 +689,7 @@ mod tests {
             run: Run::default(),
             max_runtime_seconds: None,
             sim_duration_seconds: Some(seconds),
+            resume: false,
         }
     }
 

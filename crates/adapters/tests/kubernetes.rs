@@ -80,6 +80,7 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
         },
         max_runtime_seconds: None,
         sim_duration_seconds: None,
+        resume: false,
     }
 }
 

@@ -59,6 +59,7 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         run: Run { command: vec![], script: Some(script.into()), image: None, env: BTreeMap::new() },
         max_runtime_seconds: Some(600),
         sim_duration_seconds: None,
+        resume: false,
     }
 }
 

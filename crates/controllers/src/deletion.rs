@@ -72,7 +72,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
             Some((_, None)) => done.push((w, "its job is gone")),
             Some((_, Some(job))) if job.state.is_final() => done.push((w, "its job was cancelled")),
             Some((backend, Some(job))) => {
-                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await {
+                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await {
                     status.cancels_sent += 1;
                     transitions.push(t);
                 }

@@ -248,5 +248,6 @@ pub fn request(w: &Workload) -> JobRequest {
         run: w.spec.run.clone(),
         max_runtime_seconds: w.spec.max_runtime_seconds,
         sim_duration_seconds: w.spec.sim.as_ref().map(|s| s.duration_seconds),
+        resume: w.spec.resumable && w.status.attempt > 0,
     }
 }

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use berth_adapters::{ClusterBackend, JobKey, Registry};
 use berth_core::Error;
-use berth_core::cluster::{Cluster, ClusterHealth};
+use berth_core::cluster::{Cluster, ClusterHealth, ClusterSpec};
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_store::PgPool;
 use chrono::{DateTime, Utc};
@@ -186,10 +186,11 @@ fn requeued_or_failed(w: &Workload, reason: &str, message: String) -> WorkloadSt
 async fn request_cancel<'a>(
     ctx: &Context,
     backend: &dyn ClusterBackend,
+    cluster: &Cluster,
     w: &'a Workload,
     key: JobKey,
 ) -> Option<Transition<'a>> {
-    let grace = ctx.config.cancel_grace;
+    let grace = cancel_grace(ctx, w, &cluster.spec);
     if let Some(at) = w.status.cancel_requested_at {
         if (Utc::now() - at).to_std().unwrap_or_default() >= grace {
             let _ = backend.cancel(key, grace).await;
@@ -200,6 +201,13 @@ async fn request_cancel<'a>(
         return None;
     }
     Some(Transition::new(w, WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() }))
+}
+
+/// How long the workload's job gets to checkpoint on `cluster` when it is told to stop:
+/// what it asks for (`spec.checkpoint`) up to the cluster's maximum, else the server's
+/// cancel grace period.
+pub fn cancel_grace(ctx: &Context, w: &Workload, cluster: &ClusterSpec) -> Duration {
+    w.spec.checkpoint.map_or(ctx.config.cancel_grace, |c| cluster.checkpoint_grace(c.grace_seconds))
 }
 
 /// A final phase.

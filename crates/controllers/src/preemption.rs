@@ -81,7 +81,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
         };
         match jobs.get(&job_key(w)) {
             Some(job) if !job.state.is_final() => {
-                let asked = crate::request_cancel(ctx, backend.as_ref(), w, job.key).await;
+                let asked = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await;
                 status.cancels_sent += usize::from(asked.is_some());
                 // The cluster answers: an outage, if there was one, is over.
                 let next =

@@ -87,9 +87,12 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let running_name = |i: usize| name(&world.workloads[built.running[i]]);
     let pending_name = |i: usize| name(&world.workloads[built.pending[i]]);
     // A victim's grace period runs from its cancel (sent after this cycle if not yet).
-    let grace = chrono::Duration::from_std(ctx.config.cancel_grace).unwrap_or_default();
     let now = world.now;
-    let stops_by = |i: usize| world.workloads[built.running[i]].status.cancel_requested_at.unwrap_or(now) + grace;
+    let stops_by = |i: usize| {
+        let w = &world.workloads[built.running[i]];
+        let grace = crate::cancel_grace(ctx, w, &world.clusters[s.running[i].cluster].spec);
+        w.status.cancel_requested_at.unwrap_or(now) + chrono::Duration::from_std(grace).unwrap_or_default()
+    };
 
     let submitted: std::collections::HashMap<uuid::Uuid, Option<chrono::DateTime<chrono::Utc>>> = plan
         .admissions

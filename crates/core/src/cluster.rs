@@ -98,6 +98,11 @@ pub struct ClusterSpec {
     /// A cordoned cluster keeps its running work but receives nothing new.
     #[serde(default)]
     pub cordoned: bool,
+    /// The longest time to checkpoint a workload may ask for here (`spec.checkpoint`)
+    /// between being told to stop and being killed; 600 when left out, at most 86,400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = 900, maximum = 86_400)]
+    pub max_checkpoint_grace_seconds: Option<u32>,
     /// Required for `sim` clusters: the simulated hardware.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimSpec>,
@@ -110,7 +115,18 @@ pub struct ClusterSpec {
     pub kubernetes: Option<KubernetesSpec>,
 }
 
+/// The longest checkpoint grace of a cluster that sets none.
+pub const DEFAULT_MAX_CHECKPOINT_GRACE_SECONDS: u32 = 600;
+/// The longest any cluster may allow.
+pub const CHECKPOINT_GRACE_MAX: u32 = 86_400;
+
 impl ClusterSpec {
+    /// How long a workload asking for `asked` seconds to checkpoint gets here.
+    pub fn checkpoint_grace(&self, asked: u32) -> std::time::Duration {
+        let most = self.max_checkpoint_grace_seconds.unwrap_or(DEFAULT_MAX_CHECKPOINT_GRACE_SECONDS);
+        std::time::Duration::from_secs(u64::from(asked.min(most)))
+    }
+
     /// What this cluster can run: its kind's capabilities, and a Slurm cluster shares GPUs
     /// only when a partition has shards (`shards_per_gpu`).
     pub fn capabilities(&self) -> Capabilities {
@@ -462,6 +478,11 @@ impl ClusterApply {
                 v.check(ok, "/spec/endpoint", || "must be an http:// or https:// URL".into());
             }
         }
+        if let Some(most) = s.max_checkpoint_grace_seconds {
+            v.check(most <= CHECKPOINT_GRACE_MAX, "/spec/max_checkpoint_grace_seconds", || {
+                format!("must be at most {CHECKPOINT_GRACE_MAX} (a day)")
+            });
+        }
         if let Some(r) = &s.credentials_ref {
             v.check(is_credential_name(r), "/spec/credentials_ref", || {
                 format!(
@@ -658,6 +679,7 @@ mod tests {
                 endpoint: None,
                 credentials_ref: None,
                 cordoned: false,
+                max_checkpoint_grace_seconds: None,
                 sim: Some(SimSpec::new(groups)),
                 slurm: None,
                 kubernetes: None,

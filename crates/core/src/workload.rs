@@ -162,6 +162,11 @@ pub struct WorkloadSpec {
     /// Checkpoints and resumes: after preemption it is requeued rather than failed.
     #[serde(default)]
     pub resumable: bool,
+    /// How long it may take to checkpoint when it is preempted or cancelled, at most what
+    /// its cluster allows (`max_checkpoint_grace_seconds`); the server's cancel grace
+    /// period when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
     /// Protection from preemption once it runs, at most what its team allows (the lowest
     /// `spec.preemption` of the team and the teams above it, which also applies when this
     /// is left out; none unless the top-level team sets one).
@@ -248,6 +253,16 @@ pub struct Run {
 pub const COMMAND_MAX_TOTAL: usize = 65_536;
 /// The most characters of all environment values together.
 pub const ENV_MAX_TOTAL: usize = 131_072;
+
+/// How a workload checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Seconds between being told to stop (SIGTERM; on Kubernetes the pod's termination
+    /// grace) and being killed: 1 to 86,400, bounded by the cluster's maximum.
+    #[schema(example = 120, minimum = 1, maximum = 86_400)]
+    pub grace_seconds: u32,
+}
 
 /// How preemption treats running work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -524,6 +539,11 @@ impl WorkloadApply {
         if let Some(p) = &s.preemption {
             p.validate(&mut v, "/spec/preemption");
         }
+        if let Some(c) = &s.checkpoint {
+            v.check((1..=86_400).contains(&c.grace_seconds), "/spec/checkpoint/grace_seconds", || {
+                "must be between 1 and 86400 (a day)".into()
+            });
+        }
         match (&s.inference, s.kind) {
             (Some(_), kind) if kind != WorkloadKind::Inference => {
                 v.error("/spec/inference", format!("only inference workloads take this, not {}", kind.as_str()));
@@ -667,6 +687,7 @@ impl WorkloadSpec {
             run: Run::default(),
             max_runtime_seconds: None,
             resumable: false,
+            checkpoint: None,
             preemption: None,
             inference: None,
             sim: None,

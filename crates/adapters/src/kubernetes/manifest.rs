@@ -147,10 +147,7 @@ fn pod_spec(
     restart: &str,
 ) -> Value {
     let mut env: BTreeMap<String, String> = job.run.env.clone();
-    env.insert("BERTH_TEAM".into(), job.team.clone());
-    env.insert("BERTH_WORKLOAD".into(), job.workload.clone());
-    env.insert("BERTH_WORKLOAD_UID".into(), job.key.workload.to_string());
-    env.insert("BERTH_ATTEMPT".into(), job.key.attempt.to_string());
+    env.extend(job.berth_environment());
     let mut limits = serde_json::Map::new();
     let mut requests = serde_json::Map::new();
     if job.gpus_per_task > 0 {
@@ -254,6 +251,7 @@ mod tests {
             },
             max_runtime_seconds: Some(3600),
             sim_duration_seconds: None,
+            resume: false,
         }
     }
 
@@ -292,6 +290,14 @@ mod tests {
         assert_eq!(c["command"], json!(["python", "train.py"]));
         let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
         assert_eq!(env, ["BERTH_ATTEMPT", "BERTH_TEAM", "BERTH_WORKLOAD", "BERTH_WORKLOAD_UID", "EPOCHS"]);
+
+        // A resumed attempt (attempt 2 of resumable work) is told so, with the one before.
+        let resumed = JobRequest { resume: true, ..request(WorkloadKind::Training) };
+        let Manifest::Job(job) = manifest(&spec(), &resumed, Some("nvl-a")).unwrap() else { panic!() };
+        let v = serde_json::to_value(&job).unwrap();
+        let env = &v["spec"]["template"]["spec"]["containers"][0]["env"];
+        let value = |name: &str| env.as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+        assert_eq!((value("BERTH_RESUME"), value("BERTH_PREVIOUS_ATTEMPT")), (Some(json!("1")), Some(json!("1"))));
     }
 
     #[test]

@@ -362,12 +362,7 @@ impl SlurmCluster {
             per_node.values().copied().max().unwrap_or_else(|| u64::from(job.tasks.div_ceil(nodes)));
         let mut environment = BTreeMap::from([("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned())]);
         environment.extend(job.run.env.clone());
-        environment.extend([
-            ("BERTH_TEAM".to_owned(), job.team.clone()),
-            ("BERTH_WORKLOAD".to_owned(), job.workload.clone()),
-            ("BERTH_WORKLOAD_UID".to_owned(), job.key.workload.to_string()),
-            ("BERTH_ATTEMPT".to_owned(), job.key.attempt.to_string()),
-        ]);
+        environment.extend(job.berth_environment());
         Ok(Submission {
             script: script(&job.run, job.tasks)?,
             name: job.key.name(),
@@ -662,6 +657,7 @@ mod tests {
             },
             max_runtime_seconds: Some(3601),
             sim_duration_seconds: None,
+            resume: false,
         }
     }
 

@@ -1053,3 +1053,67 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     assert!(has(&world, after.metadata.uid), "a write since is kept");
     assert_eq!(world.workloads, read_full(&db).await.unwrap().workloads);
 }
+
+/// A preempted workload gets the time to checkpoint it asks for (`spec.checkpoint`), up
+/// to its cluster's maximum, instead of the server's grace period (30 s here): the owner
+/// is told when the grace ends, and gets its GPUs that much sooner.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_preempted_workload_gets_the_checkpoint_grace_it_asks_for_up_to_its_clusters_maximum(
+    db: berth_store::PgPool,
+) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 8, None).await;
+    p.team("b", None, 8, None).await;
+    let nodes = json!([{"name": "n", "count": 2, "flavor": "h100", "gpus_per_node": 8}]);
+    p.apply_cluster(
+        "sim-a",
+        json!({"spec": {"kind": "sim", "max_checkpoint_grace_seconds": 20, "sim": {"node_groups": nodes}}}),
+    )
+    .await;
+    let long = json!({"resumable": true, "sim": {"duration_seconds": 3600}});
+    p.submit("b", "b1", 1, 8.0, long.clone()).await;
+    p.settle().await;
+    let mut quick = long.clone();
+    quick["checkpoint"] = json!({"grace_seconds": 5});
+    p.submit("b", "b2", 1, 8.0, quick).await;
+    p.settle().await;
+    assert!(p.workload("b", "b2").await.status.admission.unwrap().borrowed);
+
+    p.submit("a", "a1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let b2 = p.workload("b", "b2").await;
+    assert_eq!(b2.status.phase, Phase::Preempting);
+    let told = b2.status.cancel_requested_at.unwrap();
+    let reason = p.workload("a", "a1").await.status.pending_reason.unwrap();
+    let grace_ends = (told + chrono::TimeDelta::seconds(5)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(reason.details.unwrap()["grace_ends_at"], grace_ends, "{}", reason.message);
+    p.advance(6);
+    p.settle().await;
+    assert_eq!(p.phase("a", "a1").await, Phase::Running, "b2 stopped after its 5 s, not the server's 30");
+    assert_eq!(p.workload("b", "b2").await.status.attempt, 1);
+}
+
+/// Asking for more time to checkpoint than the cluster allows gets its maximum.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_checkpoint_grace_above_the_clusters_maximum_is_cut_to_it(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 8, Some(8)).await;
+    let nodes = json!([{"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]);
+    p.apply_cluster(
+        "sim-a",
+        json!({"spec": {"kind": "sim", "max_checkpoint_grace_seconds": 20, "sim": {"node_groups": nodes}}}),
+    )
+    .await;
+    let slow = json!({"priority": -1, "checkpoint": {"grace_seconds": 3600}, "sim": {"duration_seconds": 3600}});
+    p.submit("t", "slow", 1, 8.0, slow).await;
+    p.settle().await;
+    p.submit("t", "urgent", 1, 8.0, json!({"priority": 10})).await;
+    p.settle().await;
+    assert_eq!(p.phase("t", "slow").await, Phase::Preempting);
+    p.advance(19);
+    p.settle().await;
+    assert_eq!(p.phase("t", "slow").await, Phase::Preempting, "within its 20 s");
+    p.advance(2);
+    p.settle().await;
+    assert_eq!(p.phase("t", "urgent").await, Phase::Running);
+}

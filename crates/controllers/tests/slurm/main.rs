@@ -96,7 +96,8 @@ async fn reclaimed_slurm_work_sees_sigterm_then_is_cancelled_and_requeued(db: be
     p.team("b", &[("h100", 8)]).await;
     let marker = std::env::temp_dir().join(format!("berth-reclaim-{}", uuid::Uuid::now_v7()));
     let trapping = format!(
-        "#!/bin/bash\ntrap 'echo $BERTH_ATTEMPT $(date +%s.%N) >> {m}' TERM\nwhile true; do sleep 0.2; done\n",
+        "#!/bin/bash\necho start $BERTH_ATTEMPT ${{BERTH_RESUME:-0}} ${{BERTH_PREVIOUS_ATTEMPT:--}} >> {m}\n\
+         trap 'echo $BERTH_ATTEMPT $(date +%s.%N) >> {m}' TERM\nwhile true; do sleep 0.2; done\n",
         m = marker.display()
     );
     let eight = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 8}});
@@ -115,6 +116,7 @@ async fn reclaimed_slurm_work_sees_sigterm_then_is_cancelled_and_requeued(db: be
     let signals: Vec<(String, f64)> = std::fs::read_to_string(&marker)
         .unwrap()
         .lines()
+        .filter(|l| !l.starts_with("start "))
         .map(|l| l.split_once(' ').map(|(a, t)| (a.to_owned(), t.parse().unwrap())).unwrap())
         .collect();
     assert!(signals.iter().all(|(attempt, _)| attempt == "0"), "{signals:?}");
@@ -127,6 +129,17 @@ async fn reclaimed_slurm_work_sees_sigterm_then_is_cancelled_and_requeued(db: be
     let a1 = p.wait("a", "a1", "final", |w| w.status.phase.is_final()).await;
     assert_eq!(a1.status.phase, Phase::Succeeded);
     assert_eq!(p.events(&b2).await[..6], ["Created", "Admitted", "Dispatched", "Running", "Preempted", "Requeued"]);
+    // Once a1 is done, b2's next attempt runs (borrowed again) and is told to resume.
+    p.wait("b", "b2", "running again", |w| w.status.attempt == 1 && w.status.phase == Phase::Running).await;
+    let started = |marker: &std::path::Path| -> Vec<String> {
+        let text = std::fs::read_to_string(marker).unwrap_or_default();
+        text.lines().filter(|l| l.starts_with("start ")).map(str::to_owned).collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while started(&marker).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(started(&marker), ["start 0 0 -", "start 1 1 0"], "BERTH_RESUME and BERTH_PREVIOUS_ATTEMPT");
     p.delete_all().await;
     p.stop().await;
     std::fs::remove_file(marker).unwrap();
