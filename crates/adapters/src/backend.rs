@@ -66,6 +66,9 @@ pub struct JobRequest {
     /// A later attempt of resumable work (after a preemption or a lost job): it should
     /// resume from its last checkpoint.
     pub resume: bool,
+    /// How long it will have to checkpoint once told to stop (Kubernetes: its pods'
+    /// termination grace period, which the kubelet would otherwise cut to 30 s).
+    pub grace_seconds: u32,
 }
 
 impl JobRequest {

@@ -690,6 +690,7 @@ mod tests {
             max_runtime_seconds: None,
             sim_duration_seconds: Some(seconds),
             resume: false,
+            grace_seconds: 30,
         }
     }
 

@@ -81,6 +81,7 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
         max_runtime_seconds: None,
         sim_duration_seconds: None,
         resume: false,
+        grace_seconds: 30,
     }
 }
 

@@ -60,6 +60,7 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         max_runtime_seconds: Some(600),
         sim_duration_seconds: None,
         resume: false,
+        grace_seconds: 30,
     }
 }
 

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use berth_adapters::{BackendError, ClusterBackend, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::Error;
@@ -90,8 +91,9 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
 struct Batch {
     tx: berth_store::Tx<'static>,
     claimed: Vec<Workload>,
-    /// Claimed workloads to submit (by index), with their cluster's backend.
-    to_submit: Vec<(usize, Arc<dyn ClusterBackend>)>,
+    /// Claimed workloads to submit (by index), with their cluster's backend and the grace
+    /// period they will get there.
+    to_submit: Vec<(usize, Arc<dyn ClusterBackend>, Duration)>,
     /// New statuses decided (by index): adopted jobs, then the answers to submits.
     decided: Vec<(usize, WorkloadStatus)>,
     /// Left `Admitted`: their cluster is unreachable.
@@ -127,7 +129,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
     for (i, w) in claimed.iter().enumerate() {
         let Some(a) = &w.status.admission else { continue };
         let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster);
-        let Some(backend) = cluster.and_then(|c| crate::reachable_backend(ctx, c)) else {
+        let Some((cluster, backend)) = cluster.and_then(|c| Some((c, crate::reachable_backend(ctx, c)?))) else {
             batch.deferred.push(w.metadata.uid);
             continue;
         };
@@ -151,10 +153,10 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
                 }
             }
         }
-        batch.to_submit.push((i, backend));
+        batch.to_submit.push((i, backend, crate::cancel_grace(ctx, w, &cluster.spec)));
     }
     let announced: Vec<(Uuid, u32)> =
-        batch.to_submit.iter().map(|(i, _)| (claimed[*i].metadata.uid, claimed[*i].status.attempt)).collect();
+        batch.to_submit.iter().map(|(i, ..)| (claimed[*i].metadata.uid, claimed[*i].status.attempt)).collect();
     // Committed before any submission (and fenced: a deposed leader submits nothing).
     let mut intents_tx = ctx.begin().await?;
     berth_store::dispatch::dispatch_intents_record(&mut *intents_tx, &announced).await?;
@@ -170,7 +172,7 @@ async fn submit_all(mut batch: Batch) -> Batch {
     // controller loop's future).
     let submits: Vec<Submit<'_>> = std::mem::take(&mut batch.to_submit)
         .into_iter()
-        .map(|(i, backend)| Box::pin(submit(i, &claimed[i], backend)) as _)
+        .map(|(i, backend, grace)| Box::pin(submit(i, &claimed[i], backend, grace)) as _)
         .collect();
     let answers: Vec<_> = futures_util::stream::iter(submits).buffered(SUBMITS_IN_FLIGHT).collect().await;
     for (i, answer) in answers {
@@ -211,8 +213,13 @@ async fn write(batch: Option<Batch>) -> Result<(), Error> {
 type Submit<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<JobStatus, BackendError>)> + Send + 'a>>;
 
-async fn submit(i: usize, w: &Workload, backend: Arc<dyn ClusterBackend>) -> (usize, Result<JobStatus, BackendError>) {
-    (i, backend.submit(&request(w)).await)
+async fn submit(
+    i: usize,
+    w: &Workload,
+    backend: Arc<dyn ClusterBackend>,
+    grace: Duration,
+) -> (usize, Result<JobStatus, BackendError>) {
+    (i, backend.submit(&request(w, grace)).await)
 }
 
 fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
@@ -230,8 +237,9 @@ fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
     }
 }
 
-/// The backend request for the workload's current attempt.
-pub fn request(w: &Workload) -> JobRequest {
+/// The backend request for the workload's current attempt, which will get `grace` to
+/// checkpoint when told to stop.
+pub fn request(w: &Workload, grace: Duration) -> JobRequest {
     let a = w.status.admission.as_ref().expect("dispatched workloads are admitted");
     let r = &w.spec.tasks.resources;
     JobRequest {
@@ -249,5 +257,6 @@ pub fn request(w: &Workload) -> JobRequest {
         max_runtime_seconds: w.spec.max_runtime_seconds,
         sim_duration_seconds: w.spec.sim.as_ref().map(|s| s.duration_seconds),
         resume: w.spec.resumable && w.status.attempt > 0,
+        grace_seconds: u32::try_from(grace.as_secs()).unwrap_or(u32::MAX),
     }
 }

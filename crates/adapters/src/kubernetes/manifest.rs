@@ -181,6 +181,8 @@ fn pod_spec(
     }
     let mut pod = json!({
         "restartPolicy": restart,
+        // The time to checkpoint Berth gives it when it stops the job.
+        "terminationGracePeriodSeconds": job.grace_seconds,
         "nodeSelector": node_selector,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
@@ -252,6 +254,7 @@ mod tests {
             max_runtime_seconds: Some(3600),
             sim_duration_seconds: None,
             resume: false,
+            grace_seconds: 30,
         }
     }
 
@@ -272,6 +275,7 @@ mod tests {
         let pod = &v["spec"]["template"]["spec"];
         assert_eq!(v["spec"]["template"]["metadata"]["labels"][KEY_LABEL], name);
         assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["terminationGracePeriodSeconds"], 30);
         assert_eq!(
             pod["nodeSelector"],
             json!({PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3", "berth.dev/topology-block": "nvl-a"})

@@ -658,6 +658,7 @@ mod tests {
             max_runtime_seconds: Some(3601),
             sim_duration_seconds: None,
             resume: false,
+            grace_seconds: 30,
         }
     }
 
