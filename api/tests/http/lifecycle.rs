@@ -103,7 +103,7 @@ async fn a_cancelled_workload_stops_its_job_and_stays_with_its_history_until_ret
     assert!(w["status"]["started_at"].is_string() && w["status"]["finished_at"].is_string(), "{w}");
     assert!(w["status"]["message"].as_str().unwrap().starts_with("cancelled by admin"), "{w}");
     let reasons = s.event_reasons(path).await;
-    assert_eq!(reasons, ["Created", "Admitted", "Running", "CancelRequested", "Cancelled"]);
+    assert_eq!(reasons, ["Created", "Admitted", "Running", "CancelRequested", "StopRequested", "Cancelled"]);
     // The job is gone from the cluster: all 16 GPUs are free again.
     berth_controllers::cluster_health::reconcile(&ctx).await.unwrap();
     let cluster = s.get("/api/v1/clusters/c1").await.body;

@@ -200,7 +200,8 @@ async fn request_cancel<'a>(
     if backend.cancel(key, grace).await.is_err() {
         return None;
     }
-    Some(Transition::new(w, WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() }))
+    let status = WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() };
+    Some(Transition { told_to_stop: Some(grace), ..Transition::new(w, status) })
 }
 
 /// How long the workload's job gets to checkpoint on `cluster` when it is told to stop:
@@ -253,11 +254,13 @@ pub(crate) struct Transition<'a> {
     /// When the attempt it ends stopped, where the backend said (a preempted job's end);
     /// else its `finished_at`, else now.
     pub ended_at: Option<DateTime<Utc>>,
+    /// The job was just told to stop, with this long to checkpoint.
+    pub told_to_stop: Option<Duration>,
 }
 
 impl<'a> Transition<'a> {
     pub fn new(workload: &'a Workload, status: WorkloadStatus) -> Self {
-        Self { workload, status, ended_at: None }
+        Self { workload, status, ended_at: None, told_to_stop: None }
     }
 }
 
@@ -307,7 +310,7 @@ async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> 
     }
     let written: std::collections::HashSet<_> =
         berth_store::workload::workload_write_statuses(&mut *tx, &writes).await?.into_iter().collect();
-    let events: Vec<_> = transitions
+    let mut events: Vec<_> = transitions
         .iter()
         .filter(|t| written.contains(&t.workload.metadata.uid) && t.status.phase != t.workload.status.phase)
         .map(|t| {
@@ -329,6 +332,22 @@ async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> 
             }
         })
         .collect();
+    // The notice a job gets before it is stopped, with its time to checkpoint (its release
+    // is the Requeued, Failed or Cancelled event that follows).
+    events.extend(transitions.iter().filter(|t| written.contains(&t.workload.metadata.uid)).filter_map(|t| {
+        let (grace, at) = (t.told_to_stop?, t.status.cancel_requested_at?);
+        let kill_at = at + chrono::Duration::from_std(grace).unwrap_or_default();
+        let kill_at = kill_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        Some(berth_store::event::NewEvent {
+            uid: t.workload.metadata.uid,
+            event_type: berth_core::event::EventType::Normal,
+            reason: "StopRequested",
+            message: format!("told to stop: {} s to checkpoint, stopped for good at {kill_at}", grace.as_secs()),
+            details: Some(serde_json::json!({
+                "grace_seconds": grace.as_secs(), "kill_at": kill_at, "attempt": t.workload.status.attempt,
+            })),
+        })
+    }));
     berth_store::event::event_record_many(&mut **tx, EVENT_KIND, &events).await?;
     let now = Utc::now();
     let ended: Vec<_> = transitions

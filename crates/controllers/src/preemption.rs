@@ -85,10 +85,10 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
                 status.cancels_sent += usize::from(asked.is_some());
                 // The cluster answers: an outage, if there was one, is over.
                 let next =
-                    asked.map(|t| t.status).or_else(|| w.status.unknown_since.is_some().then(|| w.status.clone()));
+                    asked.or_else(|| w.status.unknown_since.is_some().then(|| Transition::new(w, w.status.clone())));
                 if let Some(mut next) = next {
-                    next.unknown_since = None;
-                    transitions.push(Transition::new(w, next));
+                    next.status.unknown_since = None;
+                    transitions.push(next);
                 }
             }
             Some(job) => {

@@ -126,7 +126,7 @@ async fn borrowed_work_is_reclaimed_and_a_resumable_workload_is_requeued(db: ber
     let requeued = p.workload("b", "b2").await;
     assert_eq!((requeued.status.phase, requeued.status.attempt), (Phase::Pending, 1));
     assert_eq!(requeued.status.submitted_at, second.status.submitted_at, "keeps its place in the queue");
-    assert_eq!(p.events(&requeued).await, ["Created", "Admitted", "Running", "Preempted", "Requeued"]);
+    assert_eq!(p.events(&requeued).await, ["Created", "Admitted", "Running", "Preempted", "StopRequested", "Requeued"]);
     let cancelled: Vec<_> = p.jobs("sim-a").await.into_iter().filter(|j| j.state == JobState::Cancelled).collect();
     assert_eq!(cancelled.len(), 1);
     assert_eq!(cancelled[0].key.workload, second.metadata.uid);
@@ -1087,6 +1087,17 @@ async fn a_preempted_workload_gets_the_checkpoint_grace_it_asks_for_up_to_its_cl
     let reason = p.workload("a", "a1").await.status.pending_reason.unwrap();
     let grace_ends = (told + chrono::TimeDelta::seconds(5)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     assert_eq!(reason.details.unwrap()["grace_ends_at"], grace_ends, "{}", reason.message);
+    let notice: (String, serde_json::Value) =
+        sqlx::query_as("SELECT message, details FROM events WHERE object_uid = $1 AND reason = 'StopRequested'")
+            .bind(b2.metadata.uid)
+            .fetch_one(&p.ctx.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        (notice.1["grace_seconds"].as_u64(), notice.1["kill_at"].as_str()),
+        (Some(5), Some(grace_ends.as_str()))
+    );
+    assert!(notice.0.starts_with("told to stop: 5 s to checkpoint"), "{}", notice.0);
     p.advance(6);
     p.settle().await;
     assert_eq!(p.phase("a", "a1").await, Phase::Running, "b2 stopped after its 5 s, not the server's 30");

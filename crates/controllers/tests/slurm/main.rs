@@ -128,7 +128,10 @@ async fn reclaimed_slurm_work_sees_sigterm_then_is_cancelled_and_requeued(db: be
     assert!(shown.contains("JobState=CANCELLED"), "{shown}");
     let a1 = p.wait("a", "a1", "final", |w| w.status.phase.is_final()).await;
     assert_eq!(a1.status.phase, Phase::Succeeded);
-    assert_eq!(p.events(&b2).await[..6], ["Created", "Admitted", "Dispatched", "Running", "Preempted", "Requeued"]);
+    assert_eq!(
+        p.events(&b2).await[..7],
+        ["Created", "Admitted", "Dispatched", "Running", "Preempted", "StopRequested", "Requeued"]
+    );
     // Once a1 is done, b2's next attempt runs (borrowed again) and is told to resume.
     p.wait("b", "b2", "running again", |w| w.status.attempt == 1 && w.status.phase == Phase::Running).await;
     let started = |marker: &std::path::Path| -> Vec<String> {
