@@ -205,10 +205,11 @@ async fn request_cancel<'a>(
 }
 
 /// How long the workload's job gets to checkpoint on `cluster` when it is told to stop:
-/// what it asks for (`spec.checkpoint`) up to the cluster's maximum, else the server's
-/// cancel grace period.
+/// what it asks for (`spec.checkpoint`) up to the cluster's maximum (the server's cancel
+/// grace period where the cluster sets none), else the server's cancel grace period.
 pub fn cancel_grace(ctx: &Context, w: &Workload, cluster: &ClusterSpec) -> Duration {
-    w.spec.checkpoint.map_or(ctx.config.cancel_grace, |c| cluster.checkpoint_grace(c.grace_seconds))
+    let server = ctx.config.cancel_grace;
+    w.spec.checkpoint.map_or(server, |c| cluster.checkpoint_grace(c.grace_seconds, server))
 }
 
 /// A final phase.

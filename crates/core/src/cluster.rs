@@ -99,7 +99,9 @@ pub struct ClusterSpec {
     #[serde(default)]
     pub cordoned: bool,
     /// The longest time to checkpoint a workload may ask for here (`spec.checkpoint`)
-    /// between being told to stop and being killed; 600 when left out, at most 86,400.
+    /// between being told to stop and being killed, at most 86,400; when left out, the
+    /// server's cancel grace period (so no member can hold off a reclaim longer than the
+    /// platform admin allowed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 900, maximum = 86_400)]
     pub max_checkpoint_grace_seconds: Option<u32>,
@@ -115,16 +117,16 @@ pub struct ClusterSpec {
     pub kubernetes: Option<KubernetesSpec>,
 }
 
-/// The longest checkpoint grace of a cluster that sets none.
-pub const DEFAULT_MAX_CHECKPOINT_GRACE_SECONDS: u32 = 600;
 /// The longest any cluster may allow.
 pub const CHECKPOINT_GRACE_MAX: u32 = 86_400;
 
 impl ClusterSpec {
-    /// How long a workload asking for `asked` seconds to checkpoint gets here.
-    pub fn checkpoint_grace(&self, asked: u32) -> std::time::Duration {
-        let most = self.max_checkpoint_grace_seconds.unwrap_or(DEFAULT_MAX_CHECKPOINT_GRACE_SECONDS);
-        std::time::Duration::from_secs(u64::from(asked.min(most)))
+    /// How long a workload asking for `asked` seconds to checkpoint gets here, where the
+    /// server's grace period is `server_grace`.
+    pub fn checkpoint_grace(&self, asked: u32, server_grace: std::time::Duration) -> std::time::Duration {
+        let asked = std::time::Duration::from_secs(u64::from(asked));
+        let most = self.max_checkpoint_grace_seconds.map_or(server_grace, |m| std::time::Duration::from_secs(m.into()));
+        asked.min(most)
     }
 
     /// What this cluster can run: its kind's capabilities, and a Slurm cluster shares GPUs
@@ -686,6 +688,18 @@ mod tests {
             },
             status: None,
         }
+    }
+
+    #[test]
+    fn a_checkpoint_grace_is_cut_to_the_clusters_maximum_or_else_the_servers_grace() {
+        let server = std::time::Duration::from_secs(30);
+        let secs = std::time::Duration::from_secs;
+        let mut spec = sim(vec![]).spec;
+        assert_eq!(spec.checkpoint_grace(5, server), secs(5), "less is always fine");
+        assert_eq!(spec.checkpoint_grace(3600, server), secs(30), "no more than the server's without a maximum");
+        spec.max_checkpoint_grace_seconds = Some(120);
+        assert_eq!(spec.checkpoint_grace(60, server), secs(60), "more where the cluster allows it");
+        assert_eq!(spec.checkpoint_grace(3600, server), secs(120));
     }
 
     fn group(name: &str) -> NodeGroup {
