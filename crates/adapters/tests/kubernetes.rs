@@ -256,6 +256,12 @@ async fn cancel_gives_the_grace_period_and_removes_the_job() {
     assert!(cancelling.cancelling, "{cancelling:?}");
     let pods = pods_of(&server, r.key);
     assert!(pods.iter().all(|p| p["metadata"]["deletionGracePeriodSeconds"] == 30), "{pods:?}");
+    // Each pod was told, before its SIGTERM, when it is stopped for good.
+    for p in &pods {
+        let stop_by = p["metadata"]["annotations"]["berth.dev/stop-by"].as_str().expect("the notice");
+        let left = chrono::DateTime::parse_from_rfc3339(stop_by).unwrap().timestamp() - chrono::Utc::now().timestamp();
+        assert!((28..=30).contains(&left), "{stop_by}: {left} s left");
+    }
     // A second cancel changes nothing.
     k8s.cancel(r.key, Duration::from_secs(1)).await.unwrap();
     assert!(pods_of(&server, r.key).iter().all(|p| p["metadata"]["deletionGracePeriodSeconds"] == 30));

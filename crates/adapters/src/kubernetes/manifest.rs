@@ -17,6 +17,9 @@ use crate::backend::{BackendError, JobKey, JobRequest};
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "berth");
 /// Label carrying the [`JobKey`] name on Berth's objects and their pods.
 pub const KEY_LABEL: &str = "berth.dev/job-key";
+/// The notice on a stopping job's pods (before their SIGTERM): when they are stopped for
+/// good (RFC 3339), which a container reads through the downward API.
+pub const STOP_BY_ANNOTATION: &str = "berth.dev/stop-by";
 /// The node label NVIDIA's GPU feature discovery puts on GPU nodes.
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// The label every node carries with its own name.

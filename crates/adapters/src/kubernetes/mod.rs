@@ -390,6 +390,15 @@ impl ClusterBackend for KubernetesCluster {
             return Ok(());
         }
         let (namespace, name) = job.job_id.split_once('/').unwrap_or_default();
+        // The notice first, then the deletion (SIGTERM, and the grace to checkpoint).
+        let stop_by = chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default();
+        let stop_by = stop_by.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let notice = serde_json::json!({"metadata": {"annotations": {manifest::STOP_BY_ANNOTATION: stop_by}}});
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), namespace);
+        for pod in call(pods.list(&ListParams::default().labels(&key_selector(key)))).await?.items {
+            let pod_name = pod.metadata.name.unwrap_or_default();
+            gone(call_raw(pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&notice))).await)?;
+        }
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Foreground),
             grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX)),
