@@ -50,6 +50,8 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         world.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
 
     let teams = s::Team::tree(&world.teams, &world.flavors);
+    // What min runtime each team allows its work (most allow none).
+    let allowed: Vec<u32> = (0..teams.len()).map(|t| s::min_runtime(&teams, t, None)).collect();
     let clusters = world
         .clusters
         .iter()
@@ -103,8 +105,10 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 continue;
             };
             let placement = place_running(&mut nodes, &mut node_ix, cluster, flavor, &a.placement, &tasks);
-            // Its min runtime counts from when its backend started it.
-            let min_runtime = s::min_runtime(&teams, team, w.spec.preemption.map(|p| p.min_runtime_seconds));
+            // Its min runtime counts from when its backend started it (the tree is walked
+            // only where its team allows any).
+            let declared = w.spec.preemption.map(|p| p.min_runtime_seconds);
+            let min_runtime = if allowed[team] == 0 { 0 } else { s::min_runtime(&teams, team, declared) };
             let protected_until = match w.status.started_at {
                 Some(at) if min_runtime > 0 => seconds(at) + i64::from(min_runtime),
                 _ => 0,

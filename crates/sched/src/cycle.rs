@@ -18,7 +18,8 @@
 //!    teams above their fair share, then lower-priority preemptible work of its own team;
 //!    cheapest first (lowest priority, most recently started), and only as many as
 //!    needed; never work still within its min runtime ([`Running::protected_until`]) —
-//!    a workload that only protected work could make room for says so and waits. It then waits for its victims, with the nodes it will use and its quota held
+//!    a workload that only protected work could make room for says so and waits. It
+//!    then waits for its victims, with the nodes it will use and its quota held
 //!    for it; the victims keep their GPUs and quota until they are gone from the
 //!    snapshot, so nothing is admitted into them during their grace period. A victim,
 //!    requeued, waits until the workload it was preempted for has started

@@ -63,12 +63,14 @@ pub struct Team {
 /// those who manage a subtree cannot shield its borrowed work from other teams' reclaim
 /// beyond what a platform admin granted the top-level team.
 pub fn min_runtime(teams: &[Team], team: TeamIx, declared: Option<u32>) -> u32 {
-    let chain: Vec<TeamIx> = std::iter::successors(Some(team), |&t| teams[t].parent).collect();
-    let top = chain.last().map(|&t| teams[t].min_runtime_seconds);
-    let allowed = match top {
-        Some(Some(_)) => chain.iter().filter_map(|&t| teams[t].min_runtime_seconds).min().unwrap_or(0),
-        _ => 0,
-    };
+    let (mut lowest, mut top) = (None, team);
+    for t in std::iter::successors(Some(team), |&t| teams[t].parent) {
+        top = t;
+        if let Some(m) = teams[t].min_runtime_seconds {
+            lowest = Some(lowest.map_or(m, |l: u32| l.min(m)));
+        }
+    }
+    let allowed = if teams[top].min_runtime_seconds.is_some() { lowest.unwrap_or(0) } else { 0 };
     declared.map_or(allowed, |d| d.min(allowed))
 }
 
