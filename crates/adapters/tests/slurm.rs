@@ -129,6 +129,14 @@ async fn a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_r
     assert_eq!(Some(&output), submitted.output.as_ref());
     assert_eq!(output, format!("{}/slurm-{}.out", dev.work_dir, submitted.job_id));
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "hello from test on 0,1\n");
+    // A resumed attempt (attempt 2 of resumable work) is told so, with the one before.
+    let mut resumed = job(1, 1, &["x"], "#!/bin/bash\necho \"$BERTH_ATTEMPT $BERTH_RESUME $BERTH_PREVIOUS_ATTEMPT\"\n");
+    resumed.key.attempt = 2;
+    resumed.resume = true;
+    b.submit(&resumed).await.unwrap();
+    let done = wait_for(&b, resumed.key, "final", |j| j.state.is_final()).await;
+    assert_eq!(done.state, JobState::Succeeded, "{done:?}");
+    assert_eq!(std::fs::read_to_string(done.output.expect("where the output is")).unwrap(), "2 1 1\n");
     let failed = wait_for(&b, failing.key, "final", |j| j.state.is_final()).await;
     assert_eq!((failed.state, failed.exit_code), (JobState::Failed, Some(3)), "{failed:?}");
     assert!(failed.reason.as_deref().unwrap_or_default().starts_with("FAILED"), "{failed:?}");
