@@ -149,7 +149,8 @@ pub async fn refuse_impossible(
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 
-/// The field errors of every spec that can never run.
+/// The field errors of every spec that can never run, or that asks for more protection from
+/// preemption than its team allows.
 fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> Vec<FieldError> {
     let Some(&t) = facts.team_ix.get(team) else { return Vec::new() };
     let s = &facts.snapshot;
