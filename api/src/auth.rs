@@ -241,6 +241,7 @@ mod tests {
             subject: "ada".into(),
             grants: Vec::new(),
             service_account: None,
+            workload: None,
             expires_at: Utc::now() + expires_in,
         }
     }

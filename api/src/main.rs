@@ -235,6 +235,12 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// The URL the clusters' jobs reach this API at: jobs are told it (`BERTH_API_URL`,
+    /// with their own token) to acknowledge a checkpoint. Default: `http://` and the
+    /// listen address (an unspecified address read as loopback), right only where jobs
+    /// run on this host; jobs get no token where Berth signs no tokens of its own.
+    #[arg(long, env = "BERTH_PUBLIC_URL")]
+    public_url: Option<String>,
     /// Postgres connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
@@ -341,6 +347,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = args.security.http()?;
     let db = connect(&args).await?;
     berth_store::migrate(&db).await.context("migrating the database")?;
+    if let Some(url) = &args.public_url {
+        anyhow::ensure!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "BERTH_PUBLIC_URL must be an http:// or https:// URL, not {url:?}"
+        );
+    }
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, "berthd listening");
@@ -352,6 +364,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The metrics recorder before the controllers: what they count from their first pass.
     berthd::telemetry::metrics_handle();
     let backends = std::sync::Arc::new(berth_adapters::Registry::new(args.sim_state_dir.clone()));
+    let job_api = auth.verifier.berth.clone().map(|issuer| berth_controllers::JobApiConfig {
+        url: args.public_url.clone().unwrap_or_else(|| listen_url(listener.local_addr().unwrap_or(args.listen))),
+        issuer,
+    });
     let controllers = args.controllers.then(|| {
         let ctx = berth_controllers::Context {
             db: db.clone(),
@@ -367,6 +383,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             epoch: None,
             clock: berth_controllers::Clock::default(),
             world: Default::default(),
+            job_api,
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))
@@ -404,4 +421,15 @@ async fn shutdown() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+}
+
+/// `http://` and the address berthd listens on, an unspecified one (`0.0.0.0`, `::`) read
+/// as loopback.
+fn listen_url(address: SocketAddr) -> String {
+    let ip = match address.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, address.port()))
 }

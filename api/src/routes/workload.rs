@@ -32,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_workload, put_workload, delete_workload))
         .routes(routes!(get_workload_logs))
         .routes(routes!(cancel_workload))
+        .routes(routes!(checkpointed_workload))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
 }
@@ -326,6 +327,29 @@ async fn cancel_workload(
 ) -> Result<Response, ApiError> {
     let workload = app::workload_cancel(&s.db, &opctx, &team, &name, if_match.as_ref()).await?;
     Ok(object(StatusCode::ACCEPTED, &workload.metadata, &workload))
+}
+
+/// Acknowledge a checkpoint: the workload's job, told to stop (preempted, cancelled or
+/// deleted: SIGTERM, a `berth.dev/stop-by` annotation, Slurm's signal), says its checkpoint
+/// is written, so its job is stopped now and its GPUs released without waiting out the
+/// rest of its grace period. The job calls it with the token in its environment
+/// (`curl -X POST -H "Authorization: Bearer $BERTH_JOB_TOKEN" "$BERTH_CHECKPOINTED_URL"`); that
+/// token is good for this call on this attempt only. Anyone who may cancel the workload
+/// may call it too. Calling it again answers 204 again.
+#[utoipa::path(post, path = "/api/v1/teams/{team}/workloads/{name}/checkpointed", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name")),
+    responses(
+        (status = 204, description = "Acknowledged: its job is stopped now"),
+        (status = 409, description = "It was not told to stop, has ended, or the token's attempt is over", body = crate::problem::Problem, content_type = "application/problem+json")))]
+async fn checkpointed_workload(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    OpCtx(opctx): OpCtx,
+) -> Result<StatusCode, ApiError> {
+    app::workload_checkpointed(&s.db, &opctx, &team, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Delete a workload.

@@ -188,3 +188,70 @@ async fn a_retried_post_with_an_idempotency_key_answers_the_first_result_and_cre
     assert!(as_alice.headers().get("idempotent-replayed").is_none());
     assert_eq!(s.table_counts().await["workloads"], 4);
 }
+
+/// A job's own token (in its environment from dispatch) authenticates as the workload's
+/// attempt: it reads nothing, and acknowledges its own checkpoint only after the stop
+/// notice. The acknowledgement stops the job at once instead of at the end of the grace
+/// period (30 s here).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_jobs_own_token_acknowledges_its_checkpoint_and_nothing_else(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    let mut ctx = two_teams_on_one_cluster(&s, 8).await;
+    ctx.job_api = Some(berth_controllers::JobApiConfig { url: s.url(""), issuer: crate::common::issuer() });
+    let alice = token("alice", &[(Role::Member, Some("a"))]);
+    let bob = token("bob", &[(Role::Member, Some("a"))]);
+    let long = json!({"spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}},
+                               "sim": {"duration_seconds": 3600}}});
+    for name in ["train", "other"] {
+        let put = s.send_as(Some(&alice), Method::PUT, &format!("/api/v1/teams/a/workloads/{name}"), Some(&long)).await;
+        assert_eq!(put.status, 201, "{}", put.body);
+    }
+    berth_controllers::scheduler::reconcile(&ctx).await.unwrap();
+    berth_controllers::dispatcher::reconcile(&ctx).await.unwrap();
+    let path = "/api/v1/teams/a/workloads/train";
+    let w: berth_core::workload::Workload = serde_json::from_value(s.get(path).await.body).unwrap();
+    assert_eq!(w.status.phase, berth_core::workload::Phase::Running, "{:?}", w.status);
+    let cluster = berth_store::cluster::cluster_fetch(&s.db, "c1").await.unwrap().unwrap();
+    let sim = ctx.backends.sim(cluster.metadata.uid).unwrap();
+    let env: std::collections::HashMap<_, _> =
+        sim.environment(berth_controllers::job_key(&w)).unwrap().into_iter().collect();
+    let job = env["BERTH_JOB_TOKEN"].as_str();
+    let checkpointed = format!("{path}/checkpointed");
+    assert_eq!(env["BERTH_CHECKPOINTED_URL"], s.url(&checkpointed));
+
+    let me = s.send_as(Some(job), Method::GET, "/api/v1/me", None).await;
+    assert_eq!(me.status, 200, "{}", me.body);
+    assert_eq!(me.body["workload"], json!({"uid": w.metadata.uid, "attempt": 0}), "{}", me.body);
+    assert_eq!(me.body["grants"], json!([]));
+    assert_eq!(s.send_as(Some(job), Method::GET, path, None).await.status, 404, "it reads nothing");
+    let other = s.send_as(Some(job), Method::POST, "/api/v1/teams/a/workloads/other/checkpointed", None).await;
+    other.assert_problem(404, None);
+    let early = s.send_as(Some(job), Method::POST, &checkpointed, None).await;
+    early.assert_problem(409, Some("/status/phase"));
+    assert!(early.body["detail"].as_str().unwrap().contains("was not told to stop"), "{}", early.body);
+
+    // Told to stop (cancelled by its owner): the job acknowledges, twice; a teammate who
+    // may not cancel it may not acknowledge for it either.
+    assert_eq!(s.send_as(Some(&alice), Method::POST, &format!("{path}/cancel"), None).await.status, 202);
+    berth_controllers::deletion::reconcile(&ctx).await.unwrap();
+    assert_eq!(s.send_as(Some(&bob), Method::POST, &checkpointed, None).await.status, 403);
+    for _ in 0..2 {
+        let ack = s.send_as(Some(job), Method::POST, &checkpointed, None).await;
+        assert_eq!(ack.status, 204, "{}", ack.body);
+    }
+    let started = std::time::Instant::now();
+    let ended = loop {
+        berth_controllers::deletion::reconcile(&ctx).await.unwrap();
+        let w = s.get(path).await.body;
+        if w["status"]["phase"] == "Cancelled" {
+            break w;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "not stopped at once: {w}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(ended["status"]["checkpointed_at"].is_string(), "{ended}");
+    let reasons = s.event_reasons(path).await;
+    assert_eq!(reasons.iter().filter(|r| *r == "Checkpointed").count(), 1, "{reasons:?}");
+    let over = s.send_as(Some(job), Method::POST, &checkpointed, None).await;
+    over.assert_problem(409, Some("/status/phase"));
+}

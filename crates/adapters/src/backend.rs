@@ -69,12 +69,32 @@ pub struct JobRequest {
     /// How long it will have to checkpoint once told to stop (Kubernetes: its pods'
     /// termination grace period, which the kubelet would otherwise cut to 30 s).
     pub grace_seconds: u32,
+    /// How the job reaches Berth's API to acknowledge its checkpoint: never serialized (a
+    /// journal or a log line must not carry the token).
+    #[serde(skip)]
+    pub api: Option<JobApi>,
+}
+
+/// Berth's API as a job is told of it: the URL it answers at and the job's own token
+/// (good for acknowledging this attempt's checkpoint, nothing else).
+#[derive(Clone, PartialEq)]
+pub struct JobApi {
+    pub url: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for JobApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobApi").field("url", &self.url).finish_non_exhaustive()
+    }
 }
 
 impl JobRequest {
     /// What Berth tells the job about itself in its environment: `BERTH_TEAM`,
-    /// `BERTH_WORKLOAD`, `BERTH_WORKLOAD_UID`, `BERTH_ATTEMPT`, and for a resumed attempt
-    /// `BERTH_RESUME=1` and `BERTH_PREVIOUS_ATTEMPT`.
+    /// `BERTH_WORKLOAD`, `BERTH_WORKLOAD_UID`, `BERTH_ATTEMPT`; for a resumed attempt
+    /// `BERTH_RESUME=1` and `BERTH_PREVIOUS_ATTEMPT`; where Berth's API is known,
+    /// `BERTH_API_URL`, `BERTH_JOB_TOKEN` and `BERTH_CHECKPOINTED_URL` (the call that says the
+    /// checkpoint is written).
     pub fn berth_environment(&self) -> Vec<(String, String)> {
         let mut env = vec![
             ("BERTH_TEAM".to_owned(), self.team.clone()),
@@ -85,6 +105,13 @@ impl JobRequest {
         if self.resume {
             env.push(("BERTH_RESUME".to_owned(), "1".to_owned()));
             env.push(("BERTH_PREVIOUS_ATTEMPT".to_owned(), self.key.attempt.saturating_sub(1).to_string()));
+        }
+        if let Some(api) = &self.api {
+            let url = api.url.trim_end_matches('/');
+            let checkpointed = format!("{url}/api/v1/teams/{}/workloads/{}/checkpointed", self.team, self.workload);
+            env.push(("BERTH_API_URL".to_owned(), url.to_owned()));
+            env.push(("BERTH_JOB_TOKEN".to_owned(), api.token.clone()));
+            env.push(("BERTH_CHECKPOINTED_URL".to_owned(), checkpointed));
         }
         env
     }
@@ -232,7 +259,9 @@ pub trait ClusterBackend: Send + Sync {
 
     async fn job(&self, key: JobKey) -> Result<Option<JobStatus>, BackendError>;
 
-    /// Asks the job to stop; it gets `grace` to checkpoint before it is killed.
+    /// Asks the job to stop; it gets `grace` to checkpoint before it is killed. A cancel
+    /// with no grace stops it now, even while an earlier grace period runs (its checkpoint
+    /// was acknowledged); another cancel with a grace never extends one.
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError>;
 
     /// What a task of the job printed: all of it, or its last `tail` lines; with `follow`,

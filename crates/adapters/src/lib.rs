@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use backend::{
-    BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus, LogRequest,
-    LogStream, last_lines,
+    BackendError, ClusterBackend, Inventory, InventoryNode, JobApi, JobKey, JobRequest, JobState, JobStatus,
+    LogRequest, LogStream, last_lines,
 };
 use berth_core::cluster::{Cluster, ClusterKind, ClusterSpec};
 use uuid::Uuid;

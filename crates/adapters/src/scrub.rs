@@ -90,7 +90,10 @@ impl ClusterBackend for Scrubbed {
     }
 
     async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError> {
-        self.inner.submit(job).await.map_err(|e| self.clean(e))
+        // A refusal that quotes the job (its environment) would show the job's own token
+        // in the workload's status.
+        let token: Vec<String> = job.api.iter().map(|api| api.token.clone()).collect();
+        self.inner.submit(job).await.map_err(|e| scrub(&token, self.clean(e)))
     }
 
     async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
@@ -130,5 +133,53 @@ mod tests {
         let found = pieces(kubeconfig);
         assert!(found.contains(&"kube-bearer-TOPSECRET-abc".to_owned()), "{found:?}");
         assert!(!found.iter().any(|p| p == "users" || p == "name"), "short words are not secrets: {found:?}");
+    }
+
+    /// A backend that refuses every job quoting its environment, as an API server's
+    /// validation error may.
+    struct Quoting;
+
+    #[async_trait]
+    impl ClusterBackend for Quoting {
+        fn kind(&self) -> ClusterKind {
+            ClusterKind::Sim
+        }
+        async fn health(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn inventory(&self) -> Result<Inventory, BackendError> {
+            Err(BackendError::Unsupported("none".into()))
+        }
+        async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError> {
+            Err(BackendError::Rejected(format!("invalid pod: env {:?}", job.berth_environment())))
+        }
+        async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn job(&self, _: JobKey) -> Result<Option<JobStatus>, BackendError> {
+            Ok(None)
+        }
+        async fn cancel(&self, _: JobKey, _: Duration) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_job_does_not_show_its_own_token() {
+        let backend = Scrubbed::new(Arc::new(Quoting), Some("cluster-credential"));
+        let job: JobRequest = serde_json::from_value(serde_json::json!({
+            "key": {"workload": uuid::Uuid::nil(), "attempt": 0}, "team": "t", "workload": "w",
+            "kind": "training", "flavor": "h100", "tasks": 1, "gpus_per_task": 100, "cpus_per_task": null,
+            "memory_mib_per_task": null, "nodes": [], "run": {}, "max_runtime_seconds": null,
+            "sim_duration_seconds": null, "resume": false, "grace_seconds": 30,
+        }))
+        .unwrap();
+        let job = JobRequest {
+            api: Some(crate::JobApi { url: "http://berth".into(), token: "eyJ.job-token.sig".into() }),
+            ..job
+        };
+        let BackendError::Rejected(why) = backend.submit(&job).await.unwrap_err() else { panic!("rejected") };
+        assert!(why.contains("BERTH_WORKLOAD") && !why.contains("eyJ.job-token.sig"), "{why}");
+        assert!(why.contains(HIDDEN), "{why}");
     }
 }

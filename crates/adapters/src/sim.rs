@@ -243,6 +243,17 @@ impl SimCluster {
         Ok((s, now))
     }
 
+    /// The environment the job's tasks run with (Berth's variables and the workload's
+    /// own), as a job's process would read it; `None` for a job it never accepted. (A job
+    /// replayed from the journal has no token: the journal keeps none.)
+    pub fn environment(&self, key: JobKey) -> Option<Vec<(String, String)>> {
+        let (s, _) = self.lock();
+        let job = &s.jobs[*s.by_key.get(&key)?];
+        let mut env = job.request.berth_environment();
+        env.extend(job.request.run.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Some(env)
+    }
+
     /// Every job the cluster ever accepted, whatever its state (for tests and benchmarks).
     pub fn all_jobs(&self) -> Vec<JobStatus> {
         let (s, _) = self.lock();
@@ -641,7 +652,7 @@ impl ClusterBackend for SimCluster {
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
         let (mut s, now) = self.reach()?;
         let Some(&j) = s.by_key.get(&key) else { return Ok(()) };
-        if s.jobs[j].state.is_final() || s.jobs[j].cancel_deadline_ms.is_some() {
+        if s.jobs[j].state.is_final() || (s.jobs[j].cancel_deadline_ms.is_some() && !grace.is_zero()) {
             return Ok(());
         }
         let grace_ms = to_real_ms(grace.as_secs_f64(), s.config.time_scale);
@@ -691,6 +702,7 @@ mod tests {
             sim_duration_seconds: Some(seconds),
             resume: false,
             grace_seconds: 30,
+            api: None,
         }
     }
 

@@ -82,6 +82,7 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
         sim_duration_seconds: None,
         resume: false,
         grace_seconds: 30,
+        api: None,
     }
 }
 

@@ -61,6 +61,7 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         sim_duration_seconds: None,
         resume: false,
         grace_seconds: 30,
+        api: None,
     }
 }
 

@@ -52,6 +52,7 @@ impl OpContext {
             service_account: None,
             service_account_team: None,
             grants: vec![Grant { role: Role::PlatformAdmin, team: None }],
+            workload: None,
         };
         Self { principal, tree: Arc::default(), actor: Actor::new(subject, None), user_issuer: "berth".into() }
     }

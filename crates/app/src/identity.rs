@@ -36,7 +36,8 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         let Some((uid, team)) = uid else { return Ok(Err(AuthError::Revoked)) };
         service_account_team = team;
         grants.extend(store::grants_of_account(db, uid).await?);
-    } else {
+    } else if verified.workload.is_none() {
+        // (A workload's own token has no role bindings: it acts for its job alone.)
         grants.extend(crate::access_cache::grants_of_user(db, &verified.issuer, &verified.subject).await?);
     }
     grants.sort();
@@ -47,6 +48,7 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         service_account: verified.service_account.map(|(name, _)| name),
         service_account_team,
         grants,
+        workload: verified.workload,
     }))
 }
 

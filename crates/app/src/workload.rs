@@ -589,6 +589,67 @@ pub async fn workload_cancel(
     Ok(opctx.redactor().workload(cancelled))
 }
 
+/// The job of a workload told to stop (preempted, cancelled or deleted) says its checkpoint
+/// is written: its job is stopped now instead of at the end of its grace period, and the
+/// GPUs go to whoever waits for them. The caller is the workload's own token (given to its
+/// job, for this attempt) or anyone who may cancel it. Saying it again changes nothing.
+///
+/// # Errors
+/// [`Error::NotFound`] (also for a workload token of another workload);
+/// [`Error::Forbidden`] unless the caller may cancel it; [`Error::Conflict`] when it was
+/// not told to stop, has ended, or the token's attempt is over; store errors.
+pub async fn workload_checkpointed(db: &PgPool, opctx: &OpContext, team: &str, name: &str) -> Result<(), Error> {
+    let mut tx = berth_store::begin(db).await?;
+    let w = match opctx.principal.workload {
+        Some(scope) => {
+            let w = store::workload_fetch_for_update(&mut tx, team, name).await?;
+            let w = w.filter(|w| w.metadata.uid == scope.uid).ok_or_else(|| not_found(team, name))?;
+            if w.status.attempt != scope.attempt {
+                return Err(Error::conflict(
+                    "/status/attempt",
+                    format!(
+                        "this token is for attempt {} of {team}/{name}, which is over (it is on attempt {})",
+                        scope.attempt, w.status.attempt
+                    ),
+                ));
+            }
+            w
+        }
+        None => {
+            opctx.access().write_workloads(team)?;
+            lock_to_change(&mut tx, opctx, team, name, None).await?
+        }
+    };
+    let phase = w.status.phase;
+    if phase.is_final() {
+        return Err(Error::conflict("/status/phase", format!("{team}/{name} has already ended ({})", phase.as_str())));
+    }
+    let told = phase == Phase::Preempting || w.status.cancellation.is_some() || w.metadata.deletion_timestamp.is_some();
+    if !told || !phase.reached_backend() {
+        return Err(Error::conflict(
+            "/status/phase",
+            format!(
+                "{team}/{name} was not told to stop ({}): acknowledge a checkpoint after the stop notice (SIGTERM)",
+                phase.as_str()
+            ),
+        ));
+    }
+    if w.status.checkpointed_at.is_some() {
+        return Ok(());
+    }
+    let now = Utc::now();
+    let after = w.status.cancel_requested_at.map_or_else(String::new, |at| {
+        format!(" {:.1} s after the stop notice", (now - at).num_milliseconds().max(0) as f64 / 1000.0)
+    });
+    let message = format!("checkpoint acknowledged by {}{after}; its job is stopped now", opctx.actor.subject);
+    let status = WorkloadStatus { checkpointed_at: Some(now), ..w.status.clone() };
+    let uid = WorkloadId(w.metadata.uid);
+    let write = StatusWrite { uid, resource_version: resource_version(&w.metadata)?, status };
+    store::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await?;
+    event_record(&mut *tx, KIND, uid.0, EventType::Normal, "Checkpointed", &message).await?;
+    berth_store::commit(tx).await
+}
+
 /// The workload, locked for a change (cancel, delete) by the caller: 404 when it does not
 /// exist, 403 unless the caller may change it, 412 when `if_match` is stale.
 async fn lock_to_change(

@@ -15,7 +15,7 @@ pub mod jwks;
 
 use std::time::Duration;
 
-use berth_core::auth::Grant;
+use berth_core::auth::{Grant, WorkloadScope};
 use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -30,8 +30,9 @@ pub const MAX_SUBJECT_CHARS: usize = 256;
 /// The most clock skew accepted on `exp` and `nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(60);
 
-/// Claims Berth reads. Berth's own tokens may add `grants` (bootstrap tokens) or `sa`
-/// (service-account tokens, with `jti`).
+/// Claims Berth reads. Berth's own tokens may add `grants` (bootstrap tokens), `sa`
+/// (service-account tokens, with `jti`) or `workload` (a workload's own token, given to its
+/// job; nothing else).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Claims {
     pub iss: String,
@@ -47,6 +48,13 @@ pub struct Claims {
     pub grants: Vec<Grant>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sa: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadScope>,
+}
+
+/// The subject of a workload's own token.
+pub fn workload_subject(uid: Uuid) -> String {
+    format!("workload:{uid}")
 }
 
 /// Why a token was refused. Messages name the rule, never the token.
@@ -165,9 +173,34 @@ impl BerthIssuer {
             jti: sa.map(|(_, id)| id.to_string()),
             grants,
             sa: sa.map(|(name, _)| name.to_owned()),
+            workload: None,
         };
+        self.sign(&claims, expires_at)
+    }
+
+    /// Signs the token a workload's job is given for `scope` (its attempt), valid for
+    /// `ttl`: it carries no grants, and lets the job only acknowledge its own checkpoint.
+    pub fn mint_workload(&self, scope: WorkloadScope, ttl: Duration) -> Minted {
+        let now = Utc::now();
+        let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(3650));
+        let claims = Claims {
+            iss: self.issuer.clone(),
+            sub: workload_subject(scope.uid),
+            aud: self.audience.clone(),
+            exp: expires_at.timestamp(),
+            iat: now.timestamp(),
+            nbf: None,
+            jti: None,
+            grants: Vec::new(),
+            sa: None,
+            workload: Some(scope),
+        };
+        self.sign(&claims, expires_at)
+    }
+
+    fn sign(&self, claims: &Claims, expires_at: DateTime<Utc>) -> Minted {
         let token =
-            jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(&self.secret))
+            jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &EncodingKey::from_secret(&self.secret))
                 .expect("HS256 signing does not fail");
         Minted { token, expires_at }
     }
@@ -204,6 +237,8 @@ pub struct Verified {
     /// For a service-account token: the account and the token id, still to be checked
     /// against the store (revocation).
     pub service_account: Option<(String, Uuid)>,
+    /// For a workload's own token: the attempt it speaks for.
+    pub workload: Option<WorkloadScope>,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -283,6 +318,7 @@ impl Verifier {
                 subject: data.claims.sub,
                 grants: Vec::new(),
                 service_account: None,
+                workload: None,
                 expires_at: timestamp(data.claims.exp)?,
             });
         }
@@ -317,12 +353,19 @@ fn berth_claims(c: Claims) -> Result<Verified, AuthError> {
         (None, _) => None,
         (Some(_), None) => return Err(AuthError::MissingClaim),
     };
+    // A workload's token is nothing else: no grants, no account, and its own subject.
+    if let Some(scope) = c.workload
+        && (service_account.is_some() || !c.grants.is_empty() || c.sub != workload_subject(scope.uid))
+    {
+        return Err(AuthError::Malformed);
+    }
     Ok(Verified {
         issuer: c.iss,
         subject: c.sub,
         // A service account's rights come only from its role bindings.
         grants: if service_account.is_some() { Vec::new() } else { c.grants },
         service_account,
+        workload: c.workload,
         expires_at: timestamp(c.exp)?,
     })
 }
@@ -381,5 +424,41 @@ mod tests {
         let ok = v.verify(&t.token).await.unwrap();
         assert_eq!(ok.service_account, Some(("ci".to_owned(), id)));
         assert!(ok.grants.is_empty());
+    }
+
+    /// A workload's token is that and nothing else: one that also carries grants, names an
+    /// account or another subject was not minted by Berth and is refused.
+    #[tokio::test]
+    async fn a_workload_token_speaks_for_its_attempt_and_carries_nothing_else() {
+        let v = verifier();
+        let berth = v.berth.as_ref().unwrap();
+        let scope = WorkloadScope { uid: Uuid::now_v7(), attempt: 2 };
+        let ok = v.verify(&berth.mint_workload(scope, Duration::from_secs(60)).token).await.unwrap();
+        assert_eq!((ok.workload, ok.subject, ok.grants), (Some(scope), workload_subject(scope.uid), Vec::new()));
+        let forged = |edit: &dyn Fn(&mut Claims)| {
+            let mut claims = Claims {
+                iss: "berth".into(),
+                sub: workload_subject(scope.uid),
+                aud: "berth".into(),
+                exp: Utc::now().timestamp() + 60,
+                iat: Utc::now().timestamp(),
+                nbf: None,
+                jti: None,
+                grants: Vec::new(),
+                sa: None,
+                workload: Some(scope),
+            };
+            edit(&mut claims);
+            berth.sign(&claims, Utc::now()).token
+        };
+        let admin = Grant { role: berth_core::auth::Role::PlatformAdmin, team: None };
+        for token in [
+            forged(&|c| c.grants = vec![admin.clone()]),
+            forged(&|c| (c.sa, c.jti) = (Some("ci".into()), Some(Uuid::nil().to_string()))),
+            forged(&|c| c.sub = "alice".into()),
+        ] {
+            assert_eq!(v.verify(&token).await, Err(AuthError::Malformed));
+        }
+        assert!(v.verify(&forged(&|_| {})).await.is_ok(), "the same claims, unedited, pass");
     }
 }

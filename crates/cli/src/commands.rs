@@ -706,6 +706,32 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
     Ok(0)
 }
 
+/// Acknowledges the workload's checkpoint. Inside its job the job's own token
+/// (`BERTH_JOB_TOKEN`) and Berth's URL as the job was told it (`BERTH_API_URL`) are used,
+/// where the command line and contexts name none.
+pub async fn checkpointed(
+    server: &str,
+    token: Option<String>,
+    name: &str,
+    team: Option<String>,
+    out: crate::output::Format,
+) -> Result<i32> {
+    let from_job = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    let (server, token) = match from_job("BERTH_JOB_TOKEN") {
+        Some(job) => (from_job("BERTH_API_URL").unwrap_or_else(|| server.to_owned()), Some(job)),
+        None => (server.to_owned(), token),
+    };
+    let client = crate::client::Client::new(&server, token);
+    let env = Env { client: &client, team: None, out };
+    let team = env.team(team).await?;
+    let path = format!("/api/v1/teams/{}/workloads/{}/checkpointed", seg(&team), seg(name));
+    env.client.post(&path, None).await?;
+    if !structured(out, &serde_json::json!({"team": team, "name": name, "checkpointed": true})) {
+        println!("checkpoint of {team}/{name} acknowledged: its job is stopped now");
+    }
+    Ok(0)
+}
+
 pub struct LogOptions {
     pub follow: bool,
     pub tail: Option<u32>,

@@ -110,6 +110,17 @@ enum Command {
         #[arg(long)]
         team: Option<String>,
     },
+    /// From a job told to stop: say its checkpoint is written, so its job is stopped now
+    /// and its GPUs released (instead of at the end of its grace period).
+    #[command(after_help = "Example, in a batch script:\n  trap 'save_checkpoint && berth checkpointed' TERM\n\n\
+Inside a job, the workload, its team, Berth's URL and the job's own token come from its\n\
+environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
+    Checkpointed {
+        #[arg(env = "BERTH_WORKLOAD")]
+        name: String,
+        #[arg(long, env = "BERTH_TEAM")]
+        team: Option<String>,
+    },
     /// Print what a workload's job printed.
     #[command(after_help = "Examples:\n  berth logs train\n  berth logs -f train --task 1")]
     Logs {
@@ -217,6 +228,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let server = cli.server.clone().or((!context.server.is_empty()).then(|| context.server.clone()));
     let server = server.unwrap_or_else(|| config::DEFAULT_SERVER.to_owned());
     let token = cli.token.clone().or(context.token.clone());
+    if let Command::Checkpointed { name, team } = &cli.command {
+        return commands::checkpointed(&server, token, name, team.clone().or(context.team.clone()), cli.output).await;
+    }
     let client = Client::new(&server, token);
     let out = cli.output;
     let env = commands::Env { client: &client, team: context.team.clone(), out };
@@ -233,6 +247,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Submit(args) => commands::submit(&env, args).await,
         Command::Run(args) => commands::run(&env, args).await,
         Command::Cancel { name, team } => commands::cancel(&env, &name, team).await,
+        Command::Checkpointed { .. } => unreachable!("answered above"),
         Command::Logs { name, team, follow, tail, task, attempt } => {
             commands::logs(&env, &name, team, commands::LogOptions { follow, tail, task, attempt }).await
         }

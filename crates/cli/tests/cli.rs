@@ -308,6 +308,23 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     // Alice may not cancel vision's work.
     let refused = w.berth_as(&alice, &["cancel", "hog", "--team", "vision"]);
     assert_eq!(refused.status.code(), Some(3), "{}", text(&refused.stderr));
+    // Inside a job, `berth checkpointed` finds its workload, team, Berth and token in the
+    // job's environment (here a token of alice's, and an ended workload: refused).
+    let ack = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("checkpointed")
+        .envs([("BERTH_WORKLOAD", "waiter"), ("BERTH_TEAM", "nlp"), ("BERTH_API_URL", &w.url)])
+        .env("BERTH_JOB_TOKEN", &alice)
+        .env("BERTH_SERVER", "http://127.0.0.1:9")
+        .env("BERTH_CONFIG", w.dir.join("config.toml"))
+        .env_remove("BERTH_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(ack.status.code(), Some(3), "{}", text(&ack.stderr));
+    assert!(
+        text(&ack.stderr).contains("409") && text(&ack.stderr).contains("has already ended"),
+        "{}",
+        text(&ack.stderr)
+    );
 
     // Every command's -o json parses.
     for args in [

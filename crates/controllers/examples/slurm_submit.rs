@@ -369,6 +369,7 @@ async fn through_berth(
         epoch: None,
         clock: berth_controllers::Clock::default(),
         world: Default::default(),
+        job_api: None,
     };
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");
     // Until the cluster's first inventory is in (it lists every job slurmctld remembers,

@@ -91,9 +91,9 @@ pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
 struct Batch {
     tx: berth_store::Tx<'static>,
     claimed: Vec<Workload>,
-    /// Claimed workloads to submit (by index), with their cluster's backend and the grace
-    /// period they will get there.
-    to_submit: Vec<(usize, Arc<dyn ClusterBackend>, Duration)>,
+    /// Claimed workloads to submit (by index), with their cluster's backend and what it is
+    /// asked to run.
+    to_submit: Vec<(usize, Arc<dyn ClusterBackend>, JobRequest)>,
     /// New statuses decided (by index): adopted jobs, then the answers to submits.
     decided: Vec<(usize, WorkloadStatus)>,
     /// Left `Admitted`: their cluster is unreachable.
@@ -153,7 +153,8 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
                 }
             }
         }
-        batch.to_submit.push((i, backend, crate::cancel_grace(ctx, w, &cluster.spec)));
+        let job = request(w, crate::cancel_grace(ctx, w, &cluster.spec), ctx.job_api.as_ref());
+        batch.to_submit.push((i, backend, job));
     }
     let announced: Vec<(Uuid, u32)> =
         batch.to_submit.iter().map(|(i, ..)| (claimed[*i].metadata.uid, claimed[*i].status.attempt)).collect();
@@ -167,12 +168,11 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
 
 /// Submits the batch's jobs, [`SUBMITS_IN_FLIGHT`] at a time, and records the answers.
 async fn submit_all(mut batch: Batch) -> Batch {
-    let claimed = &batch.claimed;
     // Boxed so the stream's type names no closure (which trips the `Send` check of the
     // controller loop's future).
     let submits: Vec<Submit<'_>> = std::mem::take(&mut batch.to_submit)
         .into_iter()
-        .map(|(i, backend, grace)| Box::pin(submit(i, &claimed[i], backend, grace)) as _)
+        .map(|(i, backend, job)| Box::pin(submit(i, backend, job)) as _)
         .collect();
     let answers: Vec<_> = futures_util::stream::iter(submits).buffered(SUBMITS_IN_FLIGHT).collect().await;
     for (i, answer) in answers {
@@ -215,11 +215,10 @@ type Submit<'a> =
 
 async fn submit(
     i: usize,
-    w: &Workload,
     backend: Arc<dyn ClusterBackend>,
-    grace: Duration,
+    job: JobRequest,
 ) -> (usize, Result<JobStatus, BackendError>) {
-    (i, backend.submit(&request(w, grace)).await)
+    (i, backend.submit(&job).await)
 }
 
 fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
@@ -238,8 +237,8 @@ fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
 }
 
 /// The backend request for the workload's current attempt, which will get `grace` to
-/// checkpoint when told to stop.
-pub fn request(w: &Workload, grace: Duration) -> JobRequest {
+/// checkpoint when told to stop, and, where `api` is known, a token to say it did.
+pub fn request(w: &Workload, grace: Duration, api: Option<&crate::JobApiConfig>) -> JobRequest {
     let a = w.status.admission.as_ref().expect("dispatched workloads are admitted");
     let r = &w.spec.tasks.resources;
     JobRequest {
@@ -258,5 +257,6 @@ pub fn request(w: &Workload, grace: Duration) -> JobRequest {
         sim_duration_seconds: w.spec.sim.as_ref().map(|s| s.duration_seconds),
         resume: w.spec.resumable && w.status.attempt > 0,
         grace_seconds: u32::try_from(grace.as_secs()).unwrap_or(u32::MAX),
+        api: api.map(|api| api.for_attempt(w)),
     }
 }

@@ -113,6 +113,29 @@ pub struct Context {
     pub clock: Clock,
     /// The world the scheduler read last, kept between its cycles.
     pub world: world::WorldCache,
+    /// What dispatched jobs are told of Berth's API; `None`: nothing (they cannot
+    /// acknowledge a checkpoint, and get their whole grace period).
+    pub job_api: Option<JobApiConfig>,
+}
+
+/// Berth's API as dispatched jobs reach it: the URL they are told and the issuer that
+/// signs each attempt's own token.
+#[derive(Clone, Debug)]
+pub struct JobApiConfig {
+    pub url: String,
+    pub issuer: berth_auth::BerthIssuer,
+}
+
+/// How long a job's token is good for. A job that runs longer cannot acknowledge its
+/// checkpoint any more and gets its whole grace period.
+pub const JOB_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+impl JobApiConfig {
+    /// The URL and a fresh token for the workload's current attempt.
+    pub fn for_attempt(&self, w: &Workload) -> berth_adapters::JobApi {
+        let scope = berth_core::auth::WorkloadScope { uid: w.metadata.uid, attempt: w.status.attempt };
+        berth_adapters::JobApi { url: self.url.clone(), token: self.issuer.mint_workload(scope, JOB_TOKEN_TTL).token }
+    }
 }
 
 impl Context {
@@ -190,9 +213,17 @@ async fn request_cancel<'a>(
     w: &'a Workload,
     key: JobKey,
 ) -> Option<Transition<'a>> {
+    if w.status.checkpointed_at.is_some() {
+        // The job said its checkpoint is written: it is stopped now, whatever is left of
+        // its grace period (asked again each pass until it is gone).
+        let _ = backend.cancel(key, Duration::ZERO).await;
+        return w.status.cancel_requested_at.is_none().then(|| {
+            Transition::new(w, WorkloadStatus { cancel_requested_at: Some(ctx.clock.now()), ..w.status.clone() })
+        });
+    }
     let grace = cancel_grace(ctx, w, &cluster.spec);
     if let Some(at) = w.status.cancel_requested_at {
-        if (Utc::now() - at).to_std().unwrap_or_default() >= grace {
+        if (ctx.clock.now() - at).to_std().unwrap_or_default() >= grace {
             let _ = backend.cancel(key, grace).await;
         }
         return None;
@@ -200,7 +231,7 @@ async fn request_cancel<'a>(
     if backend.cancel(key, grace).await.is_err() {
         return None;
     }
-    let status = WorkloadStatus { cancel_requested_at: Some(Utc::now()), ..w.status.clone() };
+    let status = WorkloadStatus { cancel_requested_at: Some(ctx.clock.now()), ..w.status.clone() };
     Some(Transition { told_to_stop: Some(grace), ..Transition::new(w, status) })
 }
 

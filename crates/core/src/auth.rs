@@ -111,6 +111,17 @@ pub struct Principal {
     /// Every grant: those carried by a Berth-issued token and the role bindings of the
     /// subject.
     pub grants: Vec<Grant>,
+    /// For a workload's own token (in its job's environment): the attempt it speaks for.
+    /// Such a token carries no grants; it may only acknowledge that attempt's checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadScope>,
+}
+
+/// The one attempt of one workload a workload token speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkloadScope {
+    pub uid: Uuid,
+    pub attempt: u32,
 }
 
 impl Principal {
@@ -557,6 +568,7 @@ mod tests {
             service_account: None,
             service_account_team: None,
             grants: grants.iter().map(|(role, team)| Grant { role: *role, team: team.map(str::to_owned) }).collect(),
+            workload: None,
         }
     }
 

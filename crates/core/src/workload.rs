@@ -397,6 +397,10 @@ pub struct WorkloadStatus {
     /// When Berth asked the backend to stop the job (preemption or deletion).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// When the job said its checkpoint was written (`POST .../checkpointed`) after it was
+    /// told to stop: its job is stopped then, without waiting out the rest of its grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_at: Option<DateTime<Utc>>,
     /// When the workload became `Unknown` (its cluster stopped answering), or its cluster
     /// stopped answering while it was being preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -181,6 +181,22 @@ impl Cluster {
             return self.remove_or_mark(resources::PODS, namespace, name);
         }
         if meta::is_deleting(&pod) {
+            // As the API server: a shorter grace period replaces the one that runs (the
+            // kubelet kills the containers when the shorter one ends).
+            let current = pod["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0);
+            if let Some(shorter) = grace.filter(|g| *g < current).map(|g| g.max(0)) {
+                let now = Instant::now();
+                let clock = self.pod_clocks.entry(meta::uid(&pod).to_string()).or_default();
+                let kill_by = now + std::time::Duration::from_secs(shorter.unsigned_abs());
+                let running =
+                    clock.stop_requested.map(|at| at + std::time::Duration::from_secs(current.unsigned_abs()));
+                clock.kill_by = Some(clock.kill_by.or(running).map_or(kill_by, |k| k.min(kill_by)));
+                self.store.modify(resources::PODS.plural, namespace, name, |p| {
+                    p["metadata"]["deletionTimestamp"] = json!(meta::timestamp_in(shorter));
+                    p["metadata"]["deletionGracePeriodSeconds"] = json!(shorter);
+                });
+                return self.store.get(resources::PODS.plural, namespace, name).cloned();
+            }
             return Some(pod);
         }
         let grace = grace.or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30).max(0);

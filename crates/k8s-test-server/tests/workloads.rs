@@ -294,6 +294,29 @@ async fn foreground_delete_removes_pods_before_the_job() {
     .await;
 }
 
+/// As the API server: deleting a terminating pod again with a shorter grace period
+/// replaces the one that runs, and its container (which ignores SIGTERM) is killed when
+/// the shorter one ends; a longer one changes nothing.
+#[tokio::test]
+async fn a_second_delete_with_a_shorter_grace_period_kills_sooner() {
+    let (server, client) = start(gpu_cluster()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let vars = [("FAKE_RUN_SECONDS", "3600"), ("FAKE_SIGTERM_SECONDS", "3600")];
+    pods.create(&PostParams::default(), &pod("stubborn", "busybox", &vars, 1)).await.unwrap();
+    eventually("running", || async { (phase(&pods.get("stubborn").await.unwrap()) == "Running").then_some(()) }).await;
+    pods.delete("stubborn", &DeleteParams::default().grace_period(600)).await.unwrap();
+    pods.delete("stubborn", &DeleteParams::default().grace_period(900)).await.unwrap();
+    let terminating = pods.get("stubborn").await.unwrap();
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(600), "a longer grace changes nothing");
+    let asked = std::time::Instant::now();
+    pods.delete("stubborn", &DeleteParams::default().grace_period(1)).await.unwrap();
+    let shortened = pods.get("stubborn").await.unwrap();
+    assert_eq!(shortened.metadata.deletion_grace_period_seconds, Some(1));
+    assert!(shortened.metadata.deletion_timestamp < terminating.metadata.deletion_timestamp);
+    eventually("the pod to go", || async { server.objects("pods").is_empty().then_some(()) }).await;
+    assert!(asked.elapsed() < std::time::Duration::from_secs(10), "{:?}", asked.elapsed());
+}
+
 #[tokio::test]
 async fn background_and_orphan_deletes_treat_dependents_accordingly() {
     let (server, client) = start(gpu_cluster()).await;

@@ -258,6 +258,7 @@ mod tests {
             sim_duration_seconds: None,
             resume: false,
             grace_seconds: 30,
+            api: None,
         }
     }
 

@@ -311,6 +311,19 @@ fn classify(e: kube::Error) -> BackendError {
     }
 }
 
+/// Deletes the job's pods again with a one-second grace period (what `kubectl delete
+/// --grace-period=0` sends without `--force`): a pod still in its grace period is killed
+/// now instead of when that ends.
+async fn stop_pods_now(c: &Connected, namespace: &str, key: JobKey) -> Result<(), BackendError> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), namespace);
+    let now = DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() };
+    for pod in call(pods.list(&ListParams::default().labels(&key_selector(key)))).await?.items {
+        let pod_name = pod.metadata.name.unwrap_or_default();
+        gone(call_raw(pods.delete(&pod_name, &now)).await)?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl ClusterBackend for KubernetesCluster {
     fn kind(&self) -> ClusterKind {
@@ -386,10 +399,13 @@ impl ClusterBackend for KubernetesCluster {
         let c = self.connected().await?;
         c.unseen.lock().expect("unseen jobs lock").remove(&key);
         let Some((found, job)) = find(c, key, self.gang_timeout()).await? else { return Ok(()) };
-        if job.state.is_final() || job.cancelling {
+        if job.state.is_final() || (job.cancelling && !grace.is_zero()) {
             return Ok(());
         }
         let (namespace, name) = job.job_id.split_once('/').unwrap_or_default();
+        if job.cancelling {
+            return stop_pods_now(c, namespace, key).await;
+        }
         // The notice first, then the deletion (SIGTERM, and the grace to checkpoint).
         let stop_by = chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default();
         let stop_by = stop_by.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -406,12 +422,15 @@ impl ClusterBackend for KubernetesCluster {
         };
         let client = c.client.clone();
         match found {
-            Found::Job => gone(call_raw(Api::<Job>::namespaced(client, namespace).delete(name, &params)).await),
+            Found::Job => gone(call_raw(Api::<Job>::namespaced(client, namespace).delete(name, &params)).await)?,
             Found::Deployment => {
                 gone(call_raw(Api::<Service>::namespaced(client.clone(), namespace).delete(name, &params)).await)?;
-                gone(call_raw(Api::<Deployment>::namespaced(client, namespace).delete(name, &params)).await)
+                gone(call_raw(Api::<Deployment>::namespaced(client, namespace).delete(name, &params)).await)?;
             }
         }
+        // The garbage collector deletes the pods with their own grace period, whatever
+        // the owner's deletion said.
+        if grace.is_zero() { stop_pods_now(c, namespace, key).await } else { Ok(()) }
     }
 
     async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {

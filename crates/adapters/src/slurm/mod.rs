@@ -602,7 +602,8 @@ impl ClusterBackend for SlurmCluster {
         }
         let now = Utc::now().timestamp();
         match cancel_deadline(&job.comment) {
-            Some(deadline) if now < deadline => Ok(()),
+            // Within the grace period a repeated cancel waits, unless it asks to stop now.
+            Some(deadline) if now < deadline && !grace.is_zero() => Ok(()),
             Some(_) => self.cancel_now(&job).await,
             // Nothing to checkpoint before it runs.
             None if current.state == JobState::Queued || grace.is_zero() => self.cancel_now(&job).await,
@@ -659,6 +660,7 @@ mod tests {
             sim_duration_seconds: None,
             resume: false,
             grace_seconds: 30,
+            api: None,
         }
     }
 

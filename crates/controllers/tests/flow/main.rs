@@ -289,6 +289,7 @@ async fn a_reclaim_is_told_to_each_team_without_the_other_teams_names(db: berth_
             service_account: None,
             service_account_team: None,
             grants: vec![Grant { role: Role::Member, team: Some(team.into()) }],
+            workload: None,
         };
         OpContext::for_request(db, principal, None, "berth").await.unwrap()
     };
@@ -1127,4 +1128,85 @@ async fn a_checkpoint_grace_above_the_clusters_maximum_is_cut_to_it(db: berth_st
     p.advance(2);
     p.settle().await;
     assert_eq!(p.phase("t", "urgent").await, Phase::Running);
+}
+
+/// The checkpoint handshake: of two preempted jobs with 60 s to checkpoint, the one that
+/// says its checkpoint is written (2 s after the notice, with the token in its
+/// environment) is stopped then; the one that says nothing is stopped at the end of its
+/// grace. Both resume in their next attempt, told so in their environment. The token
+/// speaks for its own attempt only.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_job_that_acknowledges_its_checkpoint_is_released_then_and_one_that_does_not_at_its_grace(
+    db: berth_store::PgPool,
+) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 16, Some(16)).await;
+    let nodes = json!([{"name": "n", "count": 2, "flavor": "h100", "gpus_per_node": 8}]);
+    let spec = json!({"kind": "sim", "max_checkpoint_grace_seconds": 120, "sim": {"node_groups": nodes}});
+    p.apply_cluster("sim-a", json!({ "spec": spec })).await;
+    let low = json!({"priority": -1, "resumable": true, "checkpoint": {"grace_seconds": 60},
+                     "sim": {"duration_seconds": 3600}});
+    p.submit("t", "acks", 1, 8.0, low.clone()).await;
+    p.submit("t", "silent", 1, 8.0, low).await;
+    p.settle().await;
+    let acks = p.workload("t", "acks").await;
+    let env = p.environment("sim-a", &acks).await;
+    assert_eq!(env["BERTH_API_URL"], "http://berth.test");
+    assert_eq!(env["BERTH_CHECKPOINTED_URL"], "http://berth.test/api/v1/teams/t/workloads/acks/checkpointed");
+    assert!(!env.contains_key("BERTH_RESUME"), "a first attempt resumes nothing");
+    let job = p.caller(&env["BERTH_JOB_TOKEN"]).await;
+    let not_yet = berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "t", "acks").await.unwrap_err();
+    assert!(matches!(not_yet, berth_core::Error::Conflict { .. }), "nothing to acknowledge before the notice");
+    // The token reads nothing and speaks for no other workload.
+    let get = berth_app::workload::workload_get(&p.ctx.db, &job, "t", "acks").await.unwrap_err();
+    assert!(matches!(get, berth_core::Error::NotFound { .. }), "{get:?}");
+    let other = berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "t", "silent").await.unwrap_err();
+    assert!(matches!(other, berth_core::Error::NotFound { .. }), "{other:?}");
+
+    p.submit("t", "urgent", 2, 8.0, json!({"priority": 10, "sim": {"duration_seconds": 30}})).await;
+    p.settle().await;
+    assert_eq!(p.phase("t", "acks").await, Phase::Preempting);
+    assert_eq!(p.phase("t", "silent").await, Phase::Preempting);
+    let told = p.workload("t", "acks").await.status.cancel_requested_at.unwrap();
+
+    p.advance(2);
+    berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "t", "acks").await.unwrap();
+    berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "t", "acks").await.unwrap();
+    // The pass that stops the job writes nothing (so `settle` would stop there); the next
+    // one finds the job gone.
+    p.step().await;
+    p.settle().await;
+    let requeued = p.workload("t", "acks").await;
+    assert_eq!((requeued.status.phase, requeued.status.attempt), (Phase::Pending, 1), "released 2 s after the notice");
+    let first = p.jobs("sim-a").await.into_iter().find(|j| j.key == berth_controllers::job_key(&acks)).unwrap();
+    assert_eq!(first.state, JobState::Cancelled);
+    // (The sim's clock and the controllers' differ by the test's own run time.)
+    let stopped_after = (first.finished_at.unwrap() - told).num_milliseconds();
+    assert!((1_000..3_000).contains(&stopped_after), "its job stopped at the acknowledgement: {stopped_after} ms");
+    assert_eq!(
+        p.events(&acks).await,
+        ["Created", "Admitted", "Running", "Preempted", "StopRequested", "Checkpointed", "Requeued"],
+        "notice, acknowledgement (once) and release"
+    );
+    assert_eq!(p.phase("t", "silent").await, Phase::Preempting, "the other waits out its grace");
+    let over = berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "t", "acks").await.unwrap_err();
+    assert!(matches!(over, berth_core::Error::Conflict { .. }), "the token's attempt is over: {over:?}");
+
+    p.advance(57);
+    p.settle().await;
+    assert_eq!(p.phase("t", "silent").await, Phase::Preempting, "59 s into its 60");
+    p.advance(2);
+    p.settle().await;
+    assert_eq!(p.workload("t", "silent").await.status.attempt, 1, "stopped at the end of its grace");
+    assert_eq!(p.phase("t", "urgent").await, Phase::Running);
+
+    p.advance(31);
+    p.settle().await;
+    for name in ["acks", "silent"] {
+        let w = p.workload("t", name).await;
+        assert_eq!((w.status.phase, w.status.attempt), (Phase::Running, 1), "{name}");
+        let env = p.environment("sim-a", &w).await;
+        assert_eq!((env["BERTH_RESUME"].as_str(), env["BERTH_PREVIOUS_ATTEMPT"].as_str()), ("1", "0"), "{name}");
+        assert_ne!(env["BERTH_JOB_TOKEN"], "", "{name}: a token for the new attempt");
+    }
 }

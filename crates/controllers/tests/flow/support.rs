@@ -27,7 +27,15 @@ impl Plane {
         let backends = Arc::new(Registry::with_sim_clock(None, Clock::Manual(clock.clone())));
         let config = Config { unreachable_after_failures: 2, unknown_timeout: Duration::ZERO, ..Config::default() };
         let plane = Self {
-            ctx: Context { db, backends, config, epoch: None, clock: Default::default(), world: Default::default() },
+            ctx: Context {
+                db,
+                backends,
+                config,
+                epoch: None,
+                clock: Default::default(),
+                world: Default::default(),
+                job_api: Some(berth_controllers::JobApiConfig { url: "http://berth.test".into(), issuer: issuer() }),
+            },
             clock,
             actor: OpContext::system("test"),
         };
@@ -146,6 +154,23 @@ impl Plane {
         self.ctx.backends.sim(c.metadata.uid).map(|s| s.all_jobs()).unwrap_or_default()
     }
 
+    /// The environment the job of the workload's current attempt runs with, on a sim
+    /// cluster.
+    pub async fn environment(&self, cluster: &str, w: &Workload) -> std::collections::HashMap<String, String> {
+        let c = berth_store::cluster::cluster_fetch(&self.ctx.db, cluster).await.unwrap().unwrap();
+        let sim = self.ctx.backends.sim(c.metadata.uid).unwrap();
+        sim.environment(berth_controllers::job_key(w)).unwrap().into_iter().collect()
+    }
+
+    /// The caller a job is when it calls the API with `token`, authenticated as berthd
+    /// does it.
+    pub async fn caller(&self, token: &str) -> OpContext {
+        let verifier = berth_auth::Verifier { berth: Some(issuer()), oidc: None, leeway: Duration::from_secs(5) };
+        let verified = verifier.verify(token).await.unwrap();
+        let principal = berth_app::identity::principal(&self.ctx.db, token, verified).await.unwrap().unwrap();
+        OpContext::for_request(&self.ctx.db, principal, None, "berth").await.unwrap()
+    }
+
     /// The reasons of a workload's events, oldest first.
     pub async fn events(&self, w: &Workload) -> Vec<String> {
         sqlx::query_scalar("SELECT reason FROM events WHERE object_uid = $1 ORDER BY id")
@@ -154,4 +179,9 @@ impl Plane {
             .await
             .unwrap()
     }
+}
+
+/// The issuer of the tokens jobs get here.
+fn issuer() -> berth_auth::BerthIssuer {
+    berth_auth::BerthIssuer::new("berth", "berth", &[7; 32]).unwrap()
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use berth_adapters::kubernetes::KEY_LABEL;
 use berth_core::cluster::ClusterHealth;
 use berth_core::usage::{GroupBy, ReportRequest, Visibility};
 use berth_core::workload::Phase;
@@ -310,6 +311,102 @@ async fn slurm_and_kubernetes_run_side_by_side_under_one_quota(db: berth_store::
     p.delete_all().await;
     assert!(kube.objects("deployments").is_empty(), "deleting the inference workload removed its Deployment");
     p.stop().await;
+}
+
+/// The checkpoint handshake on a real Slurm and on the test Kubernetes API server: a
+/// borrowed job with 60 s to checkpoint is reclaimed; its script's trap sees Slurm's
+/// SIGTERM (its pod gets the `berth.dev/stop-by` annotation and SIGTERM), and once it
+/// acknowledges with the token from its environment it is stopped within seconds, not at
+/// the end of its 60.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_job_that_acknowledges_its_checkpoint_on_slurm_or_kubernetes_is_stopped_then(db: berth_store::PgPool) {
+    let kube_nodes = vec![FakeNode::gpu("k8s-h100-0", 8, "H100")];
+    let p = Plane::start_with_kubernetes(db, &["alpha"], Some(kube_nodes)).await;
+    p.max_checkpoint_grace("alpha", 120).await;
+    p.max_checkpoint_grace("kube", 120).await;
+    p.team("a", &[("h100", 16)]).await;
+    p.team("b", &[("h100", 8)]).await;
+    let marker = std::env::temp_dir().join(format!("berth-checkpoint-{}", uuid::Uuid::now_v7()));
+    let token_file = marker.with_extension("token");
+    let trapping = format!(
+        "#!/bin/bash\nprintf %s \"$BERTH_JOB_TOKEN\" > {t}\ntrap 'echo TERM $(date +%s.%N) >> {m}' TERM\n\
+         while true; do sleep 0.2; done\n",
+        m = marker.display(),
+        t = token_file.display()
+    );
+    let eight = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 8}});
+    let checkpoint = json!({"grace_seconds": 60});
+    let (slurm_only, kube_only) = (json!({"backend_kinds": ["slurm"]}), json!({"backend_kinds": ["kubernetes"]}));
+    // b fills alpha (16) and the kube node (8): 8 guaranteed, 16 borrowed.
+    let b1 = json!({"tasks": eight, "resumable": true, "placement": slurm_only, "run": command("sleep 600")});
+    p.submit("b", "b1", b1).await;
+    p.wait("b", "b1", "running", |w| w.status.phase == Phase::Running).await;
+    let on_slurm = json!({"tasks": eight, "resumable": true, "checkpoint": checkpoint, "placement": slurm_only,
+                          "run": {"script": trapping}});
+    p.submit("b", "slurm", on_slurm).await;
+    let slurm = p.wait("b", "slurm", "running", |w| w.status.phase == Phase::Running).await;
+    assert_eq!(slurm.status.admission.as_ref().unwrap().cluster, "alpha");
+    let env = json!({"FAKE_RUN_SECONDS": "3600", "FAKE_SIGTERM_SECONDS": "3600"});
+    let on_kube = json!({"tasks": eight, "resumable": true, "checkpoint": checkpoint, "placement": kube_only,
+                         "run": {"command": ["python", "train.py"], "image": "ghcr.io/acme/train:1", "env": env}});
+    p.submit("b", "kube", on_kube).await;
+    let kube = p.wait("b", "kube", "running", |w| w.status.phase == Phase::Running).await;
+    assert_eq!(kube.status.admission.as_ref().unwrap().cluster, "kube");
+    let token = support::eventually("the Slurm job wrote its token", || async {
+        std::fs::read_to_string(&token_file).ok().filter(|t| !t.is_empty())
+    })
+    .await;
+    let server = p.kube.as_ref().unwrap();
+    let pod_env = |name: &str| -> Option<String> {
+        let pods = server.objects("pods");
+        let key = berth_controllers::job_key(&kube).name();
+        let pod = pods.iter().find(|pod| pod["metadata"]["labels"][KEY_LABEL] == key.as_str())?;
+        let env = pod["spec"]["containers"][0]["env"].as_array()?;
+        env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).map(str::to_owned)
+    };
+    let kube_token = pod_env("BERTH_JOB_TOKEN").expect("the pod's environment carries its token");
+    assert_eq!(
+        pod_env("BERTH_CHECKPOINTED_URL").as_deref(),
+        Some("http://127.0.0.1:9/api/v1/teams/b/workloads/kube/checkpointed")
+    );
+
+    // Team a claims 8 on each cluster: both borrowed jobs are told to stop, with 60 s to
+    // checkpoint.
+    p.submit("a", "a1", json!({"tasks": eight, "placement": slurm_only, "run": command("sleep 1")})).await;
+    let a2_run =
+        json!({"command": ["python", "eval.py"], "image": "ghcr.io/acme/eval:1", "env": {"FAKE_RUN_SECONDS": "1"}});
+    p.submit("a", "a2", json!({"tasks": eight, "placement": kube_only, "run": a2_run})).await;
+    p.wait("b", "slurm", "told to stop", |w| w.status.cancel_requested_at.is_some()).await;
+    p.wait("b", "kube", "told to stop", |w| w.status.cancel_requested_at.is_some()).await;
+    let trapped = support::eventually("the script's trap saw SIGTERM", || async {
+        std::fs::read_to_string(&marker).ok().filter(|m| m.starts_with("TERM "))
+    })
+    .await;
+    println!("the Slurm job's trap: {}", trapped.trim());
+    let annotated = server.objects("pods").iter().any(|pod| {
+        pod["metadata"]["labels"][KEY_LABEL] == berth_controllers::job_key(&kube).name().as_str()
+            && pod["metadata"]["annotations"]["berth.dev/stop-by"].is_string()
+    });
+    assert!(annotated, "the pod was told when it will be stopped");
+
+    for (name, token) in [("slurm", token.as_str()), ("kube", kube_token.as_str())] {
+        let job = p.caller(token).await;
+        let acknowledged = std::time::Instant::now();
+        berth_app::workload::workload_checkpointed(&p.ctx.db, &job, "b", name).await.unwrap();
+        let requeued = p.wait("b", name, "released", |w| w.status.attempt == 1).await;
+        let took = acknowledged.elapsed();
+        println!("{name}: released {:.1} s after its acknowledgement (grace 60 s)", took.as_secs_f64());
+        assert!(took < std::time::Duration::from_secs(30), "{name}: released {took:?} after, not at once");
+        let events = p.events(&requeued).await;
+        assert_eq!(events[4..8], ["Preempted", "StopRequested", "Checkpointed", "Requeued"], "{name}: {events:?}");
+    }
+    let old_job = &slurm.status.backend_ref.as_ref().unwrap().job_id;
+    let shown = p.dev("alpha").output("scontrol", &["show", "job", old_job]);
+    assert!(shown.contains("JobState=CANCELLED"), "{shown}");
+    p.delete_all().await;
+    p.stop().await;
+    std::fs::remove_file(marker).unwrap();
+    std::fs::remove_file(token_file).unwrap();
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

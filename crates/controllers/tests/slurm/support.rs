@@ -87,6 +87,8 @@ impl Plane {
             epoch: None,
             clock: berth_controllers::Clock::default(),
             world: Default::default(),
+            // The jobs here do not call it: a test acknowledges for them, with their token.
+            job_api: Some(berth_controllers::JobApiConfig { url: "http://127.0.0.1:9".into(), issuer: issuer() }),
         };
         let actor = OpContext::system("test");
         for dev in devs.values() {
@@ -114,6 +116,24 @@ impl Plane {
         berth_controllers::cluster_health::reconcile(&ctx).await.unwrap();
         let controllers = berth_controllers::runner::start(&ctx, "slurm-test");
         Self { ctx, devs, kube, controllers, actor }
+    }
+
+    /// Lets the cluster's jobs ask for up to `seconds` to checkpoint.
+    pub async fn max_checkpoint_grace(&self, cluster: &str, seconds: u32) {
+        let c = berth_app::cluster::cluster_get(&self.ctx.db, &self.actor, cluster).await.unwrap();
+        let mut spec = serde_json::to_value(&c.spec).unwrap();
+        spec["max_checkpoint_grace_seconds"] = seconds.into();
+        let body = serde_json::from_value(json!({ "spec": spec })).unwrap();
+        berth_app::cluster::cluster_apply(&self.ctx.db, &self.actor, cluster, &body, None).await.unwrap();
+    }
+
+    /// The caller a job is when it calls the API with `token`, authenticated as berthd
+    /// does it.
+    pub async fn caller(&self, token: &str) -> OpContext {
+        let verifier = berth_auth::Verifier { berth: Some(issuer()), oidc: None, leeway: Duration::from_secs(5) };
+        let verified = verifier.verify(token).await.unwrap();
+        let principal = berth_app::identity::principal(&self.ctx.db, token, verified).await.unwrap().unwrap();
+        OpContext::for_request(&self.ctx.db, principal, None, "berth").await.unwrap()
     }
 
     pub fn dev(&self, name: &str) -> &DevCluster {
@@ -205,4 +225,9 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut check:
 
 fn secret_name(cluster: &str) -> String {
     format!("BERTH_CREDENTIAL_SLURM_{}", cluster.to_ascii_uppercase())
+}
+
+/// The issuer of the tokens jobs get here.
+fn issuer() -> berth_auth::BerthIssuer {
+    berth_auth::BerthIssuer::new("berth", "berth", &[7; 32]).unwrap()
 }

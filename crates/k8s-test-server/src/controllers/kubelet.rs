@@ -28,6 +28,9 @@ pub(crate) struct PodClock {
     pub pull_failed: Option<Instant>,
     /// When its deletion was requested (SIGTERM sent).
     pub stop_requested: Option<Instant>,
+    /// When it is killed, where a second deletion cut its grace period short (else when
+    /// its grace period, counted from `stop_requested`, ends).
+    pub kill_by: Option<Instant>,
     /// When each of its containers terminated (its log ends there).
     pub terminated: HashMap<String, Instant>,
 }
@@ -199,7 +202,7 @@ fn progress(
                 continue;
             }
             let natural = plan.run.map(|run| started + run);
-            let killed = clock.stop_requested.map(|at| at + grace.min(plan.sigterm));
+            let killed = clock.stop_requested.map(|at| (at + plan.sigterm).min(clock.kill_by.unwrap_or(at + grace)));
             let (exit_code, reason) = match (natural, killed) {
                 (Some(n), Some(k)) if k < n && now >= k => (SIGTERM_EXIT_CODE, "Error"),
                 (None, Some(k)) if now >= k => (SIGTERM_EXIT_CODE, "Error"),
