@@ -33,6 +33,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_workload_logs))
         .routes(routes!(cancel_workload))
         .routes(routes!(checkpointed_workload))
+        .routes(routes!(workload_activity))
+        .routes(routes!(get_workload_endpoint))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
 }
@@ -350,6 +352,47 @@ async fn checkpointed_workload(
 ) -> Result<StatusCode, ApiError> {
     app::workload_checkpointed(&s.db, &opctx, &team, &name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Report activity: a running notebook (or service) says it is in use, so its idle
+/// timeout (`spec.notebook.idle_timeout_seconds`) counts from now. The notebook calls it
+/// while it is used, with its own token (`curl -X POST -H "Authorization: Bearer
+/// $BERTH_JOB_TOKEN" "$BERTH_ACTIVITY_URL"`); anyone who may cancel it may call it too.
+/// Reports within 10 s of the last one change nothing.
+#[utoipa::path(post, path = "/api/v1/teams/{team}/workloads/{name}/activity", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name")),
+    responses(
+        (status = 204, description = "Recorded"),
+        (status = 409, description = "It does not run, or the token's attempt is over", body = crate::problem::Problem, content_type = "application/problem+json")))]
+async fn workload_activity(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    OpCtx(opctx): OpCtx,
+) -> Result<StatusCode, ApiError> {
+    app::workload_activity(&s.db, &opctx, &team, &name, chrono::Utc::now()).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Where a running inference service or notebook answers (`status.backend_ref.url`: on
+/// Kubernetes its Service's in-cluster URL) and, for a notebook, the token that opens it
+/// (`?token=`), with its last activity and when it is stopped if idle. Only its owner and
+/// admins of its team may read it.
+#[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}/endpoint", tag = "workloads",
+    params(
+        ("team" = String, Path, description = "Team name"),
+        ("name" = String, Path, description = "Workload name")),
+    responses(
+        (status = 200, description = "Its endpoint", body = berth_core::workload::Endpoint),
+        (status = 409, description = "It serves nothing (yet)", body = crate::problem::Problem, content_type = "application/problem+json")))]
+async fn get_workload_endpoint(
+    State(s): State<AppState>,
+    ApiPath((team, name)): ApiPath<(String, String)>,
+    OpCtx(opctx): OpCtx,
+) -> Result<Json<berth_core::workload::Endpoint>, ApiError> {
+    let issuer = s.auth.verifier.berth.as_ref();
+    Ok(Json(app::workload_endpoint(&s.db, &opctx, issuer, &team, &name).await?))
 }
 
 /// Delete a workload.

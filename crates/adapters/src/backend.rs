@@ -73,6 +73,9 @@ pub struct JobRequest {
     /// journal or a log line must not carry the token).
     #[serde(skip)]
     pub api: Option<JobApi>,
+    /// A notebook's access token (Jupyter reads `JUPYTER_TOKEN`); never serialized.
+    #[serde(skip)]
+    pub notebook_token: Option<String>,
 }
 
 /// Berth's API as a job is told of it: the URL it answers at and the job's own token
@@ -94,7 +97,8 @@ impl JobRequest {
     /// `BERTH_WORKLOAD`, `BERTH_WORKLOAD_UID`, `BERTH_ATTEMPT`; for a resumed attempt
     /// `BERTH_RESUME=1` and `BERTH_PREVIOUS_ATTEMPT`; where Berth's API is known,
     /// `BERTH_API_URL`, `BERTH_JOB_TOKEN` and `BERTH_CHECKPOINTED_URL` (the call that says the
-    /// checkpoint is written).
+    /// checkpoint is written) and `BERTH_ACTIVITY_URL` (the call a notebook makes while it
+    /// is used); for a notebook, `JUPYTER_TOKEN`, the token that opens it.
     pub fn berth_environment(&self) -> Vec<(String, String)> {
         let mut env = vec![
             ("BERTH_TEAM".to_owned(), self.team.clone()),
@@ -112,6 +116,11 @@ impl JobRequest {
             env.push(("BERTH_API_URL".to_owned(), url.to_owned()));
             env.push(("BERTH_JOB_TOKEN".to_owned(), api.token.clone()));
             env.push(("BERTH_CHECKPOINTED_URL".to_owned(), checkpointed));
+            let activity = format!("{url}/api/v1/teams/{}/workloads/{}/activity", self.team, self.workload);
+            env.push(("BERTH_ACTIVITY_URL".to_owned(), activity));
+        }
+        if let Some(token) = &self.notebook_token {
+            env.push(("JUPYTER_TOKEN".to_owned(), token.clone()));
         }
         env
     }
@@ -158,6 +167,9 @@ pub struct JobStatus {
     /// when the backend knows.
     #[serde(default)]
     pub output: Option<String>,
+    /// Where its service answers (inference, notebook), when the backend serves one.
+    #[serde(default)]
+    pub url: Option<String>,
 }
 
 /// The nodes of a cluster, as the backend reports them.

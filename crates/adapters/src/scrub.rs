@@ -90,10 +90,11 @@ impl ClusterBackend for Scrubbed {
     }
 
     async fn submit(&self, job: &JobRequest) -> Result<JobStatus, BackendError> {
-        // A refusal that quotes the job (its environment) would show the job's own token
+        // A refusal that quotes the job (its environment) would show the job's own tokens
         // in the workload's status.
-        let token: Vec<String> = job.api.iter().map(|api| api.token.clone()).collect();
-        self.inner.submit(job).await.map_err(|e| scrub(&token, self.clean(e)))
+        let tokens: Vec<String> =
+            job.api.iter().map(|api| api.token.clone()).chain(job.notebook_token.clone()).collect();
+        self.inner.submit(job).await.map_err(|e| scrub(&tokens, self.clean(e)))
     }
 
     async fn jobs(&self) -> Result<Vec<JobStatus>, BackendError> {

@@ -516,6 +516,12 @@ impl State {
             finished_at: job.finished_ms.map(time),
             cancelling: job.cancel_deadline_ms.is_some() && !job.state.is_final(),
             output: None,
+            // A simulated service answers nowhere: a placeholder in the reserved `.invalid`.
+            url: matches!(
+                job.request.kind,
+                berth_core::workload::WorkloadKind::Inference | berth_core::workload::WorkloadKind::Notebook
+            )
+            .then(|| format!("http://sim-{}.sim.invalid", j + 1)),
         }
     }
 }
@@ -703,6 +709,7 @@ mod tests {
             resume: false,
             grace_seconds: 30,
             api: None,
+            notebook_token: None,
         }
     }
 

@@ -83,6 +83,7 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
         resume: false,
         grace_seconds: 30,
         api: None,
+        notebook_token: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         resume: false,
         grace_seconds: 30,
         api: None,
+        notebook_token: None,
     }
 }
 

@@ -600,26 +600,7 @@ pub async fn workload_cancel(
 /// not told to stop, has ended, or the token's attempt is over; store errors.
 pub async fn workload_checkpointed(db: &PgPool, opctx: &OpContext, team: &str, name: &str) -> Result<(), Error> {
     let mut tx = berth_store::begin(db).await?;
-    let w = match opctx.principal.workload {
-        Some(scope) => {
-            let w = store::workload_fetch_for_update(&mut tx, team, name).await?;
-            let w = w.filter(|w| w.metadata.uid == scope.uid).ok_or_else(|| not_found(team, name))?;
-            if w.status.attempt != scope.attempt {
-                return Err(Error::conflict(
-                    "/status/attempt",
-                    format!(
-                        "this token is for attempt {} of {team}/{name}, which is over (it is on attempt {})",
-                        scope.attempt, w.status.attempt
-                    ),
-                ));
-            }
-            w
-        }
-        None => {
-            opctx.access().write_workloads(team)?;
-            lock_to_change(&mut tx, opctx, team, name, None).await?
-        }
-    };
+    let w = lock_for_its_job(&mut tx, opctx, team, name).await?;
     let phase = w.status.phase;
     if phase.is_final() {
         return Err(Error::conflict("/status/phase", format!("{team}/{name} has already ended ({})", phase.as_str())));
@@ -648,6 +629,98 @@ pub async fn workload_checkpointed(db: &PgPool, opctx: &OpContext, team: &str, n
     store::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await?;
     event_record(&mut *tx, KIND, uid.0, EventType::Normal, "Checkpointed", &message).await?;
     berth_store::commit(tx).await
+}
+
+/// The workload locked for a call its own job may make (checkpointed, activity): by the
+/// workload's own token for its current attempt, or by anyone who may cancel it.
+async fn lock_for_its_job(
+    tx: &mut berth_store::Tx<'_>,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+) -> Result<Workload, Error> {
+    let Some(scope) = opctx.principal.workload else {
+        opctx.access().write_workloads(team)?;
+        return lock_to_change(tx, opctx, team, name, None).await;
+    };
+    let w = store::workload_fetch_for_update(tx, team, name).await?;
+    let w = w.filter(|w| w.metadata.uid == scope.uid).ok_or_else(|| not_found(team, name))?;
+    if w.status.attempt != scope.attempt {
+        return Err(Error::conflict(
+            "/status/attempt",
+            format!(
+                "this token is for attempt {} of {team}/{name}, which is over (it is on attempt {})",
+                scope.attempt, w.status.attempt
+            ),
+        ));
+    }
+    Ok(w)
+}
+
+/// A running notebook (or service) says it is in use, at `at` (now, for a request): its
+/// idle timeout counts from then. The caller is its own token or anyone who may cancel
+/// it; reports closer than [`ACTIVITY_RESOLUTION`] to the last one write nothing.
+///
+/// # Errors
+/// As [`workload_checkpointed`]; [`Error::Conflict`] when it does not run.
+pub async fn workload_activity(
+    db: &PgPool,
+    opctx: &OpContext,
+    team: &str,
+    name: &str,
+    at: chrono::DateTime<Utc>,
+) -> Result<(), Error> {
+    let mut tx = berth_store::begin(db).await?;
+    let w = lock_for_its_job(&mut tx, opctx, team, name).await?;
+    if !matches!(w.status.phase, Phase::Dispatched | Phase::Running) {
+        let phase = w.status.phase.as_str();
+        return Err(Error::conflict("/status/phase", format!("{team}/{name} does not run ({phase})")));
+    }
+    let recent = w.status.last_activity_at.is_some_and(|last| (at - last).abs() < ACTIVITY_RESOLUTION);
+    if recent {
+        return Ok(());
+    }
+    let status = WorkloadStatus { last_activity_at: Some(at), ..w.status.clone() };
+    let write =
+        StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: resource_version(&w.metadata)?, status };
+    store::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await?;
+    berth_store::commit(tx).await
+}
+
+/// Activity reported within this time of the last report is not written again.
+pub const ACTIVITY_RESOLUTION: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+
+/// Where a running service or notebook answers and, for a notebook, the token that opens
+/// it (derived by `issuer`; none without one). Only its owner and admins of its team may
+/// read it: the token opens the notebook.
+///
+/// # Errors
+/// [`Error::NotFound`]; [`Error::Forbidden`] unless the caller may change it;
+/// [`Error::Conflict`] when it serves nothing (yet).
+pub async fn workload_endpoint(
+    db: &PgPool,
+    opctx: &OpContext,
+    issuer: Option<&berth_auth::BerthIssuer>,
+    team: &str,
+    name: &str,
+) -> Result<berth_core::workload::Endpoint, Error> {
+    opctx.access().read_team(team)?;
+    let w = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
+    opctx.access().change_workload(team, w.metadata.owner.as_ref())?;
+    let url = w.status.backend_ref.as_ref().and_then(|b| b.url.clone()).filter(|_| !w.status.phase.is_final());
+    let Some(url) = url else {
+        return Err(Error::conflict(
+            "/status/backend_ref/url",
+            format!("{team}/{name} serves nothing ({}, a {})", w.status.phase.as_str(), w.spec.kind.as_str()),
+        ));
+    };
+    let notebook = w.spec.kind == berth_core::workload::WorkloadKind::Notebook;
+    Ok(berth_core::workload::Endpoint {
+        url,
+        token: issuer.filter(|_| notebook).map(|i| i.notebook_token(berth_core::auth::WorkloadScope::of(&w))),
+        last_activity_at: w.status.last_activity_at,
+        idle_stop_at: w.idle_stop_at(),
+    })
 }
 
 /// The workload, locked for a change (cancel, delete) by the caller: 404 when it does not

@@ -198,6 +198,16 @@ impl BerthIssuer {
         self.sign(&claims, expires_at)
     }
 
+    /// The token that opens a notebook's attempt (its `JUPYTER_TOKEN`): derived from the
+    /// secret (HMAC-SHA256), so Berth stores none and shows it to whoever may open it.
+    pub fn notebook_token(&self, scope: WorkloadScope) -> String {
+        use base64::Engine as _;
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        mac.update(format!("berth notebook token\0{}\0{}", scope.uid, scope.attempt).as_bytes());
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    }
+
     fn sign(&self, claims: &Claims, expires_at: DateTime<Utc>) -> Minted {
         let token =
             jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &EncodingKey::from_secret(&self.secret))

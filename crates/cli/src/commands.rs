@@ -732,6 +732,27 @@ pub async fn checkpointed(
     Ok(0)
 }
 
+pub async fn endpoint(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
+    let team = env.team(team).await?;
+    let e = env.client.get(&format!("/api/v1/teams/{}/workloads/{}/endpoint", seg(&team), seg(name))).await?;
+    if structured(env.out, &e) {
+        return Ok(0);
+    }
+    let url = cell(&e["url"]);
+    println!("URL:    {url}");
+    if let Some(token) = e["token"].as_str() {
+        println!("Token:  {token}");
+        println!("Open:   {url}/?token={token}");
+    }
+    if let Some(at) = e["idle_stop_at"].as_str() {
+        println!(
+            "Stops:  {at} unless it reports activity (last: {})",
+            e["last_activity_at"].as_str().unwrap_or("none")
+        );
+    }
+    Ok(0)
+}
+
 pub struct LogOptions {
     pub follow: bool,
     pub tail: Option<u32>,

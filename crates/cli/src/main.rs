@@ -140,6 +140,13 @@ environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
         #[arg(long)]
         attempt: Option<u32>,
     },
+    /// Where a running notebook or inference service answers, and the token that opens a
+    /// notebook (its owner and team admins only).
+    Endpoint {
+        name: String,
+        #[arg(long)]
+        team: Option<String>,
+    },
     /// Why a workload waits, when it should start, and what would let it run.
     Why {
         name: String,
@@ -252,6 +259,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             commands::logs(&env, &name, team, commands::LogOptions { follow, tail, task, attempt }).await
         }
         Command::Why { name, team } => commands::why(&env, &name, team).await,
+        Command::Endpoint { name, team } => commands::endpoint(&env, &name, team).await,
         Command::Queue { team, limit } => commands::queue(&env, team, limit).await,
         Command::Top => commands::top(&env).await,
         Command::Usage { from, to, by, bucket, csv } => {

@@ -290,6 +290,25 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         "{printed}"
     );
 
+    // A notebook: `endpoint` shows its owner where it answers and the token that opens
+    // it; a teammate is refused.
+    let nb = w.berth_as(
+        &alice,
+        &["run", "--kind", "notebook", "--name", "nb", "--gpus", "1", "--sim-seconds", "600"]
+            .into_iter()
+            .chain(["--image", "quay.io/jupyter/base-notebook", "--", "start-notebook.py"])
+            .collect::<Vec<_>>(),
+    );
+    assert!(nb.status.success(), "{}", text(&nb.stderr));
+    w.wait_for("nb runs", &["get", "workload", "nb", "--team", "nlp"], |w| w["status"]["phase"] == "Running");
+    let shown = w.berth_as(&alice, &["endpoint", "nb"]);
+    let shown = text(&shown.stdout);
+    assert!(shown.starts_with("URL:    http://sim-") && shown.contains("\nToken:  "), "{shown}");
+    assert!(shown.contains(".sim.invalid/?token="), "{shown}");
+    let bob = w.token("bob", "member", Some("nlp"));
+    assert_eq!(w.berth_as(&bob, &["endpoint", "nb", "--team", "nlp"]).status.code(), Some(3));
+    w.ok(&["cancel", "nb", "--team", "nlp"]);
+
     // Work that waits: the cluster is full, so `why` explains it; cancel keeps it.
     let big = w.write("big.sh", "#!/bin/sh\n#SBATCH -J hog -N 2 --gpus-per-node=8\nsleep 1000\n");
     w.ok(&["submit", "--team", "vision", "--sim-seconds", "3600", &big]);
@@ -345,7 +364,7 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         .iter()
         .map(|w| w["metadata"]["name"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(names, ["train", "waiter"]);
+    assert_eq!(names, ["nb", "train", "waiter"]);
     let described = w.ok(&["describe", "workload", "train", "--team", "nlp"]);
     assert!(
         described.contains("Owner") && described.contains("Events:") && described.contains("Admitted"),

@@ -229,6 +229,7 @@ fn dispatched(w: &Workload, cluster: &str, job: &JobStatus) -> WorkloadStatus {
             cluster: cluster.to_owned(),
             job_id: job.job_id.clone(),
             output: job.output.clone(),
+            url: job.url.clone(),
         }),
         started_at: job.started_at,
         message: Some(format!("dispatched to {cluster} as job {}", job.job_id)),
@@ -258,5 +259,8 @@ pub fn request(w: &Workload, grace: Duration, api: Option<&crate::JobApiConfig>)
         resume: w.spec.resumable && w.status.attempt > 0,
         grace_seconds: u32::try_from(grace.as_secs()).unwrap_or(u32::MAX),
         api: api.map(|api| api.for_attempt(w)),
+        notebook_token: api
+            .filter(|_| w.spec.kind == berth_core::workload::WorkloadKind::Notebook)
+            .map(|api| api.issuer.notebook_token(berth_core::auth::WorkloadScope::of(w))),
     }
 }

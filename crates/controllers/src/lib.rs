@@ -30,6 +30,7 @@ pub mod deletion;
 pub mod dispatcher;
 pub mod estimates;
 mod explain;
+pub mod idle;
 pub mod leader;
 pub mod orphans;
 pub mod preemption;
@@ -133,7 +134,7 @@ pub const JOB_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
 impl JobApiConfig {
     /// The URL and a fresh token for the workload's current attempt.
     pub fn for_attempt(&self, w: &Workload) -> berth_adapters::JobApi {
-        let scope = berth_core::auth::WorkloadScope { uid: w.metadata.uid, attempt: w.status.attempt };
+        let scope = berth_core::auth::WorkloadScope::of(w);
         berth_adapters::JobApi { url: self.url.clone(), token: self.issuer.mint_workload(scope, JOB_TOKEN_TTL).token }
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::{
-    Context, budgets, cluster_health, deletion, dispatcher, estimates, orphans, preemption, retention, scheduler,
+    Context, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption, retention, scheduler,
     status_sync,
 };
 
@@ -72,13 +72,14 @@ pass!(cluster_health_pass, cluster_health);
 pass!(retention_pass, retention);
 pass!(estimates_pass, estimates);
 pass!(budgets_pass, budgets);
+pass!(idle_pass, idle);
 
 /// Starts every controller (the one list of them); they run until the returned set is
 /// shut down.
 pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     let c = &ctx.config;
     let woken: Vec<Arc<Notify>> = (0..5).map(|_| Arc::new(Notify::new())).collect();
-    let loops: [Loop; 10] = [
+    let loops: [Loop; 11] = [
         ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
         ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
         ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
@@ -89,6 +90,7 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
         ("retention", None, RETENTION_PERIOD, Duration::ZERO, retention_pass),
         ("estimates", None, ESTIMATE_PERIOD, Duration::ZERO, estimates_pass),
         ("budgets", Some(woken[4].clone()), BUDGET_PERIOD, BUDGET_GAP, budgets_pass),
+        ("idle", None, c.resync, Duration::ZERO, idle_pass),
     ];
     let mut set = JoinSet::new();
     for (name, wake, every, gap, pass) in loops {

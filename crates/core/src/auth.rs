@@ -124,6 +124,13 @@ pub struct WorkloadScope {
     pub attempt: u32,
 }
 
+impl WorkloadScope {
+    /// The workload's current attempt.
+    pub fn of(w: &crate::workload::Workload) -> Self {
+        Self { uid: w.metadata.uid, attempt: w.status.attempt }
+    }
+}
+
 impl Principal {
     /// The owner recorded on what this principal submits: its subject and issuer, except
     /// that a user whose `sub` reads like a service account's (any issuer may send any

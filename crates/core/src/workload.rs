@@ -175,6 +175,9 @@ pub struct WorkloadSpec {
     /// Only for `inference`: replica bounds and the scaling target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference: Option<Inference>,
+    /// Only for `notebook`: when an idle notebook is stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notebook: Option<Notebook>,
     /// How a simulated cluster runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimRun>,
@@ -264,6 +267,16 @@ pub struct Checkpoint {
     pub grace_seconds: u32,
 }
 
+/// How a notebook is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Notebook {
+    /// Seconds without activity (`POST .../activity`, which the notebook sends while it is
+    /// used) after which it is stopped and its GPUs freed: 60 to 2,592,000 (30 days).
+    #[schema(example = 3600, minimum = 60, maximum = 2_592_000)]
+    pub idle_timeout_seconds: u32,
+}
+
 /// How preemption treats running work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -339,6 +352,10 @@ pub struct BackendRef {
     /// file), when its backend keeps one; `GET …/logs` reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// Where the job's service answers (inference, notebook), when its backend serves one:
+    /// on Kubernetes its Service's in-cluster URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// Why a workload is still pending, as the scheduler explains it.
@@ -401,6 +418,10 @@ pub struct WorkloadStatus {
     /// told to stop: its job is stopped then, without waiting out the rest of its grace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointed_at: Option<DateTime<Utc>>,
+    /// When the running notebook (or service) last reported activity (`POST .../activity`)
+    /// in this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_at: Option<DateTime<Utc>>,
     /// When the workload became `Unknown` (its cluster stopped answering), or its cluster
     /// stopped answering while it was being preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -452,6 +473,33 @@ pub struct Queue {
     pub gpus: f64,
     /// The first of them, in the order the scheduler will consider them.
     pub items: Vec<Workload>,
+}
+
+/// Where a running service or notebook answers, and what opens it
+/// (`GET .../workloads/{name}/endpoint`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Endpoint {
+    /// On Kubernetes its Service's in-cluster URL; on a simulated cluster a placeholder.
+    pub url: String,
+    /// A notebook's access token (`?token=` or Jupyter's login form), for this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// When it last reported activity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_at: Option<DateTime<Utc>>,
+    /// When it is stopped unless it reports activity (notebooks with an idle timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_stop_at: Option<DateTime<Utc>>,
+}
+
+impl Workload {
+    /// When an idle notebook is stopped: its idle timeout after its last activity (or its
+    /// start); `None` for what has no idle timeout or has not started.
+    pub fn idle_stop_at(&self) -> Option<DateTime<Utc>> {
+        let timeout = self.spec.notebook?.idle_timeout_seconds;
+        let since = self.status.last_activity_at.max(self.status.started_at)?;
+        Some(since + chrono::TimeDelta::seconds(i64::from(timeout)))
+    }
 }
 
 /// Workloads per phase (`GET /api/v1/workloads/summary`).
@@ -567,6 +615,19 @@ impl WorkloadApply {
             }
             (None, _) => {}
         }
+        match (&s.notebook, s.kind) {
+            (Some(_), kind) if kind != WorkloadKind::Notebook => {
+                v.error("/spec/notebook", format!("only notebook workloads take this, not {}", kind.as_str()));
+            }
+            (Some(n), _) => {
+                v.check(
+                    (60..=2_592_000).contains(&n.idle_timeout_seconds),
+                    "/spec/notebook/idle_timeout_seconds",
+                    || "must be between 60 and 2592000 (30 days)".into(),
+                );
+            }
+            (None, _) => {}
+        }
         if let Some(sim) = &s.sim {
             v.check(sim.duration_seconds > 0.0 && sim.duration_seconds <= 1e8, "/spec/sim/duration_seconds", || {
                 "must be above 0 and at most 100000000".into()
@@ -638,7 +699,7 @@ fn validate_run(v: &mut Validator, run: &Run) {
 
 /// What of a spec may still change once the workload is admitted: what changes no
 /// resource it holds on its cluster.
-pub const CHANGEABLE_AFTER_ADMISSION: [&str; 3] = ["priority", "max_runtime_seconds", "inference"];
+pub const CHANGEABLE_AFTER_ADMISSION: [&str; 4] = ["priority", "max_runtime_seconds", "inference", "notebook"];
 
 /// Where two JSON values first differ, as a JSON pointer under `at`.
 fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: &str) -> Option<String> {
@@ -693,6 +754,7 @@ impl WorkloadSpec {
             resumable: false,
             checkpoint: None,
             preemption: None,
+            notebook: None,
             inference: None,
             sim: None,
         }

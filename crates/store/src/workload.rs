@@ -846,6 +846,27 @@ pub async fn workload_list_in_phases(
     .map_err(db_error)
 }
 
+/// Running notebooks with an idle timeout whose cancellation and deletion were not asked
+/// for, by uid (what the idle reaper looks at).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_idle_candidates(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+           FROM workloads
+           WHERE phase = 'Running' AND spec ? 'notebook' AND deletion_timestamp IS NULL
+             AND NOT status ? 'cancellation'
+           ORDER BY uid"#,
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
 /// Unfinished workloads in any of `phases` whose deletion or cancellation was requested,
 /// by uid.
 ///

@@ -28,14 +28,15 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 pub const CONTAINER: &str = "main";
 /// How long Kubernetes keeps a finished Job (and its pods' statuses) for Berth to read.
 const FINISHED_JOB_TTL_SECONDS: u64 = 24 * 3600;
-/// The port an inference server listens on, and the Service port in front of it.
+/// The port an inference server or a notebook (Jupyter: `--port 8080`) listens on; its
+/// Service answers on port 80.
 const SERVE_PORT: u16 = 8080;
 
 /// What Berth creates for one request.
 #[derive(Debug, Clone)]
 pub enum Manifest {
     Job(Box<Job>),
-    Deployment { deployment: Box<Deployment>, service: Option<Box<Service>> },
+    Deployment { deployment: Box<Deployment>, service: Box<Service> },
 }
 
 /// The namespace a team's work runs in.
@@ -125,17 +126,16 @@ pub fn manifest(spec: &KubernetesSpec, job: &JobRequest, block: Option<&str>) ->
             "template": template,
         },
     })));
-    let service = (job.kind == WorkloadKind::Inference).then(|| {
-        Box::new(typed(json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata,
-            "spec": {
-                "selector": {KEY_LABEL: name},
-                "ports": [{"name": "http", "port": 80, "targetPort": SERVE_PORT}],
-            },
-        })))
-    });
+    // Every service is reached through its Service: an inference endpoint, a notebook.
+    let service = Box::new(typed(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "selector": {KEY_LABEL: name},
+            "ports": [{"name": "http", "port": 80, "targetPort": SERVE_PORT}],
+        },
+    })));
     Ok(Manifest::Deployment { deployment, service })
 }
 
@@ -259,6 +259,7 @@ mod tests {
             resume: false,
             grace_seconds: 30,
             api: None,
+            notebook_token: None,
         }
     }
 
@@ -320,7 +321,7 @@ mod tests {
         assert_eq!(d["spec"]["replicas"], 2);
         assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
         assert!(d["spec"]["template"]["spec"]["nodeSelector"].get("berth.dev/topology-block").is_none());
-        let s = serde_json::to_value(service.expect("inference has a Service")).unwrap();
+        let s = serde_json::to_value(service).unwrap();
         assert_eq!(s["spec"]["selector"][KEY_LABEL], d["metadata"]["name"]);
     }
 

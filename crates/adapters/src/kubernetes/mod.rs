@@ -355,9 +355,7 @@ impl ClusterBackend for KubernetesCluster {
                 job_status(job.key, &applied, &[], self.gang_timeout())
             }
             Manifest::Deployment { deployment, service } => {
-                if let Some(service) = service {
-                    self.apply::<Service>(&c.client, &*service).await?;
-                }
+                self.apply::<Service>(&c.client, &*service).await?;
                 let applied = self.apply(&c.client, &*deployment).await?;
                 deployment_status(job.key, &applied, &[], self.gang_timeout())
             }

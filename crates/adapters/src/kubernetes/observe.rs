@@ -158,6 +158,7 @@ fn blank(key: JobKey, meta: &ObjectMeta) -> JobStatus {
         finished_at: None,
         cancelling: meta.deletion_timestamp.is_some(),
         output: None,
+        url: None,
     }
 }
 
@@ -228,6 +229,13 @@ fn unplaceable(status: &mut JobStatus, pods: &[&Pod], gang_timeout: Duration) {
 /// (inference serves until Berth stops it).
 pub fn deployment_status(key: JobKey, deployment: &Deployment, pods: &[&Pod], gang_timeout: Duration) -> JobStatus {
     let mut status = blank(key, &deployment.metadata);
+    // Its Service has its name, port 80.
+    let meta = &deployment.metadata;
+    status.url = Some(format!(
+        "http://{}.{}.svc",
+        meta.name.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default()
+    ));
     if let Some(stuck) = stuck(pods) {
         status.state = JobState::Failed;
         status.reason = Some(stuck);

@@ -448,6 +448,7 @@ fn status(job: &Job) -> JobStatus {
         finished_at: if is_final { at(job.end_time) } else { None },
         cancelling: !is_final && cancel_deadline(&job.comment).is_some(),
         output: job.output.clone(),
+        url: None,
     }
 }
 
@@ -579,6 +580,7 @@ impl ClusterBackend for SlurmCluster {
             finished_at: None,
             cancelling: false,
             output: wire::output_path("", &self.working_directory, id, &job.key.name(), &self.user),
+            url: None,
         })
     }
 
@@ -661,6 +663,7 @@ mod tests {
             resume: false,
             grace_seconds: 30,
             api: None,
+            notebook_token: None,
         }
     }
 

@@ -1210,3 +1210,61 @@ async fn a_job_that_acknowledges_its_checkpoint_is_released_then_and_one_that_do
         assert_ne!(env["BERTH_JOB_TOKEN"], "", "{name}: a token for the new attempt");
     }
 }
+
+/// A notebook answers at its URL and opens with a token only its owner (and team admins)
+/// may read; activity it reports keeps it; once idle for its timeout it is stopped and its
+/// GPUs go to the work that waits.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_idle_notebook_is_stopped_after_its_timeout_and_its_gpus_freed(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 8, Some(8)).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    let notebook = json!({"kind": "notebook", "notebook": {"idle_timeout_seconds": 600},
+                          "sim": {"duration_seconds": 1_000_000}});
+    p.submit("t", "nb", 1, 8.0, notebook).await;
+    p.settle().await;
+    let nb = p.workload("t", "nb").await;
+    assert_eq!(nb.status.phase, Phase::Running);
+    let url = nb.status.backend_ref.as_ref().unwrap().url.clone().unwrap();
+    assert!(url.starts_with("http://sim-") && url.ends_with(".sim.invalid"), "{url}");
+    let env = p.environment("sim-a", &nb).await;
+    let endpoint =
+        berth_app::workload::workload_endpoint(&p.ctx.db, &p.actor, Some(&support::issuer()), "t", "nb").await.unwrap();
+    assert_eq!((endpoint.url.as_str(), endpoint.token.as_deref()), (url.as_str(), Some(env["JUPYTER_TOKEN"].as_str())));
+    let started = nb.status.started_at.unwrap();
+    assert_eq!(endpoint.idle_stop_at, Some(started + chrono::TimeDelta::seconds(600)));
+    // The token opens the notebook: a teammate who may not cancel it may not read it.
+    let bob = berth_core::auth::Principal {
+        subject: "bob".into(),
+        grants: vec![berth_core::auth::Grant { role: berth_core::auth::Role::Member, team: Some("t".into()) }],
+        ..p.actor.principal.clone()
+    };
+    let teammate = berth_app::context::OpContext::for_request(&p.ctx.db, bob, None, "berth").await.unwrap();
+    let refused = berth_app::workload::workload_endpoint(&p.ctx.db, &teammate, None, "t", "nb").await.unwrap_err();
+    assert!(matches!(refused, berth_core::Error::Forbidden(_)), "{refused:?}");
+
+    p.submit("t", "waiting", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("t", "waiting").await, Phase::Pending);
+    // Used after 500 s: the timeout counts from then.
+    p.advance(500);
+    let job = p.caller(&env["BERTH_JOB_TOKEN"]).await;
+    berth_app::workload::workload_activity(&p.ctx.db, &job, "t", "nb", p.ctx.clock.now()).await.unwrap();
+    p.advance(599);
+    p.settle().await;
+    assert_eq!(p.phase("t", "nb").await, Phase::Running, "599 s after its last activity");
+    p.advance(2);
+    p.settle().await;
+    let stopping = p.workload("t", "nb").await;
+    assert_eq!(stopping.status.cancellation.as_ref().unwrap().by, berth_controllers::idle::IDLE_CANCELLED_BY);
+    // Stopped as a cancel stops it: SIGTERM, and the grace period (30 s) to save.
+    p.advance(30);
+    p.settle().await;
+    let stopped = p.workload("t", "nb").await;
+    assert_eq!(stopped.status.phase, Phase::Cancelled, "{:?}", stopped.status);
+    let events = p.events(&stopped).await;
+    assert_eq!(events, ["Created", "Admitted", "Running", "IdleTimeout", "StopRequested", "Cancelled"]);
+    assert_eq!(p.phase("t", "waiting").await, Phase::Running, "its GPUs went to the work that waited");
+    let late = berth_app::workload::workload_activity(&p.ctx.db, &job, "t", "nb", p.ctx.clock.now()).await;
+    assert!(matches!(late, Err(berth_core::Error::Conflict { .. })), "{late:?}");
+}

@@ -9,7 +9,7 @@ use berth_adapters::sim::Clock;
 use berth_adapters::{JobStatus, Registry};
 use berth_app::context::OpContext;
 use berth_controllers::{
-    Config, Context, budgets, cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync,
+    Config, Context, budgets, cluster_health, deletion, dispatcher, idle, orphans, preemption, scheduler, status_sync,
 };
 use berth_core::workload::{Phase, Workload};
 use berth_store::PgPool;
@@ -108,6 +108,7 @@ impl Plane {
         dispatcher::reconcile(c).await.unwrap();
         status_sync::reconcile(c).await.unwrap();
         preemption::reconcile(c).await.unwrap();
+        idle::reconcile(c).await.unwrap();
         deletion::reconcile(c).await.unwrap();
         orphans::reconcile(c).await.unwrap();
     }
@@ -182,6 +183,6 @@ impl Plane {
 }
 
 /// The issuer of the tokens jobs get here.
-fn issuer() -> berth_auth::BerthIssuer {
+pub fn issuer() -> berth_auth::BerthIssuer {
     berth_auth::BerthIssuer::new("berth", "berth", &[7; 32]).unwrap()
 }

@@ -409,6 +409,59 @@ async fn a_job_that_acknowledges_its_checkpoint_on_slurm_or_kubernetes_is_stoppe
     std::fs::remove_file(token_file).unwrap();
 }
 
+/// A notebook on Kubernetes answers at its Service: `status.backend_ref.url` names a
+/// Service that selects its running pod, whose container listens on the Service's target
+/// port and opens with the token the endpoint call gives its owner. The notebook reports
+/// activity with its own token; once cancelled, its Service goes with it.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_notebook_on_kubernetes_answers_at_its_service_and_opens_with_its_token(db: berth_store::PgPool) {
+    let p = Plane::start_with_kubernetes(db, &[], Some(vec![FakeNode::gpu("k8s-0", 8, "H100")])).await;
+    p.team("nlp", &[("h100", 8)]).await;
+    let tasks = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}});
+    let run = json!({"image": "quay.io/jupyter/pytorch-notebook:2025-01-01",
+                     "command": ["start-notebook.py", "--port", "8080"]});
+    let spec = json!({"kind": "notebook", "tasks": tasks, "run": run, "notebook": {"idle_timeout_seconds": 3600}});
+    p.submit("nlp", "nb", spec).await;
+    let nb = p.wait("nlp", "nb", "running", |w| w.status.phase == Phase::Running).await;
+    let url = nb.status.backend_ref.as_ref().unwrap().url.clone().expect("a notebook has a URL");
+    let key = berth_controllers::job_key(&nb).name();
+    let kube = p.kube.as_ref().unwrap();
+    let services = kube.objects("services");
+    let service = services.iter().find(|s| s["metadata"]["name"] == key.as_str()).expect("its Service");
+    let namespace = service["metadata"]["namespace"].as_str().unwrap();
+    assert_eq!(url, format!("http://{key}.{namespace}.svc"));
+    assert_eq!(service["spec"]["selector"][KEY_LABEL], key.as_str());
+    assert_eq!(service["spec"]["ports"][0]["port"], 80);
+    let target = service["spec"]["ports"][0]["targetPort"].clone();
+    let pods = kube.objects("pods");
+    let pod = pods.iter().find(|pod| pod["metadata"]["labels"][KEY_LABEL] == key.as_str()).expect("its pod");
+    assert_eq!(pod["status"]["phase"], "Running", "the Service selects a running pod");
+    assert_eq!(pod["metadata"]["namespace"], namespace);
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["ports"][0]["containerPort"], target, "the pod listens where the Service sends");
+    let env = |name: &str| -> String {
+        let vars = container["env"].as_array().unwrap();
+        vars.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).unwrap_or_default().to_owned()
+    };
+    let issuer = berth_auth::BerthIssuer::new("berth", "berth", &[7; 32]).unwrap();
+    let endpoint =
+        berth_app::workload::workload_endpoint(&p.ctx.db, &p.actor, Some(&issuer), "nlp", "nb").await.unwrap();
+    assert_eq!(endpoint.url, url);
+    assert_eq!(endpoint.token.as_deref(), Some(env("JUPYTER_TOKEN").as_str()), "the token opens this notebook");
+    // The notebook says it is used, with the token in its environment.
+    let job = p.caller(&env("BERTH_JOB_TOKEN")).await;
+    berth_app::workload::workload_activity(&p.ctx.db, &job, "nlp", "nb", chrono::Utc::now()).await.unwrap();
+    assert!(p.workload("nlp", "nb").await.status.last_activity_at.is_some());
+
+    berth_app::workload::workload_cancel(&p.ctx.db, &p.actor, "nlp", "nb", None).await.unwrap();
+    p.wait("nlp", "nb", "cancelled", |w| w.status.phase == Phase::Cancelled).await;
+    support::eventually("its Service to go", || async {
+        kube.objects("services").iter().all(|s| s["metadata"]["name"] != key.as_str()).then_some(())
+    })
+    .await;
+    p.stop().await;
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn kubernetes_pods_that_cannot_start_where_berth_placed_them_are_withdrawn_and_requeued(db: berth_store::PgPool) {
     let p = Plane::start_with_kubernetes(db, &[], Some(vec![FakeNode::gpu("k8s-0", 8, "H100")])).await;

@@ -35,7 +35,7 @@ pub struct Plane {
     /// The API server of the Kubernetes cluster `kube`, when there is one.
     pub kube: Option<TestApiServer>,
     controllers: JoinSet<()>,
-    actor: OpContext,
+    pub actor: OpContext,
 }
 
 impl Plane {
