@@ -385,6 +385,7 @@ async fn workload_activity(
         ("name" = String, Path, description = "Workload name")),
     responses(
         (status = 200, description = "Its endpoint", body = berth_core::workload::Endpoint),
+        (status = 403, description = "The caller is neither its owner nor an admin of its team", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "It serves nothing (yet)", body = crate::problem::Problem, content_type = "application/problem+json")))]
 async fn get_workload_endpoint(
     State(s): State<AppState>,

@@ -480,6 +480,10 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     bare["spec"]["run"] = json!({"command": ["python", "train.py"]});
     let r = s.send(Method::PUT, "/api/v1/teams/research/workloads/bare?dry_run=true", Some(&bare), &[]).await;
     assert_eq!(r.status, 200, "{}", r.body);
+    // Nor does it serve inference.
+    bare["spec"]["kind"] = json!("inference");
+    let r = s.send(Method::PUT, "/api/v1/teams/research/workloads/bare", Some(&bare), &[]).await;
+    refused(&r, "/spec/kind", "do not serve inference");
     // A batch names the item at fault and writes nothing.
     let items = json!({"items": [
         {"metadata": {"name": "ok"}, "spec": WorkloadBody::new().json()["spec"]},

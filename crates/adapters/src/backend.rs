@@ -76,6 +76,14 @@ pub struct JobRequest {
     /// A notebook's access token (Jupyter reads `JUPYTER_TOKEN`); never serialized.
     #[serde(skip)]
     pub notebook_token: Option<String>,
+    /// The inference service the job serves (its own workload, or the one it is a replica
+    /// of): on Kubernetes every replica's pods carry it, and the service's Service selects
+    /// them by it.
+    #[serde(default)]
+    pub service: Option<Uuid>,
+    /// How a simulated cluster makes a service's load: `spec.sim.load`.
+    #[serde(default)]
+    pub sim_load: Vec<berth_core::workload::LoadStep>,
 }
 
 /// Berth's API as a job is told of it: the URL it answers at and the job's own token
@@ -282,6 +290,14 @@ pub trait ClusterBackend: Send + Sync {
     async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {
         let _ = request;
         Err(BackendError::Unsupported(format!("{} clusters serve no logs of job {key}", self.kind().as_str())))
+    }
+
+    /// The load of the inference service the job runs, as its autoscaler reads it: the
+    /// value of `query` from the cluster's metrics source (a simulated cluster follows the
+    /// job's `sim_load` and needs no query); `None` while there is none.
+    async fn load(&self, key: JobKey, query: Option<&str>) -> Result<Option<f64>, BackendError> {
+        let _ = query;
+        Err(BackendError::Unsupported(format!("{} clusters read no load of job {key}", self.kind().as_str())))
     }
 
     /// Sets how many replicas a serving job (inference, notebook) runs.

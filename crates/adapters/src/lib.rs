@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod kubernetes;
+mod prometheus;
 mod scrub;
 pub mod sim;
 pub mod slurm;

@@ -113,6 +113,10 @@ impl ClusterBackend for Scrubbed {
         self.inner.cancel(key, grace).await.map_err(|e| self.clean(e))
     }
 
+    async fn load(&self, key: JobKey, query: Option<&str>) -> Result<Option<f64>, BackendError> {
+        self.inner.load(key, query).await.map_err(|e| self.clean(e))
+    }
+
     async fn scale(&self, key: JobKey, replicas: u32) -> Result<(), BackendError> {
         self.inner.scale(key, replicas).await.map_err(|e| self.clean(e))
     }

@@ -655,6 +655,16 @@ impl ClusterBackend for SimCluster {
         Ok(stream.boxed())
     }
 
+    async fn load(&self, key: JobKey, _query: Option<&str>) -> Result<Option<f64>, BackendError> {
+        let (s, now) = self.reach()?;
+        let Some(&j) = s.by_key.get(&key) else { return Ok(None) };
+        let job = &s.jobs[j];
+        let Some(started) = job.started_ms.filter(|_| job.state == JobState::Running) else { return Ok(None) };
+        let elapsed = (now - started) as f64 * s.config.time_scale / 1000.0;
+        let began = job.request.sim_load.iter().filter(|step| step.after_seconds <= elapsed);
+        Ok(began.max_by(|a, b| a.after_seconds.total_cmp(&b.after_seconds)).map(|step| step.value))
+    }
+
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
         let (mut s, now) = self.reach()?;
         let Some(&j) = s.by_key.get(&key) else { return Ok(()) };
@@ -710,6 +720,8 @@ mod tests {
             grace_seconds: 30,
             api: None,
             notebook_token: None,
+            service: None,
+            sim_load: Vec::new(),
         }
     }
 

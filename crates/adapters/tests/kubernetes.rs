@@ -84,6 +84,8 @@ fn job(kind: WorkloadKind, tasks: u32, gpus: u32, nodes: &[&str], env: &[(&str, 
         grace_seconds: 30,
         api: None,
         notebook_token: None,
+        service: None,
+        sim_load: Vec::new(),
     }
 }
 

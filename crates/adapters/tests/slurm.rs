@@ -63,6 +63,8 @@ fn job(tasks: u32, gpus: u32, nodes: &[&str], script: &str) -> JobRequest {
         grace_seconds: 30,
         api: None,
         notebook_token: None,
+        service: None,
+        sim_load: Vec::new(),
     }
 }
 

@@ -195,6 +195,7 @@ fn impossible(facts: &Facts, team: &str, specs: &[(String, &WorkloadSpec)]) -> V
 fn field(why: &Impossible) -> &'static str {
     match why {
         Impossible::AboveGuarantee { .. } => "/spec/preemptible",
+        Impossible::NotCapable { missing, .. } if missing.contains("spec.kind") => "/spec/kind",
         Impossible::NotCapable { missing, .. } if missing.contains("spec.run.image") => "/spec/run/image",
         Impossible::NotCapable { missing, .. } if missing.contains("spec.run.command") => "/spec/run/command",
         // Each task fits a node, but not as many tasks on any cluster (or block).

@@ -262,5 +262,11 @@ pub fn request(w: &Workload, grace: Duration, api: Option<&crate::JobApiConfig>)
         notebook_token: api
             .filter(|_| w.spec.kind == berth_core::workload::WorkloadKind::Notebook)
             .map(|api| api.issuer.notebook_token(berth_core::auth::WorkloadScope::of(w))),
+        service: w.metadata.labels.get(berth_core::workload::REPLICA_OF_LABEL).and_then(|uid| uid.parse().ok()).or((w
+            .spec
+            .kind
+            == berth_core::workload::WorkloadKind::Inference)
+            .then_some(w.metadata.uid)),
+        sim_load: w.spec.sim.as_ref().map(|s| s.load.clone()).unwrap_or_default(),
     }
 }

@@ -23,6 +23,7 @@
 //! [`Context::begin`], which fences it with the lease's epoch ([`leader`]): a replica that
 //! lost the lease cannot write.
 
+pub mod autoscaler;
 pub mod budgets;
 mod clock;
 pub mod cluster_health;

@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::{
-    Context, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption, retention, scheduler,
-    status_sync,
+    Context, autoscaler, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption,
+    retention, scheduler, status_sync,
 };
 
 /// The channel the store's triggers notify on.
@@ -73,13 +73,14 @@ pass!(retention_pass, retention);
 pass!(estimates_pass, estimates);
 pass!(budgets_pass, budgets);
 pass!(idle_pass, idle);
+pass!(autoscaler_pass, autoscaler);
 
 /// Starts every controller (the one list of them); they run until the returned set is
 /// shut down.
 pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
     let c = &ctx.config;
     let woken: Vec<Arc<Notify>> = (0..5).map(|_| Arc::new(Notify::new())).collect();
-    let loops: [Loop; 11] = [
+    let loops: [Loop; 12] = [
         ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
         ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
         ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
@@ -91,6 +92,7 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
         ("estimates", None, ESTIMATE_PERIOD, Duration::ZERO, estimates_pass),
         ("budgets", Some(woken[4].clone()), BUDGET_PERIOD, BUDGET_GAP, budgets_pass),
         ("idle", None, c.resync, Duration::ZERO, idle_pass),
+        ("autoscaler", None, c.health_interval, Duration::ZERO, autoscaler_pass),
     ];
     let mut set = JoinSet::new();
     for (name, wake, every, gap, pass) in loops {

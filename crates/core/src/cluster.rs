@@ -34,6 +34,9 @@ pub struct Capabilities {
     /// Whether a workload must give what to run (`spec.run.script` or `spec.run.command`):
     /// a Slurm job is a batch script.
     pub requires_command: bool,
+    /// Whether it serves inference (a long-running service behind an address): Slurm runs
+    /// batch jobs and does not.
+    pub serves_inference: bool,
 }
 
 impl ClusterKind {
@@ -41,9 +44,24 @@ impl ClusterKind {
     /// has shards: [`ClusterSpec::capabilities`]).
     pub fn capabilities(self) -> Capabilities {
         match self {
-            Self::Slurm => Capabilities { fractional_gpus: false, requires_image: false, requires_command: true },
-            Self::Kubernetes => Capabilities { fractional_gpus: false, requires_image: true, requires_command: false },
-            Self::Sim => Capabilities { fractional_gpus: true, requires_image: false, requires_command: false },
+            Self::Slurm => Capabilities {
+                fractional_gpus: false,
+                requires_image: false,
+                requires_command: true,
+                serves_inference: false,
+            },
+            Self::Kubernetes => Capabilities {
+                fractional_gpus: false,
+                requires_image: true,
+                requires_command: false,
+                serves_inference: true,
+            },
+            Self::Sim => Capabilities {
+                fractional_gpus: true,
+                requires_image: false,
+                requires_command: false,
+                serves_inference: true,
+            },
         }
     }
 
@@ -178,6 +196,11 @@ pub struct KubernetesSpec {
     #[serde(default = "default_gang_timeout")]
     #[schema(example = 300)]
     pub gang_timeout_seconds: u64,
+    /// The Prometheus whose queries give inference services their load
+    /// (`spec.inference.query`), e.g. `http://prometheus.monitoring:9090`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "http://prometheus.monitoring:9090")]
+    pub prometheus_url: Option<String>,
 }
 
 /// The nodes of one flavor on a Kubernetes cluster.
@@ -644,6 +667,11 @@ fn validate_kubernetes(v: &mut Validator, k: &KubernetesSpec) {
     v.check((1..=86_400).contains(&k.gang_timeout_seconds), "/spec/kubernetes/gang_timeout_seconds", || {
         "must be 1 to 86400".into()
     });
+    if let Some(url) = &k.prometheus_url {
+        let http = url.starts_with("http://") || url.starts_with("https://");
+        let ok = http && url.len() <= 2048 && !url.chars().any(char::is_whitespace);
+        v.check(ok, "/spec/kubernetes/prometheus_url", || "must be an http:// or https:// URL".into());
+    }
 }
 
 fn validate_node_groups(v: &mut Validator, groups: &[NodeGroup]) {

@@ -298,20 +298,78 @@ impl PreemptionPolicy {
     }
 }
 
-/// Replica bounds of an inference service.
+/// Replica bounds of an inference service and what its autoscaler keeps each replica at.
+///
+/// With a target, the service runs `min_replicas` as the workload itself (its
+/// `tasks.count`) and each replica above that as a workload of its own, named
+/// `{name}-r{n}` and labelled `berth.dev/replica-of: <uid>`: admitted like any work (within
+/// the team's limit and fair share, borrowing and preemptible), so a replica that cannot
+/// be admitted waits with its reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Inference {
-    /// At most `max_replicas`.
+    /// At most `max_replicas`; with a target, at least 1 and equal to `tasks.count`.
     #[schema(maximum = 1000)]
     pub min_replicas: u32,
     #[schema(minimum = 1, maximum = 1000)]
     pub max_replicas: u32,
-    /// Target utilization (above 0, at most 1) the autoscaler keeps replicas at.
+    /// GPU utilization per replica (above 0, at most 1) the autoscaler keeps: the load is
+    /// the replicas' utilization summed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(exclusive_minimum = 0, maximum = 1)]
     pub target_utilization: Option<f64>,
+    /// Requests in flight per replica the autoscaler keeps: the load is the requests in
+    /// flight of all replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0)]
+    pub target_in_flight: Option<f64>,
+    /// The PromQL query whose value is the service's load, asked of its cluster's
+    /// Prometheus (`spec.kubernetes.prometheus_url`); on a simulated cluster the load is
+    /// `spec.sim.load`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
+    pub query: Option<String>,
+    /// How long the load must have asked for fewer replicas before they are removed (to
+    /// the most it asked for in that time), as Kubernetes' HPA: 0 to 3,600 s, 300 when
+    /// left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 3600)]
+    pub scale_down_stabilization_seconds: Option<u32>,
 }
+
+impl Inference {
+    /// The load one replica should carry, when the service scales.
+    pub fn target(&self) -> Option<f64> {
+        self.target_in_flight.or(self.target_utilization)
+    }
+}
+
+/// The replicas of an autoscaled inference service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Replicas {
+    /// Replicas that run (its own tasks and its replica workloads that run).
+    pub current: u32,
+    /// Replicas the load asks for, within the bounds.
+    pub desired: u32,
+    /// The load last read, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_read_at: Option<DateTime<Utc>>,
+    /// Why a replica waits (the scheduler's reason for the first one that does), or why
+    /// the load cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+    /// Since when the load asks for fewer replicas than it has, and the most it asked for
+    /// since (the stabilization window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_since: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_max: Option<u32>,
+}
+
+/// The label a replica workload carries: the uid of the service it serves.
+pub const REPLICA_OF_LABEL: &str = "berth.dev/replica-of";
 
 /// How a simulated cluster runs the workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -320,6 +378,21 @@ pub struct SimRun {
     /// Run time on the simulated clock.
     #[schema(example = 600, exclusive_minimum = 0, maximum = 100_000_000)]
     pub duration_seconds: f64,
+    /// An inference service's load over its run: each step holds from `after_seconds`
+    /// (simulated, since it started) until the next.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 1000)]
+    pub load: Vec<LoadStep>,
+}
+
+/// One step of a simulated load curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadStep {
+    #[schema(minimum = 0)]
+    pub after_seconds: f64,
+    #[schema(minimum = 0)]
+    pub value: f64,
 }
 
 /// Where the scheduler put the workload.
@@ -422,6 +495,9 @@ pub struct WorkloadStatus {
     /// in this attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity_at: Option<DateTime<Utc>>,
+    /// An autoscaled inference service's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Replicas>,
     /// When the workload became `Unknown` (its cluster stopped answering), or its cluster
     /// stopped answering while it was being preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -572,6 +648,12 @@ impl WorkloadApply {
                 format!("must match the team in the path ({team:?}) or be omitted")
             });
         }
+        // Which service a workload's pods answer for is Berth's to say: a workload that
+        // named another's would take its traffic.
+        let replica_of = self.metadata.labels.as_ref().is_some_and(|l| l.contains_key(REPLICA_OF_LABEL));
+        v.check(!replica_of, "/metadata/labels/berth.dev~1replica-of", || {
+            "is set by Berth on the replicas an autoscaler adds, not by a workload's author".into()
+        });
         let s = &self.spec;
         v.check(PRIORITY_RANGE.contains(&s.priority), "/spec/priority", || "must be between -1000 and 1000".into());
         validate_tasks(&mut v, &s.tasks);
@@ -612,6 +694,35 @@ impl WorkloadApply {
                         "must be above 0 and at most 1".into()
                     });
                 }
+                if let Some(t) = inf.target_in_flight {
+                    v.check(t > 0.0 && t <= 1e9, "/spec/inference/target_in_flight", || {
+                        "must be above 0 and at most 1000000000".into()
+                    });
+                    v.check(inf.target_utilization.is_none(), "/spec/inference/target_utilization", || {
+                        "set one target: target_in_flight or target_utilization".into()
+                    });
+                }
+                if inf.target().is_some() {
+                    v.check(inf.min_replicas >= 1, "/spec/inference/min_replicas", || {
+                        "must be at least 1 for a service that scales (it does not scale to zero)".into()
+                    });
+                    v.check(s.tasks.count == inf.min_replicas, "/spec/tasks/count", || {
+                        format!(
+                            "is the replicas the service always runs: set it to min_replicas ({})",
+                            inf.min_replicas
+                        )
+                    });
+                }
+                if let Some(q) = &inf.query {
+                    v.check(!q.trim().is_empty() && q.len() <= 4096, "/spec/inference/query", || {
+                        "must be a PromQL query of 1 to 4096 characters".into()
+                    });
+                }
+                if let Some(w) = inf.scale_down_stabilization_seconds {
+                    v.check(w <= 3600, "/spec/inference/scale_down_stabilization_seconds", || {
+                        "must be at most 3600".into()
+                    });
+                }
             }
             (None, _) => {}
         }
@@ -632,6 +743,13 @@ impl WorkloadApply {
             v.check(sim.duration_seconds > 0.0 && sim.duration_seconds <= 1e8, "/spec/sim/duration_seconds", || {
                 "must be above 0 and at most 100000000".into()
             });
+            v.check(sim.load.len() <= 1000, "/spec/sim/load", || "at most 1000 steps".into());
+            for (i, step) in sim.load.iter().enumerate() {
+                let ok = |x: f64| x.is_finite() && (0.0..=1e9).contains(&x);
+                v.check(ok(step.after_seconds) && ok(step.value), format!("/spec/sim/load/{i}"), || {
+                    "after_seconds and value must be 0 to 1000000000".into()
+                });
+            }
         }
         v.finish()
     }
@@ -809,10 +927,31 @@ mod tests {
     #[test]
     fn inference_settings_only_fit_inference_workloads() {
         let mut spec = WorkloadSpec::example("h100", 1.0);
-        spec.inference = Some(Inference { min_replicas: 1, max_replicas: 2, target_utilization: None });
+        spec.inference = Some(Inference {
+            min_replicas: 1,
+            max_replicas: 2,
+            target_utilization: None,
+            target_in_flight: None,
+            query: None,
+            scale_down_stabilization_seconds: None,
+        });
         assert_eq!(fields(apply(spec.clone()).validate("t", "w")), ["/spec/inference"]);
         spec.kind = WorkloadKind::Inference;
-        assert!(apply(spec).validate("t", "w").is_ok());
+        assert!(apply(spec.clone()).validate("t", "w").is_ok());
+        // A service that scales runs min_replicas itself, and has one target.
+        let inference = spec.inference.as_mut().unwrap();
+        (inference.min_replicas, inference.target_in_flight, inference.target_utilization) = (0, Some(8.0), Some(0.5));
+        assert_eq!(
+            fields(apply(spec.clone()).validate("t", "w")),
+            ["/spec/inference/target_utilization", "/spec/inference/min_replicas", "/spec/tasks/count"]
+        );
+        let inference = spec.inference.as_mut().unwrap();
+        (inference.min_replicas, inference.target_utilization) = (1, None);
+        assert!(apply(spec.clone()).validate("t", "w").is_ok());
+        // Which service a workload answers for is Berth's to say.
+        let mut labelled = apply(spec);
+        labelled.metadata.labels = Some([(REPLICA_OF_LABEL.to_owned(), "x".to_owned())].into());
+        assert_eq!(fields(labelled.validate("t", "w")), ["/metadata/labels/berth.dev~1replica-of"]);
     }
 
     #[test]

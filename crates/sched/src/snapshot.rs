@@ -373,7 +373,9 @@ impl Pending {
     /// when it can.
     pub fn missing_capability(&self, cluster: &Cluster) -> Option<&'static str> {
         let can = cluster.capabilities();
-        if self.tasks.is_fractional() && !can.fractional_gpus {
+        if self.kind == WorkloadKind::Inference && !can.serves_inference {
+            Some("do not serve inference (they run batch jobs), and it is an inference service (spec.kind)")
+        } else if self.tasks.is_fractional() && !can.fractional_gpus {
             Some("cannot share a GPU, and it asks for a fraction of one")
         } else if can.requires_image && !self.has_image {
             Some("run only containers, and it names no image (spec.run.image)")

@@ -856,9 +856,31 @@ pub async fn workload_list_idle_candidates(db: impl PgExecutor<'_>) -> Result<Ve
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                   generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads
-           WHERE phase = 'Running' AND spec ? 'notebook' AND deletion_timestamp IS NULL
+           FROM workloads -- the first line is the predicate of the index workloads_serving
+           WHERE kind IN ('inference', 'notebook') AND phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+             AND phase = 'Running' AND spec ? 'notebook' AND deletion_timestamp IS NULL
              AND NOT status ? 'cancellation'
+           ORDER BY uid"#,
+    )
+    .fetch_all(db)
+    .await
+    .map(|rows| rows.into_iter().map(Workload::from).collect())
+    .map_err(db_error)
+}
+
+/// Unfinished inference workloads: the services (with `spec.inference`) and their replica
+/// workloads (labelled `berth.dev/replica-of`), by uid (what the autoscaler looks at).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_list_serving(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
+    sqlx::query_as!(
+        WorkloadRow,
+        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+           FROM workloads -- the first line is the predicate of the index workloads_serving
+           WHERE kind IN ('inference', 'notebook') AND phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+             AND kind = 'inference' AND (spec ? 'inference' OR labels ? 'berth.dev/replica-of')
            ORDER BY uid"#,
     )
     .fetch_all(db)

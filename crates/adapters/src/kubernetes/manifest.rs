@@ -17,6 +17,9 @@ use crate::backend::{BackendError, JobKey, JobRequest};
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "berth");
 /// Label carrying the [`JobKey`] name on Berth's objects and their pods.
 pub const KEY_LABEL: &str = "berth.dev/job-key";
+
+/// The label on a serving job's pods naming the service (workload uid) they answer for.
+pub const SERVICE_LABEL: &str = "berth.dev/service";
 /// The notice on a stopping job's pods (before their SIGTERM): when they are stopped for
 /// good (RFC 3339), which a container reads through the downward API.
 pub const STOP_BY_ANNOTATION: &str = "berth.dev/stop-by";
@@ -36,7 +39,7 @@ const SERVE_PORT: u16 = 8080;
 #[derive(Debug, Clone)]
 pub enum Manifest {
     Job(Box<Job>),
-    Deployment { deployment: Box<Deployment>, service: Box<Service> },
+    Deployment { deployment: Box<Deployment>, service: Option<Box<Service>> },
 }
 
 /// The namespace a team's work runs in.
@@ -74,7 +77,13 @@ pub fn manifest(spec: &KubernetesSpec, job: &JobRequest, block: Option<&str>) ->
     })?;
     let namespace = namespace_of(spec, &job.team);
     let name = job.key.name();
-    let labels = json!({MANAGED_BY.0: MANAGED_BY.1, KEY_LABEL: name});
+    let serves = matches!(job.kind, WorkloadKind::Inference | WorkloadKind::Notebook);
+    // The service its pods answer for: its own, or the one it is a replica of.
+    let service_uid = job.service.unwrap_or(job.key.workload).to_string();
+    let mut labels = json!({MANAGED_BY.0: MANAGED_BY.1, KEY_LABEL: name});
+    if serves {
+        labels[SERVICE_LABEL] = json!(service_uid);
+    }
     let metadata = json!({
         "name": name,
         "namespace": namespace,
@@ -88,7 +97,6 @@ pub fn manifest(spec: &KubernetesSpec, job: &JobRequest, block: Option<&str>) ->
             "berth.dev/nodes": job.nodes.join(","),
         },
     });
-    let serves = matches!(job.kind, WorkloadKind::Inference | WorkloadKind::Notebook);
     let pod = pod_spec(spec, flavor, job, image, block, if serves { "Always" } else { "Never" });
     let template = json!({"metadata": {"labels": labels}, "spec": pod});
     if !serves {
@@ -126,16 +134,20 @@ pub fn manifest(spec: &KubernetesSpec, job: &JobRequest, block: Option<&str>) ->
             "template": template,
         },
     })));
-    // Every service is reached through its Service: an inference endpoint, a notebook.
-    let service = Box::new(typed(json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata,
-        "spec": {
-            "selector": {KEY_LABEL: name},
-            "ports": [{"name": "http", "port": 80, "targetPort": SERVE_PORT}],
-        },
-    })));
+    // Every service is reached through its Service (an inference endpoint, a notebook),
+    // which selects the pods of all its replicas; a replica adds pods, not a Service.
+    let own = job.service.is_none_or(|s| s == job.key.workload);
+    let service = own.then(|| {
+        Box::new(typed(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {
+                "selector": {SERVICE_LABEL: service_uid},
+                "ports": [{"name": "http", "port": 80, "targetPort": SERVE_PORT}],
+            },
+        })))
+    });
     Ok(Manifest::Deployment { deployment, service })
 }
 
@@ -260,6 +272,8 @@ mod tests {
             grace_seconds: 30,
             api: None,
             notebook_token: None,
+            service: None,
+            sim_load: Vec::new(),
         }
     }
 
@@ -321,8 +335,19 @@ mod tests {
         assert_eq!(d["spec"]["replicas"], 2);
         assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
         assert!(d["spec"]["template"]["spec"]["nodeSelector"].get("berth.dev/topology-block").is_none());
-        let s = serde_json::to_value(service).unwrap();
-        assert_eq!(s["spec"]["selector"][KEY_LABEL], d["metadata"]["name"]);
+        let s = serde_json::to_value(service.expect("its own Service")).unwrap();
+        let uid = r.key.workload.to_string();
+        assert_eq!(s["spec"]["selector"][SERVICE_LABEL], uid.as_str());
+        assert_eq!(d["spec"]["template"]["metadata"]["labels"][SERVICE_LABEL], uid.as_str());
+        // A replica of another service: its pods answer for that one, and it has no Service.
+        let parent = uuid::Uuid::now_v7();
+        let replica = JobRequest { service: Some(parent), ..r };
+        let Manifest::Deployment { deployment, service } = manifest(&spec(), &replica, None).unwrap() else {
+            panic!("a replica makes a Deployment")
+        };
+        assert!(service.is_none());
+        let d = serde_json::to_value(&deployment).unwrap();
+        assert_eq!(d["spec"]["template"]["metadata"]["labels"][SERVICE_LABEL], parent.to_string());
     }
 
     #[test]

@@ -42,7 +42,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use self::manifest::{CONTAINER, Manifest, key_of};
-pub use self::manifest::{KEY_LABEL, MANAGED_BY, PRODUCT_LABEL};
+pub use self::manifest::{KEY_LABEL, MANAGED_BY, PRODUCT_LABEL, SERVICE_LABEL};
 use self::observe::{deployment_status, job_status, key_selector, pods_by_key};
 use crate::backend::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest, JobStatus, LogRequest, LogStream};
 
@@ -355,7 +355,9 @@ impl ClusterBackend for KubernetesCluster {
                 job_status(job.key, &applied, &[], self.gang_timeout())
             }
             Manifest::Deployment { deployment, service } => {
-                self.apply::<Service>(&c.client, &*service).await?;
+                if let Some(service) = service {
+                    self.apply::<Service>(&c.client, &*service).await?;
+                }
                 let applied = self.apply(&c.client, &*deployment).await?;
                 deployment_status(job.key, &applied, &[], self.gang_timeout())
             }
@@ -429,6 +431,16 @@ impl ClusterBackend for KubernetesCluster {
         // The garbage collector deletes the pods with their own grace period, whatever
         // the owner's deletion said.
         if grace.is_zero() { stop_pods_now(c, namespace, key).await } else { Ok(()) }
+    }
+
+    async fn load(&self, key: JobKey, query: Option<&str>) -> Result<Option<f64>, BackendError> {
+        let url = self.spec.prometheus_url.as_deref().ok_or_else(|| {
+            BackendError::Unsupported("the cluster names no Prometheus (spec.kubernetes.prometheus_url)".into())
+        })?;
+        let query = query.ok_or_else(|| {
+            BackendError::Unsupported(format!("job {key} names no query for its load (spec.inference.query)"))
+        })?;
+        crate::prometheus::instant(url, query).await
     }
 
     async fn logs(self: Arc<Self>, key: JobKey, request: LogRequest) -> Result<LogStream, BackendError> {

@@ -229,13 +229,17 @@ fn unplaceable(status: &mut JobStatus, pods: &[&Pod], gang_timeout: Duration) {
 /// (inference serves until Berth stops it).
 pub fn deployment_status(key: JobKey, deployment: &Deployment, pods: &[&Pod], gang_timeout: Duration) -> JobStatus {
     let mut status = blank(key, &deployment.metadata);
-    // Its Service has its name, port 80.
+    // A service's own Service has its name, port 80 (a replica of another service has
+    // none: it answers at that one's).
     let meta = &deployment.metadata;
-    status.url = Some(format!(
-        "http://{}.{}.svc",
-        meta.name.as_deref().unwrap_or_default(),
-        meta.namespace.as_deref().unwrap_or_default()
-    ));
+    let service = meta.labels.as_ref().and_then(|l| l.get(super::SERVICE_LABEL));
+    if service.is_none_or(|s| *s == key.workload.to_string()) {
+        status.url = Some(format!(
+            "http://{}.{}.svc",
+            meta.name.as_deref().unwrap_or_default(),
+            meta.namespace.as_deref().unwrap_or_default()
+        ));
+    }
     if let Some(stuck) = stuck(pods) {
         status.state = JobState::Failed;
         status.reason = Some(stuck);

@@ -664,6 +664,8 @@ mod tests {
             grace_seconds: 30,
             api: None,
             notebook_token: None,
+            service: None,
+            sim_load: Vec::new(),
         }
     }
 

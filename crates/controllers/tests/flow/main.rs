@@ -1268,3 +1268,67 @@ async fn an_idle_notebook_is_stopped_after_its_timeout_and_its_gpus_freed(db: be
     let late = berth_app::workload::workload_activity(&p.ctx.db, &job, "t", "nb", p.ctx.clock.now()).await;
     assert!(matches!(late, Err(berth_core::Error::Conflict { .. })), "{late:?}");
 }
+
+/// An inference service scales with its load under the team's quota: load rises → replicas
+/// are added and admitted like any work, until the team's limit binds and the next one
+/// waits with the quota's reason (which the service's status shows); load falls → replicas
+/// are removed once the stabilization window has passed. At every step the team's
+/// allocation is the service's running replicas.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 4, Some(4)).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    let load = json!([{"after_seconds": 0, "value": 5}, {"after_seconds": 100, "value": 35},
+                      {"after_seconds": 300, "value": 70}, {"after_seconds": 500, "value": 5}]);
+    let spec = json!({"kind": "inference", "sim": {"duration_seconds": 1_000_000, "load": load},
+        "inference": {"min_replicas": 1, "max_replicas": 6, "target_in_flight": 10,
+                      "scale_down_stabilization_seconds": 60}});
+    p.submit("t", "svc", 1, 1.0, spec).await;
+    // What the service has, what it asks for, and what the team holds.
+    let state = async || {
+        let svc = p.workload("t", "svc").await;
+        let r = svc.status.replicas.clone().unwrap_or_default();
+        let team = berth_app::team::team_get(&p.ctx.db, &p.actor, "t").await.unwrap();
+        let held = team.status.usage.first().map_or(0.0, |u| u.allocated);
+        (r.current, r.desired, held, r.waiting)
+    };
+    p.settle().await;
+    assert_eq!(state().await, (1, 1, 1.0, None), "load 5 at 10 per replica: one replica");
+
+    p.advance(100);
+    p.settle().await;
+    assert_eq!(state().await, (4, 4, 4.0, None), "load 35: four replicas, each admitted and running");
+    let replicas = p.jobs("sim-a").await.into_iter().filter(|j| j.state == JobState::Running).count();
+    assert_eq!(replicas, 4, "the cluster runs them");
+    let svc = p.workload("t", "svc").await;
+    assert!(p.events(&svc).await.contains(&"ScaledUp".to_owned()));
+
+    p.advance(200);
+    p.settle().await;
+    let (current, desired, held, waiting) = state().await;
+    assert_eq!((current, desired, held), (4, 6, 4.0), "load 70 asks for 6; the team's limit of 4 binds");
+    let waiting = waiting.expect("why the next replica waits");
+    assert!(waiting.starts_with("replica svc-r") && waiting.contains("limit"), "{waiting}");
+    let r5 = p.workload("t", "svc-r4").await;
+    assert_eq!(r5.status.phase, Phase::Pending);
+    assert_eq!(r5.metadata.labels[berth_core::workload::REPLICA_OF_LABEL], svc.metadata.uid.to_string());
+
+    // The load falls at 500 s: nothing goes before the 60 s window has passed.
+    p.advance(200);
+    p.settle().await;
+    assert_eq!(state().await.0, 4);
+    p.advance(59);
+    p.settle().await;
+    let (current, desired, held, _) = state().await;
+    assert_eq!((current, desired, held), (4, 1, 4.0), "within the window");
+    p.advance(2);
+    p.settle().await;
+    // The replicas removed get 1 s to stop.
+    p.advance(2);
+    p.settle().await;
+    assert_eq!(state().await, (1, 1, 1.0, None), "back to one replica, its GPUs freed");
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM workloads ORDER BY name").fetch_all(&p.ctx.db).await.unwrap();
+    assert_eq!(left, ["svc"], "the replicas are gone");
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use berth_adapters::kubernetes::KEY_LABEL;
+use berth_adapters::kubernetes::{KEY_LABEL, SERVICE_LABEL};
 use berth_core::cluster::ClusterHealth;
 use berth_core::usage::{GroupBy, ReportRequest, Visibility};
 use berth_core::workload::Phase;
@@ -430,12 +430,14 @@ async fn a_notebook_on_kubernetes_answers_at_its_service_and_opens_with_its_toke
     let service = services.iter().find(|s| s["metadata"]["name"] == key.as_str()).expect("its Service");
     let namespace = service["metadata"]["namespace"].as_str().unwrap();
     assert_eq!(url, format!("http://{key}.{namespace}.svc"));
-    assert_eq!(service["spec"]["selector"][KEY_LABEL], key.as_str());
+    let uid = nb.metadata.uid.to_string();
+    assert_eq!(service["spec"]["selector"][SERVICE_LABEL], uid.as_str());
     assert_eq!(service["spec"]["ports"][0]["port"], 80);
     let target = service["spec"]["ports"][0]["targetPort"].clone();
     let pods = kube.objects("pods");
     let pod = pods.iter().find(|pod| pod["metadata"]["labels"][KEY_LABEL] == key.as_str()).expect("its pod");
-    assert_eq!(pod["status"]["phase"], "Running", "the Service selects a running pod");
+    assert_eq!(pod["metadata"]["labels"][SERVICE_LABEL], uid.as_str(), "the Service selects it");
+    assert_eq!(pod["status"]["phase"], "Running");
     assert_eq!(pod["metadata"]["namespace"], namespace);
     let container = &pod["spec"]["containers"][0];
     assert_eq!(container["ports"][0]["containerPort"], target, "the pod listens where the Service sends");
@@ -459,6 +461,79 @@ async fn a_notebook_on_kubernetes_answers_at_its_service_and_opens_with_its_toke
         kube.objects("services").iter().all(|s| s["metadata"]["name"] != key.as_str()).then_some(())
     })
     .await;
+    p.stop().await;
+}
+
+/// An inference service on the test Kubernetes API server scales with the load its
+/// cluster's Prometheus reports: each replica above the first is a Deployment of its own,
+/// pinned where Berth placed it, whose pods the service's one Service selects; the team's
+/// limit binds the next replica, which waits with the reason; when the load falls the
+/// replicas go after the stabilization window. The team holds what runs at every step.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_inference_service_on_kubernetes_scales_with_its_prometheus_load(db: berth_store::PgPool) {
+    let nodes = vec![FakeNode::gpu("k8s-0", 8, "H100"), FakeNode::gpu("k8s-1", 8, "H100")];
+    let p = Plane::start_with_kubernetes(db, &[], Some(nodes)).await;
+    let prometheus = support::FakePrometheus::start(5.0);
+    p.prometheus("kube", &prometheus.url).await;
+    p.team_quotas("nlp", vec![json!({"flavor": "h100", "guaranteed": 3, "limit": 3})]).await;
+    let tasks = json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}});
+    let run = json!({"image": "vllm/vllm-openai:v0.9.0", "command": ["vllm", "serve", "--port", "8080"]});
+    let inference = json!({"min_replicas": 1, "max_replicas": 4, "target_in_flight": 10,
+                           "query": "sum(vllm:num_requests_running{service=\"chat\"})",
+                           "scale_down_stabilization_seconds": 2});
+    let svc =
+        p.submit("nlp", "chat", json!({"kind": "inference", "tasks": tasks, "run": run, "inference": inference})).await;
+    let uid = svc.metadata.uid.to_string();
+    let kube = p.kube.as_ref().unwrap();
+    let plane = &p;
+    let serving = |want: usize| {
+        let uid = uid.clone();
+        async move {
+            let p = plane;
+            let w = p.workload("nlp", "chat").await;
+            let r = w.status.replicas.clone().unwrap_or_default();
+            let team = berth_app::team::team_get(&p.ctx.db, &p.actor, "nlp").await.unwrap();
+            let held = team.status.usage.first().map_or(0.0, |u| u.allocated);
+            let pods = kube.objects("pods");
+            let running = pods
+                .iter()
+                .filter(|pod| {
+                    pod["metadata"]["labels"][SERVICE_LABEL] == uid.as_str() && pod["status"]["phase"] == "Running"
+                })
+                .count();
+            (r.current as usize == want && running == want && held == want as f64).then_some((r, held))
+        }
+    };
+    support::eventually("one replica for load 5", || serving(1)).await;
+
+    prometheus.set(25.0);
+    support::eventually("three replicas for load 25", || serving(3)).await;
+    let deployments = kube.objects("deployments");
+    assert_eq!(deployments.len(), 3, "the service and two replicas");
+    let services = kube.objects("services");
+    assert_eq!(services.len(), 1, "one Service for the service");
+    assert_eq!(services[0]["spec"]["selector"][SERVICE_LABEL], uid.as_str(), "it selects every replica's pods");
+    assert!(prometheus.queries.lock().unwrap().iter().any(|q| q.contains("vllm%3Anum_requests_running")));
+
+    prometheus.set(45.0);
+    let (replicas, _) = support::eventually("the limit binds the fourth", || async {
+        let w = p.workload("nlp", "chat").await;
+        let r = w.status.replicas.clone().unwrap_or_default();
+        (r.desired == 4 && r.waiting.as_deref().is_some_and(|why| why.contains("limit"))).then_some((r, ()))
+    })
+    .await;
+    assert_eq!(replicas.current, 3, "{replicas:?}");
+    println!("the fourth replica: {}", replicas.waiting.unwrap());
+
+    prometheus.set(5.0);
+    let started = std::time::Instant::now();
+    support::eventually("back to one replica", || serving(1)).await;
+    println!("scaled down to 1 replica {:.1} s after the load fell (window 2 s)", started.elapsed().as_secs_f64());
+    support::eventually("the replicas' Deployments gone", || async {
+        (kube.objects("deployments").len() == 1).then_some(())
+    })
+    .await;
+    p.delete_all().await;
     p.stop().await;
 }
 

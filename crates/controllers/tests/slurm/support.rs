@@ -127,6 +127,15 @@ impl Plane {
         berth_app::cluster::cluster_apply(&self.ctx.db, &self.actor, cluster, &body, None).await.unwrap();
     }
 
+    /// Points the Kubernetes cluster at a Prometheus.
+    pub async fn prometheus(&self, cluster: &str, url: &str) {
+        let c = berth_app::cluster::cluster_get(&self.ctx.db, &self.actor, cluster).await.unwrap();
+        let mut spec = serde_json::to_value(&c.spec).unwrap();
+        spec["kubernetes"]["prometheus_url"] = url.into();
+        let body = serde_json::from_value(json!({ "spec": spec })).unwrap();
+        berth_app::cluster::cluster_apply(&self.ctx.db, &self.actor, cluster, &body, None).await.unwrap();
+    }
+
     /// The caller a job is when it calls the API with `token`, authenticated as berthd
     /// does it.
     pub async fn caller(&self, token: &str) -> OpContext {
@@ -230,4 +239,54 @@ fn secret_name(cluster: &str) -> String {
 /// The issuer of the tokens jobs get here.
 fn issuer() -> berth_auth::BerthIssuer {
     berth_auth::BerthIssuer::new("berth", "berth", &[7; 32]).unwrap()
+}
+
+/// A stand-in for Prometheus: every instant query answers one sample, the value the test
+/// sets, in Prometheus' own format; the queries asked are kept.
+pub struct FakePrometheus {
+    pub url: String,
+    value: Arc<std::sync::Mutex<f64>>,
+    pub queries: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakePrometheus {
+    pub fn start(value: f64) -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shared = Arc::new(std::sync::Mutex::new(value));
+        let queries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (v, q) = (shared.clone(), queries.clone());
+        std::thread::spawn(move || {
+            for socket in listener.incoming() {
+                let Ok(mut socket) = socket else { continue };
+                let (v, q) = (v.clone(), q.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 8192];
+                    let n = socket.read(&mut buf).unwrap_or(0);
+                    let request = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let target = request.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                    q.lock().unwrap().push(target.clone());
+                    let body = if target.starts_with("/api/v1/query?") {
+                        let value = *v.lock().unwrap();
+                        json!({"status": "success", "data": {"resultType": "vector",
+                            "result": [{"metric": {}, "value": [1_700_000_000.0, value.to_string()]}]}})
+                    } else {
+                        json!({"status": "error", "errorType": "bad_data", "error": "unknown path"})
+                    };
+                    let body = body.to_string();
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes());
+                });
+            }
+        });
+        Self { url, value: shared, queries }
+    }
+
+    pub fn set(&self, value: f64) {
+        *self.value.lock().unwrap() = value;
+    }
 }

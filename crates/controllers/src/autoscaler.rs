@@ -1,0 +1,317 @@
+//! The autoscaler of inference services (`spec.inference` with a target), as Kubernetes'
+//! HPA decides: the desired replicas are the load over the target per replica, rounded
+//! up, within `min_replicas..=max_replicas`; a load within 10 % of what the running
+//! replicas carry changes nothing; more replicas are asked for at once, fewer only once the
+//! load has asked for fewer for the whole stabilization window (and then as many as the
+//! most it asked for in that window).
+//!
+//! A service runs `min_replicas` itself (its `tasks.count`); each replica above that is a
+//! workload of its own (`{name}-r{n}`, labelled `berth.dev/replica-of: <uid>`, one task of
+//! the service's shape), so the scheduler admits it like any work — within the team's
+//! limit and fair share, borrowing and preemptible — and one that cannot be admitted waits
+//! with its reason, which the service's `status.replicas.waiting` shows. Scaling down
+//! deletes replicas (those that wait first, then the newest) with a 1 s grace, so their
+//! GPUs are free at once. Replicas of a service that ended or is being stopped are deleted.
+//!
+//! The load is read through the service's cluster: a simulated cluster follows
+//! `spec.sim.load`, a Kubernetes cluster asks its Prometheus `spec.inference.query`.
+
+use std::collections::HashMap;
+
+use berth_core::event::EventType;
+use berth_core::workload::{Checkpoint, Phase, REPLICA_OF_LABEL, Replicas, Workload, WorkloadStatus};
+use berth_core::{Error, WorkloadId};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Context, EVENT_KIND, job_key, version};
+
+/// The stabilization window where a service sets none (Kubernetes' HPA default).
+pub const DEFAULT_STABILIZATION_SECONDS: u32 = 300;
+
+/// A load within this fraction of what the running replicas carry changes nothing.
+pub const TOLERANCE: f64 = 0.1;
+
+/// The grace period a replica gets when it is scaled away or preempted.
+const REPLICA_GRACE_SECONDS: u32 = 1;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AutoscalerStatus {
+    /// Running services that scale.
+    pub services: usize,
+    pub replicas_added: usize,
+    pub replicas_removed: usize,
+    /// Services whose load could not be read.
+    pub unreadable: usize,
+}
+
+impl crate::runner::Report for AutoscalerStatus {
+    fn changes(&self) -> usize {
+        self.replicas_added + self.replicas_removed
+    }
+
+    fn waits_on_time(&self) -> bool {
+        self.services > 0
+    }
+}
+
+/// # Errors
+/// Store errors.
+pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
+    let mut status = AutoscalerStatus::default();
+    let serving = berth_store::workload::workload_list_serving(&ctx.db).await?;
+    let (replicas, services): (Vec<&Workload>, Vec<&Workload>) =
+        serving.iter().partition(|w| w.metadata.labels.contains_key(REPLICA_OF_LABEL));
+    let scaling: HashMap<Uuid, &Workload> = services
+        .iter()
+        .filter(|w| w.spec.inference.as_ref().is_some_and(|i| i.target().is_some()))
+        .map(|w| (w.metadata.uid, *w))
+        .collect();
+    let mut of_service: HashMap<Uuid, Vec<&Workload>> = HashMap::new();
+    let mut orphaned = Vec::new();
+    for r in replicas.into_iter().filter(|r| r.metadata.deletion_timestamp.is_none()) {
+        let service = r.metadata.labels.get(REPLICA_OF_LABEL).and_then(|u| u.parse::<Uuid>().ok());
+        match service.and_then(|s| scaling.get(&s)) {
+            Some(s) if !stopping(s) => of_service.entry(s.metadata.uid).or_default().push(r),
+            _ => orphaned.push(r),
+        }
+    }
+    let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    let now = ctx.clock.now();
+    let mut plans = Vec::new();
+    for service in scaling.values().filter(|s| s.status.phase == Phase::Running && !stopping(s)) {
+        status.services += 1;
+        let mut mine = of_service.remove(&service.metadata.uid).unwrap_or_default();
+        mine.sort_by_key(|r| (index(service, r), r.metadata.uid));
+        let load = read_load(ctx, &clusters, service).await;
+        status.unreadable += usize::from(load.is_err());
+        plans.push(plan(service, mine, load, now));
+    }
+    if plans.iter().all(|p| p.unchanged()) && orphaned.is_empty() {
+        return Ok(status);
+    }
+    let mut tx = ctx.begin().await?;
+    for r in &orphaned {
+        remove(&mut tx, r).await?;
+    }
+    for p in &plans {
+        let (added, removed) = p.write(&mut tx, now).await?;
+        status.replicas_added += added;
+        status.replicas_removed += removed;
+    }
+    berth_store::commit(tx).await?;
+    Ok(status)
+}
+
+/// A service whose cancellation or deletion was asked for.
+fn stopping(w: &Workload) -> bool {
+    w.metadata.deletion_timestamp.is_some() || w.status.cancellation.is_some()
+}
+
+/// A replica's number, from its name (`{service}-r{n}`).
+fn index(service: &Workload, replica: &Workload) -> u32 {
+    let prefix = replica_prefix(&service.metadata.name);
+    replica.metadata.name.strip_prefix(&prefix).and_then(|n| n.parse().ok()).unwrap_or(u32::MAX)
+}
+
+/// The names of a service's replicas start with this, then their number.
+fn replica_prefix(service: &str) -> String {
+    // Room for `-r` and four digits within a 63-character name.
+    let cut = service.char_indices().nth(57).map_or(service.len(), |(i, _)| i);
+    format!("{}-r", service[..cut].trim_end_matches('-'))
+}
+
+async fn read_load(
+    ctx: &Context,
+    clusters: &[berth_core::cluster::Cluster],
+    w: &Workload,
+) -> Result<Option<f64>, String> {
+    let a = w.status.admission.as_ref().ok_or("not admitted")?;
+    let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster).ok_or("its cluster is gone")?;
+    let backend =
+        crate::reachable_backend(ctx, cluster).ok_or_else(|| format!("cluster {} does not answer", a.cluster))?;
+    let query = w.spec.inference.as_ref().and_then(|i| i.query.as_deref());
+    backend.load(job_key(w), query).await.map_err(|e| e.to_string())
+}
+
+/// What one pass decides for one service.
+struct Plan<'a> {
+    service: &'a Workload,
+    replicas: Replicas,
+    /// Replicas to add, and the numbers free for them.
+    add: Vec<u32>,
+    remove: Vec<&'a Workload>,
+    load: Option<f64>,
+}
+
+fn plan<'a>(
+    service: &'a Workload,
+    mine: Vec<&'a Workload>,
+    load: Result<Option<f64>, String>,
+    now: DateTime<Utc>,
+) -> Plan<'a> {
+    let inf = service.spec.inference.as_ref().expect("a scaling service");
+    let target = inf.target().expect("a scaling service");
+    let base = service.spec.tasks.count;
+    let running = base + u32::try_from(mine.iter().filter(|r| r.status.phase == Phase::Running).count()).unwrap_or(0);
+    let wanted = base + u32::try_from(mine.len()).unwrap_or(u32::MAX - base);
+    let before = service.status.replicas.clone().unwrap_or_default();
+    let waits = mine.iter().find(|r| r.status.phase == Phase::Pending).map(|r| {
+        let why = r.status.pending_reason.as_ref().map_or("waiting for admission", |p| p.message.as_str());
+        format!("replica {} waits: {why}", r.metadata.name)
+    });
+    let (desired, waiting, load) = match load {
+        Ok(Some(load)) => {
+            let carried = f64::from(running.max(1)) * target;
+            let desired = if (load / carried - 1.0).abs() <= TOLERANCE {
+                wanted
+            } else {
+                ((load / target).ceil().min(f64::from(u32::MAX))) as u32
+            };
+            (desired.clamp(inf.min_replicas, inf.max_replicas), waits, Some(load))
+        }
+        Ok(None) => (wanted, waits.or(Some("no load reported yet".into())), None),
+        Err(e) => (wanted, Some(format!("cannot read its load: {e}")), None),
+    };
+    let mut replicas = Replicas { current: running, desired, load, waiting, ..before.clone() };
+    replicas.load_read_at = if load.is_some() { Some(now) } else { before.load_read_at };
+    let (mut add, mut remove) = (Vec::new(), Vec::new());
+    if desired > wanted {
+        let taken: Vec<u32> = mine.iter().map(|r| index(service, r)).collect();
+        add = (1..).filter(|n| !taken.contains(n)).take((desired - wanted) as usize).collect();
+        (replicas.low_since, replicas.low_max) = (None, None);
+    } else if desired < wanted {
+        let since = before.low_since.unwrap_or(now);
+        let most = before.low_max.map_or(desired, |m| m.max(desired));
+        let window = inf.scale_down_stabilization_seconds.unwrap_or(DEFAULT_STABILIZATION_SECONDS);
+        if (now - since).num_seconds() >= i64::from(window) {
+            let keep = most.max(base);
+            // Those that wait first, then the newest.
+            let mut order = mine.clone();
+            order.sort_by_key(|r| (r.status.phase != Phase::Pending, std::cmp::Reverse(index(service, r))));
+            remove = order.into_iter().take((wanted - keep) as usize).collect();
+            (replicas.low_since, replicas.low_max) = (None, None);
+        } else {
+            (replicas.low_since, replicas.low_max) = (Some(since), Some(most));
+        }
+    } else {
+        (replicas.low_since, replicas.low_max) = (None, None);
+    }
+    Plan { service, replicas, add, remove, load }
+}
+
+impl Plan<'_> {
+    /// Nothing to write: no replica to add or remove, and a status that says the same
+    /// (a load read again is written when it moved by more than the tolerance, or once a
+    /// minute).
+    fn unchanged(&self) -> bool {
+        let before = self.service.status.replicas.clone().unwrap_or_default();
+        let same_load = match (before.load, self.load) {
+            (Some(a), Some(b)) => (a - b).abs() <= TOLERANCE * a.abs().max(1e-9),
+            (a, b) => a == b || b.is_none(),
+        };
+        let fresh = match (before.load_read_at, self.replicas.load_read_at) {
+            (Some(a), Some(b)) => (b - a).num_seconds() < 60,
+            _ => true,
+        };
+        let mut settled = self.replicas.clone();
+        (settled.load, settled.load_read_at) = (before.load, before.load_read_at);
+        self.add.is_empty() && self.remove.is_empty() && same_load && fresh && settled == before
+    }
+
+    /// Adds and removes replicas and writes the service's status; how many were added
+    /// and removed.
+    async fn write(&self, tx: &mut berth_store::Tx<'_>, now: DateTime<Utc>) -> Result<(usize, usize), Error> {
+        if self.unchanged() {
+            return Ok((0, 0));
+        }
+        let s = self.service;
+        let target = s.spec.inference.as_ref().and_then(|i| i.target()).unwrap_or(1.0);
+        let load = self.load.map_or_else(|| "unknown".into(), |l| format!("{l:.2}"));
+        let mut added = 0;
+        for n in &self.add {
+            if add_replica(tx, s, *n, now).await? {
+                added += 1;
+            }
+        }
+        for r in &self.remove {
+            remove(tx, r).await?;
+        }
+        let wanted_before = self.replicas.current.max(s.spec.tasks.count);
+        if added > 0 || !self.remove.is_empty() {
+            let (reason, to) = if added > 0 { ("ScaledUp", "up") } else { ("ScaledDown", "down") };
+            let message = format!(
+                "scaled {to} to {} replicas: load {load}, {target} per replica (running {wanted_before})",
+                self.replicas.desired
+            );
+            berth_store::event::event_record(
+                &mut **tx,
+                EVENT_KIND,
+                s.metadata.uid,
+                EventType::Normal,
+                reason,
+                &message,
+            )
+            .await?;
+        }
+        let write = berth_store::workload::StatusWrite {
+            uid: WorkloadId(s.metadata.uid),
+            resource_version: version(s)?,
+            status: WorkloadStatus { replicas: Some(self.replicas.clone()), ..s.status.clone() },
+        };
+        berth_store::workload::workload_write_statuses(tx, std::slice::from_ref(&write)).await?;
+        Ok((added, self.remove.len()))
+    }
+}
+
+/// Creates replica `n` of `service`: one task of its shape, its owner's, labelled with the
+/// service. False when the name is taken (it is left to the next pass).
+async fn add_replica(
+    tx: &mut berth_store::Tx<'_>,
+    service: &Workload,
+    n: u32,
+    now: DateTime<Utc>,
+) -> Result<bool, Error> {
+    let team = service.metadata.team.as_deref().unwrap_or_default();
+    let Some(team_uid) = berth_store::team::team_fetch_uid(&mut **tx, team).await? else { return Ok(false) };
+    let name = format!("{}{n}", replica_prefix(&service.metadata.name));
+    let mut spec = service.spec.clone();
+    spec.tasks.count = 1;
+    spec.inference = None;
+    spec.resumable = true;
+    spec.checkpoint = Some(Checkpoint { grace_seconds: REPLICA_GRACE_SECONDS });
+    let mut labels = service.metadata.labels.clone();
+    labels.insert(REPLICA_OF_LABEL.into(), service.metadata.uid.to_string());
+    let status = WorkloadStatus { submitted_at: Some(now), ..WorkloadStatus::default() };
+    let actor = berth_core::event::Actor::new("berth (autoscaler)", None);
+    let new = berth_store::workload::NewWorkload {
+        uid: WorkloadId::new(),
+        team_uid,
+        team,
+        name: &name,
+        labels: &labels,
+        spec: &spec,
+        status: &status,
+        owner: service.metadata.owner.as_ref(),
+        actor: &actor,
+    };
+    let Some(created) = berth_store::workload::workload_insert(tx, &new).await? else { return Ok(false) };
+    let message = format!("replica {n} of {team}/{}, added by its autoscaler", service.metadata.name);
+    berth_store::event::event_record(
+        &mut **tx,
+        EVENT_KIND,
+        created.metadata.uid,
+        EventType::Normal,
+        "Created",
+        &message,
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Deletes a replica: the deletion controller stops its job (1 s grace) and removes it.
+async fn remove(tx: &mut berth_store::Tx<'_>, replica: &Workload) -> Result<(), Error> {
+    berth_store::workload::workload_mark_deleted(tx, WorkloadId(replica.metadata.uid)).await?;
+    Ok(())
+}
