@@ -33,6 +33,9 @@ pub const DEFAULT_STABILIZATION_SECONDS: u32 = 300;
 /// A load within this fraction of what the running replicas carry changes nothing.
 pub const TOLERANCE: f64 = 0.1;
 
+/// Names past the replicas needed that a pass tries when some are taken.
+const NAME_TRIES: usize = 16;
+
 /// The grace period a replica gets when it is scaled away or preempted.
 const REPLICA_GRACE_SECONDS: u32 = 1;
 
@@ -139,8 +142,11 @@ async fn read_load(
 struct Plan<'a> {
     service: &'a Workload,
     replicas: Replicas,
-    /// Replicas to add, and the numbers free for them.
-    add: Vec<u32>,
+    /// How many replicas to add, and numbers no replica of this service holds (more than
+    /// needed: a replica being deleted, or one that ended and is kept, still holds its
+    /// name).
+    add: usize,
+    numbers: Vec<u32>,
     remove: Vec<&'a Workload>,
     load: Option<f64>,
 }
@@ -176,10 +182,11 @@ fn plan<'a>(
     };
     let mut replicas = Replicas { current: running, desired, load, waiting, ..before.clone() };
     replicas.load_read_at = if load.is_some() { Some(now) } else { before.load_read_at };
-    let (mut add, mut remove) = (Vec::new(), Vec::new());
+    let (mut add, mut numbers, mut remove) = (0, Vec::new(), Vec::new());
     if desired > wanted {
         let taken: Vec<u32> = mine.iter().map(|r| index(service, r)).collect();
-        add = (1..).filter(|n| !taken.contains(n)).take((desired - wanted) as usize).collect();
+        add = (desired - wanted) as usize;
+        numbers = (1..).filter(|n| !taken.contains(n)).take(add + NAME_TRIES).collect();
         (replicas.low_since, replicas.low_max) = (None, None);
     } else if desired < wanted {
         let since = before.low_since.unwrap_or(now);
@@ -198,7 +205,7 @@ fn plan<'a>(
     } else {
         (replicas.low_since, replicas.low_max) = (None, None);
     }
-    Plan { service, replicas, add, remove, load }
+    Plan { service, replicas, add, numbers, remove, load }
 }
 
 impl Plan<'_> {
@@ -217,7 +224,7 @@ impl Plan<'_> {
         };
         let mut settled = self.replicas.clone();
         (settled.load, settled.load_read_at) = (before.load, before.load_read_at);
-        self.add.is_empty() && self.remove.is_empty() && same_load && fresh && settled == before
+        self.add == 0 && self.remove.is_empty() && same_load && fresh && settled == before
     }
 
     /// Adds and removes replicas and writes the service's status; how many were added
@@ -230,7 +237,10 @@ impl Plan<'_> {
         let target = s.spec.inference.as_ref().and_then(|i| i.target()).unwrap_or(1.0);
         let load = self.load.map_or_else(|| "unknown".into(), |l| format!("{l:.2}"));
         let mut added = 0;
-        for n in &self.add {
+        for n in &self.numbers {
+            if added == self.add {
+                break;
+            }
             if add_replica(tx, s, *n, now).await? {
                 added += 1;
             }

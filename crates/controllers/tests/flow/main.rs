@@ -1284,6 +1284,12 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     let spec = json!({"kind": "inference", "sim": {"duration_seconds": 1_000_000, "load": load},
         "inference": {"min_replicas": 1, "max_replicas": 6, "target_in_flight": 10,
                       "scale_down_stabilization_seconds": 60}});
+    // A workload of the team already holds the name its first replica would take.
+    p.submit("t", "svc-r1", 1, 1.0, json!({"sim": {"duration_seconds": 1}})).await;
+    p.settle().await;
+    p.advance(2);
+    p.settle().await;
+    assert_eq!(p.phase("t", "svc-r1").await, Phase::Succeeded);
     p.submit("t", "svc", 1, 1.0, spec).await;
     // What the service has, what it asks for, and what the team holds.
     let state = async || {
@@ -1310,8 +1316,8 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     assert_eq!((current, desired, held), (4, 6, 4.0), "load 70 asks for 6; the team's limit of 4 binds");
     let waiting = waiting.expect("why the next replica waits");
     assert!(waiting.starts_with("replica svc-r") && waiting.contains("limit"), "{waiting}");
-    let r5 = p.workload("t", "svc-r4").await;
-    assert_eq!(r5.status.phase, Phase::Pending);
+    let r5 = p.workload("t", "svc-r5").await;
+    assert_eq!(r5.status.phase, Phase::Pending, "replicas 2 to 4 run, and the name svc-r1 was taken");
     assert_eq!(r5.metadata.labels[berth_core::workload::REPLICA_OF_LABEL], svc.metadata.uid.to_string());
 
     // The load falls at 500 s: nothing goes before the 60 s window has passed.
@@ -1330,5 +1336,5 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     assert_eq!(state().await, (1, 1, 1.0, None), "back to one replica, its GPUs freed");
     let left: Vec<String> =
         sqlx::query_scalar("SELECT name FROM workloads ORDER BY name").fetch_all(&p.ctx.db).await.unwrap();
-    assert_eq!(left, ["svc"], "the replicas are gone");
+    assert_eq!(left, ["svc", "svc-r1"], "the replicas are gone");
 }
