@@ -239,16 +239,12 @@ async fn a_jobs_own_token_acknowledges_its_checkpoint_and_nothing_else(db: berth
         let ack = s.send_as(Some(job), Method::POST, &checkpointed, None).await;
         assert_eq!(ack.status, 204, "{}", ack.body);
     }
-    let started = std::time::Instant::now();
-    let ended = loop {
+    // One pass stops the job now (not in 30 s); the next finds it gone and ends the workload.
+    for _ in 0..2 {
         berth_controllers::deletion::reconcile(&ctx).await.unwrap();
-        let w = s.get(path).await.body;
-        if w["status"]["phase"] == "Cancelled" {
-            break w;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "not stopped at once: {w}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
+    let ended = s.get(path).await.body;
+    assert_eq!(ended["status"]["phase"], "Cancelled", "stopped at once: {ended}");
     assert!(ended["status"]["checkpointed_at"].is_string(), "{ended}");
     let reasons = s.event_reasons(path).await;
     assert_eq!(reasons.iter().filter(|r| *r == "Checkpointed").count(), 1, "{reasons:?}");

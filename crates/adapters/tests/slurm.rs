@@ -20,6 +20,7 @@ on_every_release!(
     the_inventory_matches_sinfo_and_the_newest_api_is_found,
     a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_reports_its_exit_code,
     cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period,
+    a_cancel_with_no_grace_stops_a_job_within_its_grace_period,
     a_two_node_gang_runs_on_both_nodes,
     refusals_and_outages_are_told_apart,
     gpus_held_by_jobs_berth_did_not_start_are_reported,
@@ -148,26 +149,37 @@ async fn a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_r
     assert!(listed.iter().any(|j| j.key == ok.key) && listed.iter().any(|j| j.key == failing.key));
 }
 
-async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(cluster: &str) {
-    let dev = DevCluster::get(cluster);
-    let b = backend(&dev, &dev.token);
-    let marker = std::env::temp_dir().join(format!("berth-sigterm-{}", Uuid::now_v7()));
+/// Starts a job whose script writes `started` to `marker` once it runs, and traps SIGTERM
+/// (writing `got SIGTERM`) and keeps going; returns once the script has started.
+async fn start_a_job_that_ignores_sigterm(b: &SlurmCluster, marker: &std::path::Path) -> JobRequest {
     let script = format!(
         "#!/bin/bash\ntrap 'echo got SIGTERM > {m}' TERM\necho started > {m}\nwhile true; do sleep 0.2; done\n",
         m = marker.display()
     );
     let j = job(1, 1, &["x"], &script);
     b.submit(&j).await.unwrap();
-    wait_for(&b, j.key, "running", |s| s.state == JobState::Running).await;
-    let marked = |text: &'static str| {
-        let marker = &marker;
-        move || async move { (std::fs::read_to_string(marker).unwrap_or_default() == text).then_some(()) }
-    };
-    eventually("the script starts", Duration::from_secs(30), marked("started\n")).await;
+    wait_for(b, j.key, "running", |s| s.state == JobState::Running).await;
+    marked(marker, "started\n", "the script starts").await;
+    j
+}
+
+/// Waits until `marker` holds `text`.
+async fn marked(marker: &std::path::Path, text: &str, what: &str) {
+    eventually(what, Duration::from_secs(30), || async {
+        (std::fs::read_to_string(marker).unwrap_or_default() == text).then_some(())
+    })
+    .await;
+}
+
+async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let b = backend(&dev, &dev.token);
+    let marker = std::env::temp_dir().join(format!("berth-sigterm-{}", Uuid::now_v7()));
+    let j = start_a_job_that_ignores_sigterm(&b, &marker).await;
     let grace = Duration::from_secs(3);
     b.cancel(j.key, grace).await.unwrap();
     let signalled = Instant::now();
-    eventually("the script sees SIGTERM", Duration::from_secs(30), marked("got SIGTERM\n")).await;
+    marked(&marker, "got SIGTERM\n", "the script sees SIGTERM").await;
     // The script traps SIGTERM and keeps going: until the grace period is over it runs,
     // however often the cancel is repeated; the first cancel after it ends the job.
     let (done, after) = eventually("the job ends", Duration::from_secs(60), || async {
@@ -191,6 +203,28 @@ async fn cancel_sends_sigterm_first_and_cancels_for_good_after_the_grace_period(
     // A cancel of a finished job, or of a key Slurm never saw, does nothing.
     b.cancel(j.key, grace).await.unwrap();
     b.cancel(JobKey { workload: Uuid::now_v7(), attempt: 0 }, grace).await.unwrap();
+    std::fs::remove_file(marker).unwrap();
+}
+
+/// A job that acknowledged its checkpoint: a cancel with no grace stops it now, though
+/// the grace period of the cancel before (10 minutes) still runs.
+async fn a_cancel_with_no_grace_stops_a_job_within_its_grace_period(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let b = backend(&dev, &dev.token);
+    let marker = std::env::temp_dir().join(format!("berth-stop-now-{}", Uuid::now_v7()));
+    let j = start_a_job_that_ignores_sigterm(&b, &marker).await;
+    let grace = Duration::from_secs(600);
+    b.cancel(j.key, grace).await.unwrap();
+    marked(&marker, "got SIGTERM\n", "the script sees SIGTERM").await;
+    b.cancel(j.key, grace).await.unwrap();
+    assert!(b.job(j.key).await.unwrap().unwrap().cancelling, "a repeated cancel waits out the grace");
+    let asked = Instant::now();
+    b.cancel(j.key, Duration::ZERO).await.unwrap();
+    let done = wait_for(&b, j.key, "cancelled", |s| s.state.is_final()).await;
+    // The script ignores SIGTERM: Slurm kills it after its KillWait (5 s on the dev clusters).
+    assert!(asked.elapsed() < Duration::from_secs(60), "stopped {:?} after, not at once", asked.elapsed());
+    assert_eq!(done.state, JobState::Cancelled, "{done:?}");
+    println!("{cluster}: stopped {:.1} s after a cancel with no grace", asked.elapsed().as_secs_f64());
     std::fs::remove_file(marker).unwrap();
 }
 
