@@ -107,6 +107,13 @@ impl JobRequest {
     /// `BERTH_API_URL`, `BERTH_JOB_TOKEN` and `BERTH_CHECKPOINTED_URL` (the call that says the
     /// checkpoint is written) and `BERTH_ACTIVITY_URL` (the call a notebook makes while it
     /// is used); for a notebook, `JUPYTER_TOKEN`, the token that opens it.
+    /// What the job's tasks run with: the workload's `run.env`, Berth's variables over it.
+    pub fn environment(&self) -> std::collections::BTreeMap<String, String> {
+        let mut env = self.run.env.clone();
+        env.extend(self.berth_environment());
+        env
+    }
+
     pub fn berth_environment(&self) -> Vec<(String, String)> {
         let mut env = vec![
             ("BERTH_TEAM".to_owned(), self.team.clone()),
@@ -120,12 +127,11 @@ impl JobRequest {
         }
         if let Some(api) = &self.api {
             let url = api.url.trim_end_matches('/');
-            let checkpointed = format!("{url}/api/v1/teams/{}/workloads/{}/checkpointed", self.team, self.workload);
+            let call = |verb: &str| format!("{url}/api/v1/teams/{}/workloads/{}/{verb}", self.team, self.workload);
             env.push(("BERTH_API_URL".to_owned(), url.to_owned()));
             env.push(("BERTH_JOB_TOKEN".to_owned(), api.token.clone()));
-            env.push(("BERTH_CHECKPOINTED_URL".to_owned(), checkpointed));
-            let activity = format!("{url}/api/v1/teams/{}/workloads/{}/activity", self.team, self.workload);
-            env.push(("BERTH_ACTIVITY_URL".to_owned(), activity));
+            env.push(("BERTH_CHECKPOINTED_URL".to_owned(), call("checkpointed")));
+            env.push(("BERTH_ACTIVITY_URL".to_owned(), call("activity")));
         }
         if let Some(token) = &self.notebook_token {
             env.push(("JUPYTER_TOKEN".to_owned(), token.clone()));

@@ -243,15 +243,12 @@ impl SimCluster {
         Ok((s, now))
     }
 
-    /// The environment the job's tasks run with (Berth's variables and the workload's
-    /// own), as a job's process would read it; `None` for a job it never accepted. (A job
-    /// replayed from the journal has no token: the journal keeps none.)
-    pub fn environment(&self, key: JobKey) -> Option<Vec<(String, String)>> {
+    /// The environment the job's tasks run with ([`JobRequest::environment`]), as a job's
+    /// process would read it; `None` for a job it never accepted. (A job replayed from the
+    /// journal has no token: the journal keeps none.)
+    pub fn environment(&self, key: JobKey) -> Option<std::collections::BTreeMap<String, String>> {
         let (s, _) = self.lock();
-        let job = &s.jobs[*s.by_key.get(&key)?];
-        let mut env = job.request.berth_environment();
-        env.extend(job.request.run.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        Some(env)
+        Some(s.jobs[*s.by_key.get(&key)?].request.environment())
     }
 
     /// Every job the cluster ever accepted, whatever its state (for tests and benchmarks).

@@ -704,7 +704,6 @@ pub async fn workload_endpoint(
     team: &str,
     name: &str,
 ) -> Result<berth_core::workload::Endpoint, Error> {
-    opctx.access().read_team(team)?;
     let w = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
     opctx.access().change_workload(team, w.metadata.owner.as_ref())?;
     let url = w.status.backend_ref.as_ref().and_then(|b| b.url.clone()).filter(|_| !w.status.phase.is_final());

@@ -80,10 +80,15 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
             _ => orphaned.push(r),
         }
     }
+    let running: Vec<&Workload> =
+        scaling.values().copied().filter(|s| s.status.phase == Phase::Running && !stopping(s)).collect();
+    if running.is_empty() && orphaned.is_empty() {
+        return Ok(status);
+    }
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let now = ctx.clock.now();
     let mut plans = Vec::new();
-    for service in scaling.values().filter(|s| s.status.phase == Phase::Running && !stopping(s)) {
+    for service in running {
         status.services += 1;
         let mut mine = of_service.remove(&service.metadata.uid).unwrap_or_default();
         mine.sort_by_key(|r| (index(service, r), r.metadata.uid));

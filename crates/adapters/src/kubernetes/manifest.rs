@@ -161,8 +161,7 @@ fn pod_spec(
     block: Option<&str>,
     restart: &str,
 ) -> Value {
-    let mut env: BTreeMap<String, String> = job.run.env.clone();
-    env.extend(job.berth_environment());
+    let env = job.environment();
     let mut limits = serde_json::Map::new();
     let mut requests = serde_json::Map::new();
     if job.gpus_per_task > 0 {

@@ -311,15 +311,13 @@ fn classify(e: kube::Error) -> BackendError {
     }
 }
 
-/// Deletes the job's pods again with a one-second grace period (what `kubectl delete
+/// Deletes a job's pods again with a one-second grace period (what `kubectl delete
 /// --grace-period=0` sends without `--force`): a pod still in its grace period is killed
 /// now instead of when that ends.
-async fn stop_pods_now(c: &Connected, namespace: &str, key: JobKey) -> Result<(), BackendError> {
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), namespace);
+async fn stop_pods_now(pods: &Api<Pod>, names: &[String]) -> Result<(), BackendError> {
     let now = DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() };
-    for pod in call(pods.list(&ListParams::default().labels(&key_selector(key)))).await?.items {
-        let pod_name = pod.metadata.name.unwrap_or_default();
-        gone(call_raw(pods.delete(&pod_name, &now)).await)?;
+    for name in names {
+        gone(call_raw(pods.delete(name, &now)).await)?;
     }
     Ok(())
 }
@@ -403,17 +401,22 @@ impl ClusterBackend for KubernetesCluster {
             return Ok(());
         }
         let (namespace, name) = job.job_id.split_once('/').unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), namespace);
+        let pod_names: Vec<String> = call(pods.list(&ListParams::default().labels(&key_selector(key))))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|pod| pod.metadata.name)
+            .collect();
         if job.cancelling {
-            return stop_pods_now(c, namespace, key).await;
+            return stop_pods_now(&pods, &pod_names).await;
         }
         // The notice first, then the deletion (SIGTERM, and the grace to checkpoint).
         let stop_by = chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default();
         let stop_by = stop_by.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let notice = serde_json::json!({"metadata": {"annotations": {manifest::STOP_BY_ANNOTATION: stop_by}}});
-        let pods: Api<Pod> = Api::namespaced(c.client.clone(), namespace);
-        for pod in call(pods.list(&ListParams::default().labels(&key_selector(key)))).await?.items {
-            let pod_name = pod.metadata.name.unwrap_or_default();
-            gone(call_raw(pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&notice))).await)?;
+        for pod_name in &pod_names {
+            gone(call_raw(pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&notice))).await)?;
         }
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Foreground),
@@ -430,7 +433,7 @@ impl ClusterBackend for KubernetesCluster {
         }
         // The garbage collector deletes the pods with their own grace period, whatever
         // the owner's deletion said.
-        if grace.is_zero() { stop_pods_now(c, namespace, key).await } else { Ok(()) }
+        if grace.is_zero() { stop_pods_now(&pods, &pod_names).await } else { Ok(()) }
     }
 
     async fn load(&self, key: JobKey, query: Option<&str>) -> Result<Option<f64>, BackendError> {

@@ -233,7 +233,9 @@ pub fn deployment_status(key: JobKey, deployment: &Deployment, pods: &[&Pod], ga
     // none: it answers at that one's).
     let meta = &deployment.metadata;
     let service = meta.labels.as_ref().and_then(|l| l.get(super::SERVICE_LABEL));
-    if service.is_none_or(|s| *s == key.workload.to_string()) {
+    let mut buf = uuid::Uuid::encode_buffer();
+    let own: &str = key.workload.hyphenated().encode_lower(&mut buf);
+    if service.is_none_or(|s| s.as_str() == own) {
         status.url = Some(format!(
             "http://{}.{}.svc",
             meta.name.as_deref().unwrap_or_default(),

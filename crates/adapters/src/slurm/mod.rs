@@ -361,8 +361,7 @@ impl SlurmCluster {
         let most_tasks_on_a_node =
             per_node.values().copied().max().unwrap_or_else(|| u64::from(job.tasks.div_ceil(nodes)));
         let mut environment = BTreeMap::from([("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned())]);
-        environment.extend(job.run.env.clone());
-        environment.extend(job.berth_environment());
+        environment.extend(job.environment());
         Ok(Submission {
             script: script(&job.run, job.tasks)?,
             name: job.key.name(),
