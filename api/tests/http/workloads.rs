@@ -234,6 +234,38 @@ async fn concurrent_creates_by_several_callers_keep_each_callers_records(db: ber
 
 /// A submission that cannot be written (its team was deleted after it was checked) fails
 /// alone: the others written in the same statement are created.
+/// A submission is written on the teams and flavors the door check read in the last few
+/// seconds, without a read of its own; what changed since behind this replica's back (SQL
+/// here, as another replica's writes) is found by the write, which then reads them again.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_submission_on_an_old_read_of_teams_and_flavors_finds_what_changed(db: berth_store::PgPool) {
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    // Teams and flavors are read here, and kept for the next submissions.
+    s.put_ok("/api/v1/teams/nlp/workloads/first", &WorkloadBody::new().json(), 201).await;
+    sqlx::query("DELETE FROM flavors WHERE name = 'a100'").execute(&db).await.unwrap();
+    let before = s.table_counts().await;
+    let gone = s.put("/api/v1/teams/nlp/workloads/a100", &WorkloadBody::new().flavors(&["a100"]).json()).await;
+    gone.assert_problem(422, Some("/spec/tasks/resources/flavors/0"));
+    assert_eq!(s.table_counts().await, before, "nothing written for a flavor that is gone");
+
+    // nlp deleted and created again under its name: the new team's uid, not the old one.
+    let old: uuid::Uuid =
+        sqlx::query_scalar("DELETE FROM teams WHERE name = 'nlp' RETURNING uid").fetch_one(&db).await.unwrap();
+    s.put("/api/v1/teams/nlp/workloads/orphan", &WorkloadBody::new().json()).await.assert_problem(404, None);
+    let new: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO teams (uid, name, parent_uid, spec) \
+         SELECT gen_random_uuid(), 'nlp', uid, '{\"quotas\": []}' FROM teams WHERE name = 'research' RETURNING uid",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    s.put_ok("/api/v1/teams/nlp/workloads/second", &WorkloadBody::new().json(), 201).await;
+    let team_uid: uuid::Uuid =
+        sqlx::query_scalar("SELECT team_uid FROM workloads WHERE name = 'second'").fetch_one(&db).await.unwrap();
+    assert_eq!(team_uid, new, "written in the team of that name now, not in {old}");
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool) {
     use berth_app::group_commit::{Submission, create};
@@ -243,8 +275,9 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
     s.seed().await;
     let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
     let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
+    let taken_uid = berth_core::WorkloadId::new();
     let submission = |name: &str, team_uid: uuid::Uuid| Submission {
-        uid: berth_core::WorkloadId::new(),
+        uid: if name == "w3" || name == "w5" { taken_uid } else { berth_core::WorkloadId::new() },
         team_uid: berth_core::TeamId(team_uid),
         team: "nlp".into(),
         name: name.into(),
@@ -254,23 +287,26 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
         owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into() },
         actor: berth_core::event::Actor::new("admin", None),
     };
-    // Spawned together, they queue before any writer runs and make up one statement.
+    // Spawned together, they queue before any writer runs and make up one statement, which
+    // fails: w3 and w5 share a uid. Each is then written alone, and only w5 fails. w6 names
+    // a team that is gone (read before another replica deleted it): it is skipped, so the
+    // caller reads the team again (and answers 404), and takes nothing down with it.
     let writes: Vec<_> = (0..8)
         .map(|i| {
-            let team = if i == 3 { uuid::Uuid::new_v4() } else { nlp };
+            let team = if i == 6 { uuid::Uuid::new_v4() } else { nlp };
             let (db, submission) = (db.clone(), submission(&format!("w{i}"), team));
             tokio::spawn(async move { create(&db, submission).await })
         })
         .collect();
     for (i, write) in writes.into_iter().enumerate() {
         match write.await.unwrap() {
-            Ok(Some(w)) => assert_ne!(i, 3, "{w:?}"),
-            Ok(None) => panic!("w{i}: no name was taken"),
-            Err(e) => assert_eq!(i, 3, "{e}"),
+            Ok(Some(w)) => assert!(i != 5 && i != 6, "{w:?}"),
+            Ok(None) => assert_eq!(i, 6, "w{i}: no name was taken"),
+            Err(e) => assert_eq!(i, 5, "{e}"),
         }
     }
     let counts = s.table_counts().await;
-    assert_eq!((counts["workloads"], counts["events"]), (7, 7));
+    assert_eq!((counts["workloads"], counts["events"]), (6, 6));
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

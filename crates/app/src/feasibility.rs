@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use berth_core::cluster::Cluster;
 use berth_core::team::Team;
 use berth_core::workload::WorkloadSpec;
-use berth_core::{ClusterId, Error, FieldError};
+use berth_core::{ClusterId, Error, FieldError, TeamId};
 use berth_sched::feasible::{Impossible, Shapes};
 use berth_sched::snapshot as s;
 use berth_store::PgPool;
@@ -44,6 +44,7 @@ struct Facts {
     ancestors: Vec<Vec<usize>>,
     flavor_ix: HashMap<String, usize>,
     team_ix: HashMap<String, usize>,
+    team_uids: Vec<TeamId>,
     /// Per cluster: whether it has reported nodes.
     reported: Vec<bool>,
 }
@@ -74,6 +75,7 @@ impl Facts {
         let flavor_ix: HashMap<String, usize> = flavors.iter().enumerate().map(|(i, f)| (f.clone(), i)).collect();
         let team_ix: HashMap<String, usize> =
             teams.iter().enumerate().map(|(i, t)| (t.metadata.name.clone(), i)).collect();
+        let team_uids = teams.iter().map(|t| TeamId(t.metadata.uid)).collect();
         let teams = s::Team::tree(teams, &flavors);
         let mut snapshot = s::Snapshot { flavors, teams, ..s::Snapshot::default() };
         let cluster_ix: HashMap<ClusterId, usize> =
@@ -102,7 +104,7 @@ impl Facts {
         }
         let shapes = Shapes::of(&snapshot);
         let ancestors = berth_sched::cycle::ancestors(&snapshot);
-        Self { read_at: Instant::now(), snapshot, shapes, ancestors, flavor_ix, team_ix, reported }
+        Self { read_at: Instant::now(), snapshot, shapes, ancestors, flavor_ix, team_ix, team_uids, reported }
     }
 }
 
@@ -117,6 +119,22 @@ pub fn forget(db: &PgPool) {
 fn recent(db: &PgPool) -> Option<Arc<Facts>> {
     let reads = READS.lock().expect("not poisoned");
     reads.as_ref()?.get(&crate::database_key(db)).filter(|f| f.read_at.elapsed() < FRESH_FOR).cloned()
+}
+
+/// The uid of `team` when the last read (at most [`FRESH_FOR`] old, else read now) knows
+/// the team and every one of `flavors`; `None` otherwise. A submission may be written on
+/// it without reading them again: the write checks in the same statement that the team
+/// and flavors still exist (`berth_store::workload::workload_create_many`).
+///
+/// # Errors
+/// Store errors.
+pub async fn resolve(db: &PgPool, team: &str, flavors: &[String]) -> Result<Option<TeamId>, Error> {
+    let facts = match recent(db) {
+        Some(facts) => facts,
+        None => read(db).await?,
+    };
+    let Some(&t) = facts.team_ix.get(team) else { return Ok(None) };
+    Ok(flavors.iter().all(|f| facts.flavor_ix.contains_key(f)).then(|| facts.team_uids[t]))
 }
 
 /// Refuses `specs` (each with the prefix of its fields: `""` for a single workload,

@@ -94,23 +94,20 @@ async fn write_workload(
     write: Write,
 ) -> ApplyResult<Workload> {
     input.validate(team, name)?;
-    let wanted = &input.spec.tasks.resources.flavors;
-    let lookup = store::workload_lookup(db, team, name, wanted).await?;
-    let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
-    if !lookup.missing_flavors.is_empty() {
-        let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
-        return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
-    }
-    crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
     let actor = &opctx.actor;
     let status = WorkloadStatus { submitted_at: Some(Utc::now()), ..WorkloadStatus::default() };
     let owner = opctx.principal.owner();
-    // Fast path for the common case, a plain submission of a new name: written with the
-    // submissions made meanwhile, in one statement with its event and audit record
-    // ([`crate::group_commit`]). Anything else (the name exists, preconditions were
-    // given, or another writer won the name meanwhile) takes the general path below,
-    // which locks the row and applies the declarative rules.
-    if !lookup.exists && write == Write::Commit && if_match.is_none() && input.metadata.resource_version.is_none() {
+    let wanted = &input.spec.tasks.resources.flavors;
+    // Fast path for the common case, a plain submission of a new name: the team and
+    // flavors as the door check last read them (the statement checks that they still
+    // exist), written with the submissions made meanwhile, in one statement with its event
+    // and audit record ([`crate::group_commit`]). Anything else (the name exists,
+    // preconditions were given, the team or a flavor is unknown or went meanwhile) takes
+    // the general path below, which reads them, locks the row and applies the declarative
+    // rules.
+    let plain = write == Write::Commit && if_match.is_none() && input.metadata.resource_version.is_none();
+    if plain && let Some(team_uid) = crate::feasibility::resolve(db, team, wanted).await? {
+        crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
         let submission = crate::group_commit::Submission {
             uid: WorkloadId::new(),
             team_uid,
@@ -126,6 +123,13 @@ async fn write_workload(
             return Ok((w, Applied::Created));
         }
     }
+    let lookup = store::workload_lookup(db, team, wanted).await?;
+    let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
+    if !lookup.missing_flavors.is_empty() {
+        let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
+        return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
+    }
+    crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     let new = NewWorkload {
         owner: Some(&owner),
@@ -327,7 +331,7 @@ async fn create_batch(
     wanted.sort_unstable();
     wanted.dedup();
     // The empty name is never a workload's: only the team and the flavors are looked up.
-    let lookup = store::workload_lookup(db, team, "", &wanted).await?;
+    let lookup = store::workload_lookup(db, team, &wanted).await?;
     let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
     if !lookup.missing_flavors.is_empty() {
         let refs = items.iter().enumerate().flat_map(|(i, w)| {

@@ -7,7 +7,7 @@ use berth_core::workload::{Phase, Workload, WorkloadKind, WorkloadSpec, Workload
 use berth_core::{Error, TeamId, WorkloadId};
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use crate::db_error;
@@ -399,34 +399,25 @@ pub struct WorkloadLookup {
     pub team_uid: Option<TeamId>,
     /// Of the requested flavors, those that do not exist.
     pub missing_flavors: Vec<String>,
-    /// Whether a workload of that name exists in the team.
-    pub exists: bool,
 }
 
-/// Resolves a workload's team, its flavors and whether it exists, in one query.
+/// Resolves a workload's team and its flavors, in one query.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn workload_lookup(
-    db: impl PgExecutor<'_>,
-    team: &str,
-    name: &str,
-    flavors: &[String],
-) -> Result<WorkloadLookup, Error> {
+pub async fn workload_lookup(db: impl PgExecutor<'_>, team: &str, flavors: &[String]) -> Result<WorkloadLookup, Error> {
     let row = sqlx::query!(
         r#"SELECT (SELECT uid FROM teams WHERE name = $1) AS team_uid,
-                  ARRAY(SELECT f FROM unnest($3::text[]) WITH ORDINALITY AS u (f, i)
+                  ARRAY(SELECT f FROM unnest($2::text[]) WITH ORDINALITY AS u (f, i)
                         WHERE NOT EXISTS (SELECT 1 FROM flavors WHERE flavors.name = u.f)
-                        ORDER BY u.i) AS "missing_flavors!",
-                  EXISTS (SELECT 1 FROM workloads WHERE team_name = $1 AND name = $2) AS "exists!""#,
+                        ORDER BY u.i) AS "missing_flavors!""#,
         team,
-        name,
         flavors
     )
     .fetch_one(db)
     .await
     .map_err(db_error)?;
-    Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors, exists: row.exists })
+    Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors })
 }
 
 /// Tells the controllers of every replica that workloads changed, from a transaction of its
@@ -440,8 +431,9 @@ pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Err
 
 /// Creates workloads, each with its `Created` event and audit record, in one
 /// statement (so one round trip and one implicit transaction). Names already taken are
-/// skipped: the answer has an item per workload given, in order, `None` where the name
-/// was taken.
+/// skipped, and so are workloads whose team (that uid under that name) or one of whose
+/// flavors no longer exists: the answer has an item per workload given, in order, `None`
+/// where it was skipped.
 ///
 /// This is the hot path of submission, alone or in batches; the general path
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
@@ -478,6 +470,10 @@ pub async fn workload_create_many(
                FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                            $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[], $14::jsonb[])
                     AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status, owner)
+               -- Written on what the caller read earlier: the team and flavors must still be.
+               WHERE EXISTS (SELECT 1 FROM teams t WHERE t.uid = i.team_uid AND t.name = i.team_name)
+                 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(i.flavors) AS f (name)
+                                 WHERE NOT EXISTS (SELECT 1 FROM flavors WHERE flavors.name = f.name))
                ON CONFLICT (team_name, name) DO NOTHING
                RETURNING uid, team_name, name, generation, resource_version, created_at, updated_at
            ), e AS (
@@ -892,22 +888,32 @@ pub async fn workload_list_serving(db: impl PgExecutor<'_>) -> Result<Vec<Worklo
 /// Unfinished workloads in any of `phases` whose deletion or cancellation was requested,
 /// by uid.
 ///
+/// The search is planned anew on each call, not prepared once per connection: a plan made
+/// while the table was empty (a fresh database, as a new site or a benchmark starts) scans
+/// every row, and a connection kept it for good (11.6 ms a pass with 26,000 pending
+/// workloads, where the partial index `workloads_stopping` answers in 0.02 ms).
+///
 /// # Errors
 /// As [`db_error`].
-pub async fn workload_list_stopping(db: impl PgExecutor<'_>, phases: &[Phase]) -> Result<Vec<Workload>, Error> {
-    let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
-    sqlx::query_as!(
-        WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL OR status ? 'cancellation')
-           ORDER BY uid"#,
-        &phases as &[&str],
+pub async fn workload_list_stopping(db: &PgPool, phases: &[Phase]) -> Result<Vec<Workload>, Error> {
+    let names: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    let uids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT uid FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL OR status ? 'cancellation')",
     )
+    .bind(&names)
+    .persistent(false)
     .fetch_all(db)
     .await
-    .map(|rows| rows.into_iter().map(Workload::from).collect())
-    .map_err(db_error)
+    .map_err(db_error)?;
+    if uids.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Read again by uid: one may have moved on meanwhile.
+    let mut stopping = workload_fetch_many(db, &uids).await?;
+    stopping.retain(|w| {
+        phases.contains(&w.status.phase) && (w.metadata.deletion_timestamp.is_some() || w.status.cancellation.is_some())
+    });
+    Ok(stopping)
 }
 
 /// Removes up to `limit` workloads that ended before `before`, with a `Removed` event for
