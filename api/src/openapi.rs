@@ -23,7 +23,8 @@ use crate::problem::PROBLEM_JSON;
             Every error is RFC 9457 `application/problem+json`; validation errors list each field as a JSON pointer.",
         license(name = "Apache-2.0"),
     ),
-    components(schemas(crate::problem::Problem)),
+    // Types only query parameters name are not collected from the routes.
+    components(schemas(crate::problem::Problem, crate::routes::usage::ReportFormat)),
     tags(
         (name = "flavors", description = "GPU classes and their backend names"),
         (name = "teams", description = "The quota tree"),

@@ -1,6 +1,8 @@
 // The Berth API as the dashboard uses it: a bearer token kept in this browser, JSON in and
 // out, RFC 9457 problems turned into errors that keep their field.
 
+import type { components } from "./openapi";
+
 const TOKEN_KEY = "berth.token";
 
 export function savedToken(): string | null {
@@ -28,11 +30,6 @@ export class ApiError extends Error {
   about(field: string): string | undefined {
     return this.errors.find((e) => e.field === field)?.message;
   }
-}
-
-export interface FieldError {
-  field: string;
-  message: string;
 }
 
 interface Problem {
@@ -108,36 +105,46 @@ export async function all<T>(path: string): Promise<T[]> {
     const sep = path.includes("?") ? "&" : "?";
     const page: Page<T> = await api(`${path}${sep}limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
     items.push(...page.items);
-    cursor = page.next;
+    cursor = page.next ?? null;
   } while (cursor);
   return items;
 }
 
 export interface Page<T> {
   items: T[];
-  next: string | null;
+  next?: string | null;
 }
 
-export interface Meta {
-  name: string;
-  team?: string;
-  uid: string;
-  /// Workloads: who submitted it.
-  owner?: { subject: string; issuer: string };
-  resource_version: string;
-  labels?: Record<string, string>;
-  created_at?: string;
-}
-
-export interface Grant {
-  role: "platform-admin" | "team-admin" | "member" | "viewer";
-  team?: string | null;
-}
-
-export interface Me {
-  subject: string;
-  grants: Grant[];
-}
+// The API's objects, as its OpenAPI document describes them (src/openapi.d.ts is generated
+// from openapi/openapi.json by scripts/openapi; the build fails when it is out of date).
+type Schemas = components["schemas"];
+export type FieldError = Schemas["FieldError"];
+export type Meta = Schemas["ObjectMeta"];
+export type Grant = Schemas["Grant"];
+export type Me = Schemas["Principal"];
+export type InventoryEntry = Schemas["InventoryEntry"];
+export type Cluster = Schemas["Cluster"];
+export type Quota = Schemas["Quota"];
+export type FlavorUsage = Schemas["FlavorUsage"];
+export type Budget = Schemas["Budget"];
+export type BudgetAction = Schemas["BudgetAction"];
+export type BudgetStatus = Schemas["BudgetStatus"];
+export type Team = Schemas["Team"];
+export type UsageHistory = Schemas["UsageHistory"];
+export type GroupBy = Schemas["GroupBy"];
+export type ReportBucket = Schemas["Bucket"];
+export type UsageAmounts = Schemas["UsageAmounts"];
+export type UsageRow = Schemas["UsageRow"];
+export type TeamUsage = Schemas["TeamUsage"];
+export type UsageReport = Schemas["UsageReport"];
+export type PreviewWorkload = Schemas["PreviewWorkload"];
+export type QuotaPreview = Schemas["QuotaPreview"];
+export type Phase = Schemas["Phase"];
+export type Workload = Schemas["Workload"];
+export type WorkloadEvent = Schemas["Event"];
+export type Queue = Schemas["Queue"];
+export type WorkloadSummary = Schemas["WorkloadSummary"];
+export type NodeView = Schemas["NodeView"];
 
 /// What the signed-in principal may do, as far as the dashboard shows controls for it (the
 /// API decides in the end).
@@ -148,117 +155,6 @@ export function abilities(me: Me) {
     /// Teams whose subtree the principal administers.
     adminOf: me.grants.filter((g) => g.role === "team-admin" && g.team).map((g) => g.team as string),
   };
-}
-
-export interface InventoryEntry {
-  flavor: string;
-  nodes: number;
-  gpus_total: number;
-  gpus_free: number;
-}
-
-export interface Cluster {
-  metadata: Meta;
-  spec: { kind: string; cordoned?: boolean; [k: string]: unknown };
-  status: {
-    health: string;
-    last_sync?: string;
-    message?: string;
-    inventory: InventoryEntry[];
-  };
-}
-
-export interface Quota {
-  flavor: string;
-  guaranteed: number;
-  limit?: number | null;
-  weight: number;
-}
-
-/** A team's use of a flavor: its own workloads', and its subtree's (the team and every team below it). */
-export interface FlavorUsage {
-  flavor: string;
-  allocated: number;
-  borrowed: number;
-  fair_share: number;
-  subtree_allocated: number;
-  subtree_borrowed: number;
-  subtree_fair_share: number;
-}
-
-/// GPU-hours a team's subtree may use per week or month, of one flavor or of all.
-export interface Budget {
-  flavor?: string | null;
-  gpu_hours: number;
-  period: "week" | "month";
-  action: "warn" | "stop_borrowing" | "stop_new";
-}
-
-/// A budget's use in its current period.
-export interface BudgetStatus {
-  budget: Budget;
-  used_gpu_hours: number;
-  state: "ok" | "warning" | "exhausted";
-  period_start: string;
-  resets_at: string;
-  updated_at: string;
-}
-
-export interface Team {
-  metadata: Meta;
-  spec: { parent?: string | null; description?: string | null; quotas: Quota[]; budgets?: Budget[] };
-  status: { usage: FlavorUsage[]; budgets?: BudgetStatus[] };
-}
-
-export interface UsageHistory {
-  since: string;
-  series: { team: string; flavor: string; points: { at: string; allocated: number; borrowed: number }[] }[];
-}
-
-export type GroupBy = "team" | "owner" | "flavor" | "cluster" | "kind" | "backend";
-export type ReportBucket = "hour" | "day" | "week" | "month";
-
-/// GPU-hours (within the guarantee and borrowed beyond it) and their cost.
-export interface UsageAmounts {
-  gpu_hours: number;
-  in_quota_gpu_hours: number;
-  borrowed_gpu_hours: number;
-  cost: number;
-}
-
-/// A report's row: its bucket (when bucketed) and the values of the dimensions it was
-/// grouped by; the others are absent.
-export interface UsageRow extends UsageAmounts {
-  bucket?: string;
-  team?: string;
-  /// "" for work from before owners were recorded.
-  owner?: string;
-  flavor?: string;
-  cluster?: string;
-  kind?: string;
-  backend?: string;
-}
-
-/// A team's totals in a report: its own workloads', and its subtree's.
-export interface TeamUsage {
-  team: string;
-  /// Absent for a top-level team (a department).
-  parent?: string | null;
-  own: UsageAmounts;
-  subtree: UsageAmounts;
-  guaranteed_gpu_hours: number;
-  idle_guarantee_gpu_hours: number;
-}
-
-export interface UsageReport {
-  from: string;
-  to: string;
-  bucket?: ReportBucket;
-  group_by: GroupBy[];
-  totals: UsageAmounts;
-  rows: UsageRow[];
-  /// Every team with usage or a guarantee in the period.
-  teams: TeamUsage[];
 }
 
 /// The path of a usage report over `[from, to)` (RFC 3339; the API's defaults when absent).
@@ -279,21 +175,7 @@ export function reportPath(q: {
   return `/api/v1/usage/report${s ? `?${s}` : ""}`;
 }
 
-export interface PreviewWorkload {
-  team?: string | null;
-  name?: string | null;
-  gpus: number;
-}
-
-export interface QuotaPreview {
-  summary: string[];
-  admitted: PreviewWorkload[];
-  no_longer_admitted: PreviewWorkload[];
-  preempted: PreviewWorkload[];
-  no_longer_preempted: PreviewWorkload[];
-  fair_shares: { team: string; flavor: string; before: number; after: number }[];
-}
-
+/// Every phase, in the order a workload moves through them.
 export const PHASES = [
   "Pending",
   "Admitted",
@@ -304,67 +186,10 @@ export const PHASES = [
   "Succeeded",
   "Failed",
   "Cancelled",
-] as const;
-
-export interface Workload {
-  metadata: Meta & { team: string; deletion_timestamp?: string };
-  spec: {
-    kind: string;
-    priority?: number;
-    preemptible?: boolean;
-    tasks: { count: number; resources: { flavors: string[]; gpus: number; cpus?: number; memory_mib?: number } };
-    [k: string]: unknown;
-  };
-  status: {
-    phase: (typeof PHASES)[number];
-    attempt: number;
-    submitted_at?: string;
-    admission?: { cluster: string; flavor: string; borrowed: boolean };
-    backend_ref?: { cluster: string; job_id: string; output?: string };
-    pending_reason?: { code: string; message: string };
-    queue_position?: { global: number; team: number };
-    /// While pending: when it should start, and why then.
-    estimated_start?: { at: string; basis: string };
-    /// Set once someone cancelled it.
-    cancellation?: { requested_at: string; by: string };
-    started_at?: string;
-    finished_at?: string;
-    exit_code?: number;
-    reason?: string;
-    message?: string;
-  };
-}
-
-export interface WorkloadEvent {
-  id: number;
-  type: "Normal" | "Warning";
-  reason: string;
-  message: string;
-  time: string;
-}
+] as const satisfies readonly Phase[];
 
 export function gpusOf(w: Workload): number {
   return w.spec.tasks.count * w.spec.tasks.resources.gpus;
-}
-
-export interface Queue {
-  total: number;
-  gpus: number;
-  items: Workload[];
-}
-
-export interface WorkloadSummary {
-  phases: { phase: (typeof PHASES)[number]; workloads: number; gpus: number }[];
-}
-
-export interface NodeView {
-  name: string;
-  flavor?: string | null;
-  block?: string | null;
-  gpus: number;
-  unavailable_gpus: number;
-  allocated_gpus: number;
-  schedulable: boolean;
 }
 
 /// Replaces the spec of the object at `path` with `change(spec)`, conditionally on the

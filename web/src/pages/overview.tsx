@@ -108,7 +108,7 @@ export function Overview() {
                 <td>{first && c.spec.kind}</td>
                 <td>
                   {first && (
-                    <span class={`badge ${c.status.health.toLowerCase()}`} title={c.status.message}>
+                    <span class={`badge ${c.status.health.toLowerCase()}`} title={c.status.message ?? undefined}>
                       {c.status.health}
                       {c.spec.cordoned ? " · cordoned" : ""}
                     </span>

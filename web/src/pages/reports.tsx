@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, Budget, BudgetStatus, ReportBucket, Team, TeamUsage, UsageReport, UsageRow, all, api, apiBlob, reportPath } from "../api";
+import { ApiError, Budget, BudgetAction, BudgetStatus, ReportBucket, Team, TeamUsage, UsageReport, UsageRow, all, api, apiBlob, reportPath } from "../api";
 import { usePoll } from "../app";
 import { Layer, StackedChart } from "../chart";
 
@@ -152,7 +152,7 @@ export function topConsumers(rows: UsageRow[], count: number) {
     .slice(0, count);
 }
 
-function ownerName(owner: string | undefined) {
+function ownerName(owner: string | null | undefined) {
   return owner ? owner : <span class="muted">(not recorded)</span>;
 }
 
@@ -456,7 +456,7 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
   );
 }
 
-const ACTIONS: Record<BudgetStatus["budget"]["action"], string> = {
+const ACTIONS: Record<BudgetAction, string> = {
   warn: "warns only",
   stop_borrowing: "then no borrowing",
   stop_new: "then no new work",
@@ -482,7 +482,7 @@ function BudgetBar({ team, index, budget, status: s }: { team: string; index: nu
           <strong>{team}</strong> <span class="muted">{what}</span>
         </div>
         <div class="muted">
-          {hours(budget.gpu_hours)} GPU-hours · action: {budget.action} ({ACTIONS[budget.action] ?? budget.action}) · not added up yet
+          {hours(budget.gpu_hours)} GPU-hours · action: {budget.action ?? "warn"} ({ACTIONS[budget.action ?? "warn"]}) · not added up yet
         </div>
       </li>
     );
@@ -506,7 +506,7 @@ function BudgetBar({ team, index, budget, status: s }: { team: string; index: nu
       </div>
       <div class="muted">
         <span data-testid="budget-used">{hours(s.used_gpu_hours)}</span> of {hours(allowed)} GPU-hours ({percent(s.used_gpu_hours, allowed)}) ·
-        action: {s.budget.action} ({ACTIONS[s.budget.action] ?? s.budget.action}) · resets{" "}
+        action: {s.budget.action ?? "warn"} ({ACTIONS[s.budget.action ?? "warn"]}) · resets{" "}
         <time dateTime={s.resets_at}>{new Date(s.resets_at).toLocaleString()}</time>
       </div>
     </li>

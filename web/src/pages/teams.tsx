@@ -77,10 +77,10 @@ export function Teams({ me }: { me: Me }) {
         </thead>
         <tbody>
           {ordered.flatMap(({ team: t, depth }) => {
-            const flavors = [...new Set([...t.spec.quotas.map((q) => q.flavor), ...t.status.usage.map((u) => u.flavor)])];
+            const flavors = [...new Set([...(t.spec.quotas ?? []).map((q) => q.flavor), ...t.status.usage.map((u) => u.flavor)])];
             const rows = flavors.length ? flavors : [null];
             return rows.map((flavor, i) => {
-              const q = t.spec.quotas.find((q) => q.flavor === flavor);
+              const q = t.spec.quotas?.find((q) => q.flavor === flavor);
               const u = t.status.usage.find((u) => u.flavor === flavor);
               // A department's guarantee covers its whole subtree: show the subtree's totals.
               const over = u && u.subtree_borrowed > 0;
@@ -153,7 +153,7 @@ type Draft = { flavor: string; guaranteed: string; limit: string; weight: string
 function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const name = team.metadata.name;
   const [draft, setDraft] = useState<Draft[]>(
-    team.spec.quotas.map((q) => ({
+    (team.spec.quotas ?? []).map((q) => ({
       flavor: q.flavor,
       guaranteed: String(q.guaranteed),
       limit: q.limit == null ? "" : String(q.limit),

@@ -3,7 +3,7 @@ import { ApiError, Me, PHASES, Page, Team, Workload, WorkloadEvent, abilities, a
 import { usePoll } from "../app";
 import { fmt } from "./overview";
 
-function when(t?: string): string {
+function when(t?: string | null): string {
   return t ? new Date(t).toLocaleString() : "";
 }
 
@@ -142,7 +142,7 @@ export function WorkloadDetail({ me }: { me: Me }) {
   const { workload: w, events } = data;
   const s = w.status;
   const estimate = s.estimated_start && `${when(s.estimated_start.at)} (${s.estimated_start.basis})`;
-  const facts: [string, string | number | undefined][] = [
+  const facts: [string, string | number | null | undefined][] = [
     ["Phase", s.phase],
     ["Owner", w.metadata.owner?.subject],
     ["Why", s.pending_reason?.message ?? s.message],
@@ -189,7 +189,7 @@ export function WorkloadDetail({ me }: { me: Me }) {
       {cancelError && <p class="error" role="alert">{cancelError}</p>}
       <dl class="facts">
         {facts
-          .filter(([, v]) => v !== undefined && v !== "")
+          .filter(([, v]) => v !== undefined && v !== null && v !== "")
           .map(([k, v]) => (
             <>
               <dt>{k}</dt>
