@@ -6017,6 +6017,11 @@ export interface operations {
                  *     `serviceaccount:ci`); `me` for the caller's own.
                  */
                 owner?: string;
+                /**
+                 * @description Only workloads whose name contains this (names are lower case: so is the search).
+                 * @example bert
+                 */
+                name_contains?: string;
                 /** @description Items per page, 1 to 500 (default 100). */
                 limit?: number;
                 /** @description The `next` value of the previous page. */
@@ -7763,6 +7768,11 @@ export interface operations {
                  *     `serviceaccount:ci`); `me` for the caller's own.
                  */
                 owner?: string;
+                /**
+                 * @description Only workloads whose name contains this (names are lower case: so is the search).
+                 * @example bert
+                 */
+                name_contains?: string;
                 /** @description Items per page, 1 to 500 (default 100). */
                 limit?: number;
                 /** @description The `next` value of the previous page. */

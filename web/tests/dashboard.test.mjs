@@ -208,6 +208,41 @@ test("the workloads table filters by phase through the API", async () => {
   await page.close();
 });
 
+test("the workloads table searches names through the API and sorts by a column", async () => {
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/workloads");
+  await page.locator("tr[data-workload]").first().waitFor();
+  const shown = () => page.locator("tr[data-workload]").evaluateAll((rows) => rows.map((r) => r.dataset.workload));
+  const shows = async (expected) => {
+    await eventually(async () => JSON.stringify(await shown()) === JSON.stringify(expected));
+  };
+  // Typed in capitals: names are lower case, and so is the search.
+  await page.getByLabel("Name contains").fill("T");
+  const api = await berth.call("GET", "/api/v1/workloads?name_contains=t");
+  const expected = api.items.map((w) => `${w.metadata.team}/${w.metadata.name}`);
+  assert.deepEqual(expected, ["nlp/t1", "nlp/t2", "nlp/t3", "nlp/t4"]);
+  await shows(expected);
+  await page.getByLabel("Name contains").fill("t3");
+  await shows(["nlp/t3"]);
+  await page.getByLabel("Name contains").fill("");
+  await shows(["nlp/t1", "nlp/t2", "nlp/t3", "nlp/t4", "vision/v1"]);
+  // A heading sorts by its column, again the other way.
+  const name = page.getByRole("button", { name: "Name", exact: true });
+  await name.click();
+  await name.click();
+  await shows(["vision/v1", "nlp/t4", "nlp/t3", "nlp/t2", "nlp/t1"]);
+  assert.equal(await page.getByRole("columnheader", { name: /Name/ }).getAttribute("aria-sort"), "descending");
+  // The waiting t4 has waited since it was submitted (and is still counting); a running one
+  // waited until it started.
+  const inQueue = (w) => page.locator(`tr[data-workload="${w}"] td`).nth(8).textContent();
+  assert.match(await inQueue("nlp/t4"), /^\d+ (s|min)$/);
+  const t1 = (await berth.call("GET", "/api/v1/teams/nlp/workloads/t1")).status;
+  const waited = Math.round((Date.parse(t1.started_at) - Date.parse(t1.submitted_at)) / 1000);
+  assert.ok(waited < 60, `t1 waited ${waited} s`);
+  assert.equal(await inQueue("nlp/t1"), `${waited} s`);
+  await page.close();
+});
+
 test("an admin cordons and uncordons a cluster; a viewer has no such button", async () => {
   const page = await signedIn();
   await page.goto(berth.origin + "/#/clusters");

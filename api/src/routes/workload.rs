@@ -67,6 +67,9 @@ pub struct WorkloadListParams {
     /// Only workloads submitted by this subject (`metadata.owner.subject`, e.g. `alice` or
     /// `serviceaccount:ci`); `me` for the caller's own.
     pub owner: Option<String>,
+    /// Only workloads whose name contains this (names are lower case: so is the search).
+    #[param(pattern = "^[a-z0-9-]{1,63}$", example = "bert")]
+    pub name_contains: Option<String>,
     /// Items per page, 1 to 500 (default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
@@ -77,6 +80,10 @@ pub struct WorkloadListParams {
 
 impl WorkloadListParams {
     fn filter(&self) -> Result<WorkloadFilter, berth_core::Error> {
+        if let Some(part) = &self.name_contains {
+            berth_core::validation::check_name_part(part)
+                .map_err(|m| berth_core::Error::invalid("name_contains", m))?;
+        }
         let labels = match &self.label_selector {
             Some(s) => LabelSelector::parse("label_selector", s)?,
             None => LabelSelector::default(),
@@ -89,6 +96,7 @@ impl WorkloadListParams {
             kind: self.kind,
             labels,
             owner_subject: self.owner.clone(),
+            name_contains: self.name_contains.clone(),
             owner_issuer: None,
         })
     }

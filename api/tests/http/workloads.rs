@@ -59,6 +59,10 @@ async fn workload_lists_page_and_filter(db: berth_store::PgPool) {
     assert_eq!(collect_pages(&s, "/api/v1/workloads?label_selector=tier%3Dgold", 5).await, ["a", "b"]);
     assert_eq!(collect_pages(&s, "/api/v1/workloads?label_selector=tier!%3Dgold,tier", 1).await, ["d", "a", "c"]);
     assert!(collect_pages(&s, "/api/v1/workloads?label_selector=!tier", 5).await.is_empty());
+    assert_eq!(collect_pages(&s, "/api/v1/workloads?name_contains=a", 1).await, ["a", "a"]);
+    assert_eq!(collect_pages(&s, "/api/v1/teams/vision/workloads?name_contains=c", 5).await, ["c"]);
+    assert!(collect_pages(&s, "/api/v1/workloads?name_contains=e", 5).await.is_empty());
+    s.get("/api/v1/workloads?name_contains=A").await.assert_problem(422, Some("name_contains"));
     s.get("/api/v1/workloads?phase=Sleeping").await.assert_problem(400, Some("phase"));
     s.get("/api/v1/workloads?label_selector=a%3Db%20c").await.assert_problem(422, Some("label_selector"));
     s.get("/api/v1/workloads?colour=red").await.assert_problem(400, Some("colour"));

@@ -237,6 +237,9 @@ pub struct GetArgs {
     /// Only workloads in this phase
     #[arg(long)]
     phase: Option<String>,
+    /// Only workloads whose name contains this
+    #[arg(long)]
+    name_contains: Option<String>,
     /// Keep watching: print the table again whenever it changes
     #[arg(short, long)]
     watch: bool,
@@ -260,7 +263,14 @@ pub async fn get(env: &Env<'_>, a: GetArgs) -> Result<i32> {
     }
     let mut query = Vec::new();
     if a.kind == ObjectKind::Workloads {
-        for (k, v) in [("team", &a.team), ("label_selector", &a.selector), ("owner", &a.owner), ("phase", &a.phase)] {
+        let filters = [
+            ("team", &a.team),
+            ("label_selector", &a.selector),
+            ("owner", &a.owner),
+            ("phase", &a.phase),
+            ("name_contains", &a.name_contains),
+        ];
+        for (k, v) in filters {
             if let Some(v) = v {
                 query.push(format!("{k}={}", seg(v)));
             }
@@ -419,7 +429,16 @@ pub async fn describe(env: &Env<'_>, kind: ObjectKind, name: &str, team: Option<
     if kind != ObjectKind::Workloads {
         return get(
             env,
-            GetArgs { kind, name: Some(name.to_owned()), team, selector: None, owner: None, phase: None, watch: false },
+            GetArgs {
+                kind,
+                name: Some(name.to_owned()),
+                team,
+                selector: None,
+                owner: None,
+                phase: None,
+                name_contains: None,
+                watch: false,
+            },
         )
         .await;
     }

@@ -365,6 +365,11 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         .map(|w| w["metadata"]["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names, ["nb", "train", "waiter"]);
+    let searched = w.berth_as(&alice, &["get", "workloads", "--owner", "me", "--name-contains", "ai", "-o", "json"]);
+    let searched: Value = serde_json::from_slice(&searched.stdout).unwrap();
+    let names: Vec<&str> =
+        searched["items"].as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["train", "waiter"]);
     let described = w.ok(&["describe", "workload", "train", "--team", "nlp"]);
     assert!(
         described.contains("Owner") && described.contains("Events:") && described.contains("Admitted"),

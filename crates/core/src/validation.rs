@@ -121,6 +121,18 @@ pub fn check_name_prefix(prefix: &str) -> Result<(), String> {
     })
 }
 
+/// A search within names: what a DNS-1123 label may contain.
+///
+/// # Errors
+/// A message saying what is wrong with it.
+pub fn check_name_part(part: &str) -> Result<(), String> {
+    let ok = !part.is_empty()
+        && part.len() <= NAME_MAX
+        && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then_some(())
+        .ok_or_else(|| format!("must be 1 to {NAME_MAX} lower-case letters, digits and '-' (names have no others)"))
+}
+
 /// # Errors
 /// A message saying what is wrong with it.
 pub fn check_dns_label(value: &str) -> Result<(), String> {

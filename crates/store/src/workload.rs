@@ -98,6 +98,8 @@ pub struct WorkloadFilter {
     pub owner_subject: Option<String>,
     /// ... and this issuer.
     pub owner_issuer: Option<String>,
+    /// Only workloads whose name contains this.
+    pub name_contains: Option<String>,
 }
 
 /// Fetches a workload by team and name.
@@ -281,6 +283,7 @@ pub async fn workload_list(
                      AND ($12::text[] IS NULL OR team_name = ANY($12))
                      AND ($14::text IS NULL OR owner ->> 'subject' = $14)
                      AND ($15::text IS NULL OR owner ->> 'issuer' = $15)
+                     AND ($16::text IS NULL OR strpos(name, $16) > 0)
                    ORDER BY team_name, name
                    LIMIT $11) matching
            ), counted AS (SELECT uid, size, running, count(*) OVER () AS fetched FROM keys)
@@ -304,6 +307,7 @@ pub async fn workload_list(
         PAGE_BYTES,
         filter.owner_subject.as_deref(),
         filter.owner_issuer.as_deref(),
+        filter.name_contains.as_deref(),
     )
     .fetch_all(db)
     .await

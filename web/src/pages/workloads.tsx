@@ -7,23 +7,79 @@ function when(t?: string | null): string {
   return t ? new Date(t).toLocaleString() : "";
 }
 
-/// The workloads table: filters by team, phase and kind (applied by the API), 100 a page.
+/// A span of time, roughly: "45 s", "12 min", "3 h 5 min", "2 d 4 h".
+export function duration(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  return h % 24 ? `${Math.floor(h / 24)} d ${h % 24} h` : `${Math.floor(h / 24)} d`;
+}
+
+/// How long a workload waited to start: until now while it waits, until its start once
+/// it started; `undefined` when it was never submitted or ended without starting.
+function queued(w: Workload, now: number): number | undefined {
+  const s = w.status;
+  if (!s.submitted_at) return undefined;
+  const until = s.started_at ? Date.parse(s.started_at) : FINAL.includes(s.phase) ? undefined : now;
+  return until === undefined ? undefined : until - Date.parse(s.submitted_at);
+}
+
+function inQueue(w: Workload, now: number): string {
+  const q = queued(w, now);
+  return q === undefined ? "" : duration(q);
+}
+
+/// The table's columns: heading, and the value it sorts by.
+const COLUMNS: [string, (w: Workload, now: number) => string | number | undefined][] = [
+  ["Team", (w) => w.metadata.team ?? ""],
+  ["Name", (w) => w.metadata.name],
+  ["Owner", (w) => w.metadata.owner?.subject ?? ""],
+  ["Kind", (w) => w.spec.kind],
+  ["Phase", (w) => PHASES.indexOf(w.status.phase)],
+  ["GPUs", (w) => gpusOf(w)],
+  ["Cluster", (w) => w.status.admission?.cluster ?? ""],
+  ["Submitted", (w) => w.status.submitted_at ?? ""],
+  ["In queue", (w, now) => queued(w, now)],
+  ["Estimated start", (w) => (w.status.phase === "Pending" ? w.status.estimated_start?.at : undefined)],
+];
+
+/// Orders `items` by column `by` (ascending, or descending), those without a value last.
+function sorted(items: Workload[], by: number, descending: boolean, now: number): Workload[] {
+  const key = COLUMNS[by][1];
+  return [...items].sort((a, b) => {
+    const [x, y] = [key(a, now), key(b, now)];
+    if (x === undefined || y === undefined) return x === y ? 0 : x === undefined ? 1 : -1;
+    const order = x < y ? -1 : x > y ? 1 : 0;
+    return descending ? -order : order;
+  });
+}
+
+/// The workloads table: filters by team, phase, kind and part of the name (applied by the
+/// API), 100 a page; a column's heading sorts the page by it.
 export function Workloads() {
   const params = new URLSearchParams(location.hash.split("?")[1] ?? "");
   const [team, setTeam] = useState(params.get("team") ?? "");
   const [phase, setPhase] = useState(params.get("phase") ?? "");
   const [kind, setKind] = useState(params.get("kind") ?? "");
   const [mine, setMine] = useState(params.get("owner") === "me");
+  const [search, setSearch] = useState(params.get("name_contains") ?? "");
+  const [sort, setSort] = useState<{ by: number; descending: boolean } | null>(null);
   const [pages, setPages] = useState<string[]>([]);
   const query = new URLSearchParams({ limit: "100" });
   if (team) query.set("team", team);
   if (phase) query.set("phase", phase);
   if (kind) query.set("kind", kind);
   if (mine) query.set("owner", "me");
+  if (search) query.set("name_contains", search);
   const cursor = pages[pages.length - 1];
   if (cursor) query.set("cursor", cursor);
   const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60000);
-  const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, mine, cursor]);
+  const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, mine, search, cursor]);
+  const now = Date.now();
+  const items = page && sort ? sorted(page.items, sort.by, sort.descending, now) : (page?.items ?? []);
   const filter = (set: (v: string) => void) => (e: Event) => {
     set((e.currentTarget as HTMLSelectElement).value);
     setPages([]);
@@ -70,6 +126,17 @@ export function Workloads() {
           />{" "}
           Mine only
         </label>
+        <label>
+          Name contains{" "}
+          <input
+            type="search"
+            value={search}
+            onInput={(e) => {
+              setSearch((e.currentTarget as HTMLInputElement).value.trim().toLowerCase());
+              setPages([]);
+            }}
+          />
+        </label>
       </form>
       {error && <p class="error" role="alert">{error.message}</p>}
       {!page ? (
@@ -79,18 +146,26 @@ export function Workloads() {
           <table class="workloads">
             <thead>
               <tr>
-                <th scope="col">Team</th>
-                <th scope="col">Name</th>
-                <th scope="col">Owner</th>
-                <th scope="col">Kind</th>
-                <th scope="col">Phase</th>
-                <th scope="col" class="num">GPUs</th>
-                <th scope="col">Cluster</th>
-                <th scope="col">Submitted</th>
+                {COLUMNS.map(([heading], i) => (
+                  <th
+                    scope="col"
+                    class={heading === "GPUs" ? "num" : undefined}
+                    aria-sort={sort?.by === i ? (sort.descending ? "descending" : "ascending") : undefined}
+                  >
+                    <button
+                      type="button"
+                      class="sort"
+                      onClick={() => setSort({ by: i, descending: sort?.by === i && !sort.descending })}
+                    >
+                      {heading}
+                      <span aria-hidden="true">{sort?.by === i ? (sort.descending ? " ▼" : " ▲") : ""}</span>
+                    </button>
+                  </th>
+                ))}
               </tr>
             </thead>
             <tbody>
-              {page.items.map((w) => (
+              {items.map((w) => (
                 <tr data-workload={`${w.metadata.team}/${w.metadata.name}`}>
                   <td>{w.metadata.team}</td>
                   <td>
@@ -104,6 +179,8 @@ export function Workloads() {
                   <td class="num">{fmt(gpusOf(w))}</td>
                   <td>{w.status.admission?.cluster ?? ""}</td>
                   <td>{when(w.status.submitted_at)}</td>
+                  <td>{inQueue(w, now)}</td>
+                  <td>{w.status.phase === "Pending" ? when(w.status.estimated_start?.at) : ""}</td>
                 </tr>
               ))}
             </tbody>
