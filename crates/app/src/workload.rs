@@ -330,7 +330,6 @@ async fn create_batch(
     let mut wanted: Vec<String> = items.iter().flat_map(|w| w.spec.tasks.resources.flavors.iter().cloned()).collect();
     wanted.sort_unstable();
     wanted.dedup();
-    // The empty name is never a workload's: only the team and the flavors are looked up.
     let lookup = store::workload_lookup(db, team, &wanted).await?;
     let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
     if !lookup.missing_flavors.is_empty() {
