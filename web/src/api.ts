@@ -145,6 +145,8 @@ export type WorkloadEvent = Schemas["Event"];
 export type Queue = Schemas["Queue"];
 export type WorkloadSummary = Schemas["WorkloadSummary"];
 export type NodeView = Schemas["NodeView"];
+export type AuditRecord = Schemas["AuditRecord"];
+export type AuditList = Schemas["AuditList"];
 
 /// What the signed-in principal may do, as far as the dashboard shows controls for it (the
 /// API decides in the end).
@@ -152,6 +154,8 @@ export function abilities(me: Me) {
   const global = (role: Grant["role"]) => me.grants.some((g) => g.role === role && !g.team);
   return {
     platformAdmin: global("platform-admin"),
+    /// The audit log is for platform admins and global viewers.
+    readsAudit: global("platform-admin") || global("viewer"),
     /// Teams whose subtree the principal administers.
     adminOf: me.grants.filter((g) => g.role === "team-admin" && g.team).map((g) => g.team as string),
   };

@@ -1,5 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, Me, api, saveToken, savedToken } from "./api";
+import { ApiError, Me, abilities, api, saveToken, savedToken } from "./api";
+import { Audit } from "./pages/audit";
 import { Overview } from "./pages/overview";
 import { Clusters } from "./pages/clusters";
 import { Queue } from "./pages/queue";
@@ -8,13 +9,20 @@ import { Teams } from "./pages/teams";
 import { WorkloadDetail, Workloads } from "./pages/workloads";
 
 /// The pages, by the hash that shows them.
-const PAGES: { hash: string; title: string; view: (p: { me: Me }) => preact.JSX.Element }[] = [
+const PAGES: {
+  hash: string;
+  title: string;
+  view: (p: { me: Me }) => preact.JSX.Element;
+  /// Listed for those who may use it (all when absent).
+  for?: (me: Me) => boolean;
+}[] = [
   { hash: "#/overview", title: "Overview", view: Overview },
   { hash: "#/teams", title: "Teams", view: Teams },
   { hash: "#/queue", title: "Queue", view: Queue },
   { hash: "#/workloads", title: "Workloads", view: Workloads },
   { hash: "#/clusters", title: "Clusters", view: Clusters },
   { hash: "#/reports", title: "Reports", view: Reports },
+  { hash: "#/audit", title: "Audit", view: Audit, for: (me) => abilities(me).readsAudit },
 ];
 
 /// Pages reached by links, not listed in the navigation.
@@ -48,7 +56,7 @@ export function App() {
       <header>
         <span class="brand">Berth</span>
         <nav aria-label="Pages">
-          {PAGES.map((p) => (
+          {PAGES.filter((p) => !p.for || p.for(me)).map((p) => (
             <a href={p.hash} aria-current={p === page ? "page" : undefined}>
               {p.title}
             </a>

@@ -2456,6 +2456,10 @@ export interface operations {
                 name?: string;
                 /** @description Only records of this actor. */
                 actor?: string;
+                /** @description Only changes made at or after this time (RFC 3339). */
+                since?: string;
+                /** @description Only changes made before this time (RFC 3339). */
+                until?: string;
                 /** @description Items per page, 1 to 500 (default 100). */
                 limit?: number;
                 /** @description The `next` value of the previous page. */

@@ -250,6 +250,37 @@ test("the workloads table searches names through the API and sorts by a column",
   await page.close();
 });
 
+test("the audit page shows who changed what, filtered through the API, to admins and global viewers only", async () => {
+  const page = await signedIn();
+  await page.getByRole("link", { name: "Audit" }).click();
+  await page.locator("tr[data-audit]").first().waitFor();
+  await page.getByLabel("Kind").selectOption("workload");
+  await page.getByLabel("Object name").fill("t1");
+  await page.getByLabel("Object name").press("Enter");
+  const records = (await berth.call("GET", "/api/v1/audit?kind=workload&name=t1")).items;
+  assert.ok(records.some((r) => r.verb === "create" && r.team === "nlp"), JSON.stringify(records));
+  await eventually(async () => {
+    const shown = await page.locator("tr[data-audit]").evaluateAll((rows) => rows.map((r) => Number(r.dataset.audit)));
+    return JSON.stringify(shown) === JSON.stringify(records.map((r) => r.id));
+  });
+  // Within the last hour: the same records; what is filtered is asked of the API.
+  const asked = page.waitForRequest((r) => r.url().includes("/api/v1/audit?") && r.url().includes("since="));
+  await page.getByLabel("Period").selectOption("last hour");
+  const since = new URL((await asked).url()).searchParams.get("since");
+  assert.ok(Math.abs(Date.parse(since) - (Date.now() - 3600_000)) < 60_000, since);
+  await eventually(async () => (await page.locator("tr[data-audit]").count()) === records.length);
+  const created = records.find((r) => r.verb === "create" && r.team === "nlp");
+  const cells = await page.locator(`tr[data-audit="${created.id}"] td`).allTextContents();
+  assert.deepEqual(cells.slice(1, 5), [created.actor, "create", "workload nlp/t1", "— → 1"]);
+  await page.close();
+  const viewer = await signedIn(berth.token("viewer"));
+  await viewer.getByRole("link", { name: "Audit" }).waitFor();
+  await viewer.close();
+  const member = await signedIn(berth.token("member", "vision"));
+  assert.equal(await member.getByRole("link", { name: "Audit" }).count(), 0);
+  await member.close();
+});
+
 test("an admin cordons and uncordons a cluster; a viewer has no such button", async () => {
   const page = await signedIn();
   await page.goto(berth.origin + "/#/clusters");
@@ -285,6 +316,7 @@ test("on a narrow screen every page fits its width", async () => {
     ["#/queue", "h1"],
     ["#/workloads", "tr[data-workload]"],
     ["#/clusters", 'section[data-cluster="sim-a"]'],
+    ["#/audit", "tr[data-audit]"],
   ]) {
     await page.goto(berth.origin + "/" + hash);
     await page.locator(ready).first().waitFor();

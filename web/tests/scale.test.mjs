@@ -125,6 +125,14 @@ test("clusters", async () => {
   await page.close();
 });
 
+test("audit: the newest hundred changes", async () => {
+  const page = await timePage("audit", "#/audit", (p) => p.locator("tr[data-audit]").first());
+  const newest = (await berth.call("GET", "/api/v1/audit?limit=1")).items[0];
+  assert.equal(await page.locator("tr[data-audit]").count(), 100);
+  assert.equal(await page.locator("tr[data-audit]").first().getAttribute("data-audit"), String(newest.id));
+  await page.close();
+});
+
 test("a workload's detail", async () => {
   const page = await timePage("workload", "#/workload/team-0-0/w-0", (p) => p.locator('dd[data-fact="Phase"]'));
   await page.close();

@@ -69,6 +69,10 @@ pub struct AuditParams {
     pub name: Option<String>,
     /// Only records of this actor.
     pub actor: Option<String>,
+    /// Only changes made at or after this time (RFC 3339).
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only changes made before this time (RFC 3339).
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
     /// Items per page, 1 to 500 (default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
@@ -90,7 +94,12 @@ async fn list_audit(
     ApiQuery(q): ApiQuery<AuditParams>,
 ) -> Result<Response, ApiError> {
     let page = PageRequest::new(q.limit, q.cursor.as_deref())?;
-    let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor };
+    if let (Some(since), Some(until)) = (q.since, q.until)
+        && until <= since
+    {
+        return Err(berth_core::Error::invalid("until", "must be after since").into());
+    }
+    let filter = AuditFilter { kind: q.kind, name: q.name, actor: q.actor, since: q.since, until: q.until };
     Ok(list::<_, AuditList>(app::audit_list(&s.db, &opctx, &filter, &page).await?))
 }
 

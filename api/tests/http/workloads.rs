@@ -154,6 +154,21 @@ async fn audit_records_every_mutation_with_generations(db: berth_store::PgPool) 
     assert!(records.iter().all(|r| r["actor"] == "admin" && r["team"] == "nlp" && r["request_id"].is_string()));
     let all = collect_audit(&s).await;
     assert_eq!(all, 7, "2 flavors, 2 teams, and 3 workload writes (the unchanged re-PUT is no mutation)");
+
+    // A period: from the update on (at or after its time), and before the delete.
+    let time = |verb: &str| records.iter().find(|r| r["verb"] == verb).unwrap()["time"].as_str().unwrap().to_owned();
+    let q = |s: &str| s.replace('+', "%2B");
+    let period = format!("/api/v1/audit?kind=workload&since={}&until={}", q(&time("update")), q(&time("delete")));
+    let verbs: Vec<String> = s.get(&period).await.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["verb"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(verbs, ["update"]);
+    let backwards = format!("/api/v1/audit?since={}&until={}", q(&time("delete")), q(&time("update")));
+    s.get(&backwards).await.assert_problem(422, Some("until"));
+    s.get("/api/v1/audit?since=yesterday").await.assert_problem(400, Some("since"));
 }
 
 async fn collect_audit(s: &Server) -> usize {

@@ -3,6 +3,7 @@
 use berth_core::Error;
 use berth_core::event::{Actor, AuditRecord, AuditVerb};
 use berth_core::page::{Page, PageRequest};
+use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
@@ -26,6 +27,10 @@ pub struct AuditFilter {
     pub kind: Option<String>,
     pub name: Option<String>,
     pub actor: Option<String>,
+    /// Only changes made at or after this time...
+    pub since: Option<DateTime<Utc>>,
+    /// ... and before this one.
+    pub until: Option<DateTime<Utc>>,
 }
 
 /// Appends an audit record.
@@ -66,12 +71,15 @@ pub async fn audit_list(
            FROM audit_log
            WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR name = $2)
              AND ($3::text IS NULL OR actor = $3) AND ($4::bigint IS NULL OR id < $4)
+             AND ($6::timestamptz IS NULL OR at >= $6) AND ($7::timestamptz IS NULL OR at < $7)
            ORDER BY id DESC LIMIT $5"#,
         filter.kind,
         filter.name,
         filter.actor,
         page.after,
-        i64::from(page.limit) + 1
+        i64::from(page.limit) + 1,
+        filter.since,
+        filter.until,
     )
     .fetch_all(db)
     .await

@@ -1,0 +1,127 @@
+import { useState } from "preact/hooks";
+import { AuditList, AuditRecord, api } from "../api";
+import { usePoll } from "../app";
+
+const KINDS = ["workload", "team", "cluster", "flavor"];
+
+/// The periods offered, back from now, in hours.
+const PERIODS: [string, number][] = [
+  ["last hour", 1],
+  ["last day", 24],
+  ["last 7 days", 7 * 24],
+  ["last 30 days", 30 * 24],
+  ["last 90 days", 90 * 24],
+];
+
+/// Where the dashboard shows the object a record is about.
+function objectLink(r: AuditRecord): string | undefined {
+  if (r.kind === "workload" && r.team && r.verb !== "delete") return `#/workload/${r.team}/${r.name}`;
+  if (r.kind === "team") return "#/teams";
+  if (r.kind === "cluster") return "#/clusters";
+  return undefined;
+}
+
+/// The spec's generation before and after the change ("—" where there was none).
+function generations(r: AuditRecord): string {
+  const g = (n?: number | null) => (n === undefined || n === null ? "—" : String(n));
+  return `${g(r.generation_before)} → ${g(r.generation_after)}`;
+}
+
+/// The audit log (platform admins and global viewers): who changed what and when, newest
+/// first, filtered by kind, object name, actor and period (applied by the API), 100 a page.
+export function Audit() {
+  const [kind, setKind] = useState("");
+  const [name, setName] = useState("");
+  const [actor, setActor] = useState("");
+  const [hours, setHours] = useState("");
+  const [pages, setPages] = useState<string[]>([]);
+  const query = new URLSearchParams({ limit: "100" });
+  if (kind) query.set("kind", kind);
+  if (name) query.set("name", name);
+  if (actor) query.set("actor", actor);
+  if (hours) query.set("since", new Date(Date.now() - Number(hours) * 3600_000).toISOString());
+  const cursor = pages[pages.length - 1];
+  if (cursor) query.set("cursor", cursor);
+  const [page, error] = usePoll(() => api<AuditList>(`/api/v1/audit?${query}`), [kind, name, actor, hours, cursor]);
+  const set = (to: (v: string) => void) => (e: Event) => {
+    to((e.currentTarget as HTMLInputElement | HTMLSelectElement).value.trim());
+    setPages([]);
+  };
+  return (
+    <>
+      <h1>Audit</h1>
+      <form class="filters" onSubmit={(e) => e.preventDefault()}>
+        <label>
+          Kind{" "}
+          <select value={kind} onChange={set(setKind)}>
+            <option value="">all</option>
+            {KINDS.map((k) => (
+              <option>{k}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          Object name <input type="search" value={name} onChange={set(setName)} />
+        </label>
+        <label>
+          Actor <input type="search" value={actor} onChange={set(setActor)} />
+        </label>
+        <label>
+          Period{" "}
+          <select value={hours} onChange={set(setHours)}>
+            <option value="">all kept</option>
+            {PERIODS.map(([label, h]) => (
+              <option value={String(h)}>{label}</option>
+            ))}
+          </select>
+        </label>
+      </form>
+      {error && <p class="error" role="alert">{error.message}</p>}
+      {!page ? (
+        <p class="loading">Loading…</p>
+      ) : (
+        <>
+          <table class="audit">
+            <thead>
+              <tr>
+                <th scope="col">When</th>
+                <th scope="col">Actor</th>
+                <th scope="col">Change</th>
+                <th scope="col">Object</th>
+                <th scope="col">Generation</th>
+                <th scope="col">Request</th>
+              </tr>
+            </thead>
+            <tbody>
+              {page.items.map((r) => {
+                const object = `${r.kind} ${r.team ? `${r.team}/` : ""}${r.name}`;
+                const link = objectLink(r);
+                return (
+                  <tr data-audit={r.id}>
+                    <td>
+                      <time dateTime={r.time}>{new Date(r.time).toLocaleString()}</time>
+                    </td>
+                    <td>{r.actor}</td>
+                    <td>{r.verb}</td>
+                    <td>{link ? <a href={link}>{object}</a> : object}</td>
+                    <td>{generations(r)}</td>
+                    <td class="muted">{r.request_id ?? ""}</td>
+                  </tr>
+                );
+              })}
+            </tbody>
+          </table>
+          {page.items.length === 0 && <p class="muted">No change matches.</p>}
+          <div class="actions">
+            <button type="button" disabled={pages.length === 0} onClick={() => setPages(pages.slice(0, -1))}>
+              Newer
+            </button>
+            <button type="button" disabled={!page.next} onClick={() => page.next && setPages([...pages, page.next])}>
+              Older
+            </button>
+          </div>
+        </>
+      )}
+    </>
+  );
+}
