@@ -168,6 +168,9 @@ test("a workload's page shows its owner, logs and estimate, and its owner cancel
   const page = await signedIn(member);
   await page.goto(berth.origin + "/#/workload/vision/v1");
   await page.getByTestId("logs").filter({ hasText: "[sim] task 0 of 1 started on" }).waitFor();
+  // A teammate's workload (the admin submitted v1): a member may not cancel it, and sees no button.
+  await page.locator('dd[data-fact="Owner"]').filter({ hasText: "platform-admin-user" }).waitFor();
+  assert.equal(await page.getByRole("button", { name: "Cancel workload" }).count(), 0);
   // Its own pending workload: owner, the estimate (none: what holds the GPUs has no
   // runtime limit), and a Cancel button.
   await page.goto(berth.origin + "/#/workload/vision/mine");
