@@ -106,13 +106,14 @@ export async function launchBrowser() {
   });
 }
 
-/// Polls `check` until it returns a truthy value (at most `ms`).
-export async function eventually(check, ms = 15000) {
+/// Polls `check` until it returns a truthy value (at most `ms`); `seen` says what the
+/// last try saw, for the error.
+export async function eventually(check, ms = 15000, seen = () => "") {
   const deadline = Date.now() + ms;
   for (;;) {
     const value = await check().catch(() => null);
     if (value) return value;
-    if (Date.now() > deadline) throw new Error(`condition not met in ${ms} ms: ${check}`);
+    if (Date.now() > deadline) throw new Error(`condition not met in ${ms} ms: ${check}\n${seen()}`);
     await new Promise((r) => setTimeout(r, 200));
   }
 }

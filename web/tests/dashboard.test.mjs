@@ -259,13 +259,23 @@ test("the audit page shows who changed what, filtered through the API, to admins
   await page.locator("tr[data-audit]").first().waitFor();
   await page.getByLabel("Kind").selectOption("workload");
   await page.getByLabel("Object name").fill("t1");
+  // What is typed survives the page's refresh (every 5 s) until it is entered.
+  await page.waitForResponse((r) => r.url().includes("/api/v1/audit?") && !r.url().includes("name="));
   await page.getByLabel("Object name").press("Enter");
-  const records = (await berth.call("GET", "/api/v1/audit?kind=workload&name=t1")).items;
+  // The rows are the API's answer to the same filter, asked again on each try (others may
+  // change a t1 meanwhile).
+  let records = [];
+  let shown = [];
+  await eventually(
+    async () => {
+      shown = await page.locator("tr[data-audit]").evaluateAll((rows) => rows.map((r) => Number(r.dataset.audit)));
+      records = (await berth.call("GET", "/api/v1/audit?kind=workload&name=t1")).items;
+      return JSON.stringify(shown) === JSON.stringify(records.map((r) => r.id));
+    },
+    15000,
+    () => `shown ${JSON.stringify(shown)}; the API: ${JSON.stringify(records)}`,
+  );
   assert.ok(records.some((r) => r.verb === "create" && r.team === "nlp"), JSON.stringify(records));
-  await eventually(async () => {
-    const shown = await page.locator("tr[data-audit]").evaluateAll((rows) => rows.map((r) => Number(r.dataset.audit)));
-    return JSON.stringify(shown) === JSON.stringify(records.map((r) => r.id));
-  });
   // Within the last hour: the same records; what is filtered is asked of the API.
   const asked = page.waitForRequest((r) => r.url().includes("/api/v1/audit?") && r.url().includes("since="));
   await page.getByLabel("Period").selectOption("last hour");

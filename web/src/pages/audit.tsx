@@ -27,6 +27,13 @@ function generations(r: AuditRecord): string {
   return `${g(r.generation_before)} → ${g(r.generation_after)}`;
 }
 
+/// A search box applied when its text is entered (Enter or leaving it); what is typed
+/// until then is kept across the page's refreshes.
+function Typed({ onEnter }: { onEnter: (e: Event) => void }) {
+  const [typed, setTyped] = useState("");
+  return <input type="search" value={typed} onInput={(e) => setTyped(e.currentTarget.value)} onChange={onEnter} />;
+}
+
 /// The audit log (platform admins and global viewers): who changed what and when, newest
 /// first, filtered by kind, object name, actor and period (applied by the API), 100 a page.
 export function Audit() {
@@ -61,10 +68,10 @@ export function Audit() {
           </select>
         </label>
         <label>
-          Object name <input type="search" value={name} onChange={set(setName)} />
+          Object name <Typed onEnter={set(setName)} />
         </label>
         <label>
-          Actor <input type="search" value={actor} onChange={set(setActor)} />
+          Actor <Typed onEnter={set(setActor)} />
         </label>
         <label>
           Period{" "}
