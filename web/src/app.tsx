@@ -143,3 +143,37 @@ export function usePoll<T>(
   }, [tick, ...deps]);
   return [value, error, () => setTick((t) => t + 1)];
 }
+
+/// Paging through a list by its `next` cursors: the cursor of the page shown (none for the
+/// first), and the way back. `first()` goes back to the first page (a filter changed).
+export function useCursors() {
+  const [pages, setPages] = useState<string[]>([]);
+  return {
+    cursor: pages[pages.length - 1] as string | undefined,
+    first: () => setPages([]),
+    back: pages.length > 0 ? () => setPages(pages.slice(0, -1)) : undefined,
+    on: (next: string) => setPages([...pages, next]),
+  };
+}
+
+/// The buttons to the page before and after, labelled `labels`.
+export function Pager({
+  cursors,
+  next,
+  labels,
+}: {
+  cursors: ReturnType<typeof useCursors>;
+  next?: string | null;
+  labels: [string, string];
+}) {
+  return (
+    <div class="actions">
+      <button type="button" disabled={!cursors.back} onClick={() => cursors.back?.()}>
+        {labels[0]}
+      </button>
+      <button type="button" disabled={!next} onClick={() => next && cursors.on(next)}>
+        {labels[1]}
+      </button>
+    </div>
+  );
+}

@@ -117,6 +117,17 @@ test("queue: the head of the queue and the total", async () => {
 test("workloads: the first page", async () => {
   const page = await timePage("workloads", "#/workloads", (p) => p.locator("tr[data-workload]").first());
   assert.equal(await page.locator("tr[data-workload]").count(), 100);
+  // The next page is the API's, and back again.
+  const first = await berth.call("GET", "/api/v1/workloads?limit=100");
+  const second = await berth.call("GET", `/api/v1/workloads?limit=100&cursor=${encodeURIComponent(first.next)}`);
+  const key = (w) => `${w.metadata.team}/${w.metadata.name}`;
+  const top = () => page.locator("tr[data-workload]").first().getAttribute("data-workload");
+  await page.getByRole("button", { name: "Next page" }).click();
+  await page.locator(`tr[data-workload="${key(second.items[0])}"]`).waitFor();
+  assert.equal(await top(), key(second.items[0]));
+  await page.getByRole("button", { name: "Previous page" }).click();
+  await page.locator(`tr[data-workload="${key(first.items[0])}"]`).waitFor();
+  assert.equal(await page.getByRole("button", { name: "Previous page" }).isDisabled(), true);
   await page.close();
 });
 

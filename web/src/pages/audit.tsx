@@ -1,6 +1,6 @@
 import { useState } from "preact/hooks";
 import { AuditList, AuditRecord, api } from "../api";
-import { usePoll } from "../app";
+import { Pager, useCursors, usePoll } from "../app";
 
 const KINDS = ["workload", "team", "cluster", "flavor"];
 
@@ -41,18 +41,18 @@ export function Audit() {
   const [name, setName] = useState("");
   const [actor, setActor] = useState("");
   const [hours, setHours] = useState("");
-  const [pages, setPages] = useState<string[]>([]);
+  const cursors = useCursors();
   const query = new URLSearchParams({ limit: "100" });
   if (kind) query.set("kind", kind);
   if (name) query.set("name", name);
   if (actor) query.set("actor", actor);
   if (hours) query.set("since", new Date(Date.now() - Number(hours) * 3600_000).toISOString());
-  const cursor = pages[pages.length - 1];
+  const cursor = cursors.cursor;
   if (cursor) query.set("cursor", cursor);
   const [page, error] = usePoll(() => api<AuditList>(`/api/v1/audit?${query}`), [kind, name, actor, hours, cursor]);
   const set = (to: (v: string) => void) => (e: Event) => {
     to((e.currentTarget as HTMLInputElement | HTMLSelectElement).value.trim());
-    setPages([]);
+    cursors.first();
   };
   return (
     <>
@@ -119,14 +119,7 @@ export function Audit() {
             </tbody>
           </table>
           {page.items.length === 0 && <p class="muted">No change matches.</p>}
-          <div class="actions">
-            <button type="button" disabled={pages.length === 0} onClick={() => setPages(pages.slice(0, -1))}>
-              Newer
-            </button>
-            <button type="button" disabled={!page.next} onClick={() => page.next && setPages([...pages, page.next])}>
-              Older
-            </button>
-          </div>
+          <Pager cursors={cursors} next={page.next} labels={["Newer", "Older"]} />
         </>
       )}
     </>

@@ -1,6 +1,6 @@
 import { useState } from "preact/hooks";
 import { ApiError, Me, PHASES, Page, Team, Workload, WorkloadEvent, abilities, all, api, apiText, gpusOf } from "../api";
-import { usePoll } from "../app";
+import { Pager, useCursors, usePoll } from "../app";
 import { fmt } from "./overview";
 
 function when(t?: string | null): string {
@@ -67,14 +67,14 @@ export function Workloads() {
   const [mine, setMine] = useState(params.get("owner") === "me");
   const [search, setSearch] = useState(params.get("name_contains") ?? "");
   const [sort, setSort] = useState<{ by: number; descending: boolean } | null>(null);
-  const [pages, setPages] = useState<string[]>([]);
+  const cursors = useCursors();
   const query = new URLSearchParams({ limit: "100" });
   if (team) query.set("team", team);
   if (phase) query.set("phase", phase);
   if (kind) query.set("kind", kind);
   if (mine) query.set("owner", "me");
   if (search) query.set("name_contains", search);
-  const cursor = pages[pages.length - 1];
+  const cursor = cursors.cursor;
   if (cursor) query.set("cursor", cursor);
   const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60000);
   const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, mine, search, cursor]);
@@ -82,7 +82,7 @@ export function Workloads() {
   const items = page && sort ? sorted(page.items, sort.by, sort.descending, now) : (page?.items ?? []);
   const filter = (set: (v: string) => void) => (e: Event) => {
     set((e.currentTarget as HTMLSelectElement).value);
-    setPages([]);
+    cursors.first();
   };
   return (
     <>
@@ -121,7 +121,7 @@ export function Workloads() {
             checked={mine}
             onChange={(e) => {
               setMine((e.currentTarget as HTMLInputElement).checked);
-              setPages([]);
+              cursors.first();
             }}
           />{" "}
           Mine only
@@ -133,7 +133,7 @@ export function Workloads() {
             value={search}
             onInput={(e) => {
               setSearch((e.currentTarget as HTMLInputElement).value.trim().toLowerCase());
-              setPages([]);
+              cursors.first();
             }}
           />
         </label>
@@ -186,14 +186,7 @@ export function Workloads() {
             </tbody>
           </table>
           {page.items.length === 0 && <p class="muted">No workload matches.</p>}
-          <div class="actions">
-            <button type="button" disabled={pages.length === 0} onClick={() => setPages(pages.slice(0, -1))}>
-              Previous page
-            </button>
-            <button type="button" disabled={!page.next} onClick={() => page.next && setPages([...pages, page.next])}>
-              Next page
-            </button>
-          </div>
+          <Pager cursors={cursors} next={page.next} labels={["Previous page", "Next page"]} />
         </>
       )}
     </>
