@@ -59,7 +59,10 @@ pub fn app(state: AppState) -> Router {
         .route_layer(concurrency)
         .merge(public)
         .merge(SwaggerUi::new("/docs").url("/openapi.json", document))
-        .merge(ops::web_router(state.http.web_dir.as_deref()))
+        .merge(ops::web_router(
+            state.http.web_dir.as_deref(),
+            state.http.login.oidc.as_ref().filter(|o| o.web_client_id.is_some()).map(|o| o.issuer.as_str()),
+        ))
         .fallback(|| async { Problem::for_status(StatusCode::NOT_FOUND).into_response() })
         .method_not_allowed_fallback(|| async { Problem::for_status(StatusCode::METHOD_NOT_ALLOWED).into_response() })
         .route_layer(from_fn(telemetry::track_metrics))

@@ -100,6 +100,10 @@ struct SecurityArgs {
     /// allowed the device-code grant); advertised at `/auth/config`.
     #[arg(long, env = "BERTH_OIDC_CLI_CLIENT_ID")]
     oidc_cli_client_id: Option<String>,
+    /// The OAuth client registered at the OIDC issuer for the dashboard: a public client
+    /// (authorization code with PKCE) whose redirect URI is the dashboard's address.
+    #[arg(long, env = "BERTH_OIDC_WEB_CLIENT_ID")]
+    oidc_web_client_id: Option<String>,
     /// The issuer's JWKS URL; default: discovered from its openid-configuration.
     #[arg(long, env = "BERTH_OIDC_JWKS_URL")]
     oidc_jwks_url: Option<String>,
@@ -216,9 +220,16 @@ impl SecurityArgs {
             metrics_here: self.metrics_listen.is_empty(),
             web_dir: Some(self.web_dir.clone()),
             login: berthd::ops::LoginConfig {
-                oidc: self.oidc_issuer.clone().zip(self.oidc_cli_client_id.clone()).map(|(issuer, client_id)| {
-                    berthd::ops::OidcLogin { issuer, client_id, audience: self.oidc_audience.clone() }
-                }),
+                oidc: self
+                    .oidc_issuer
+                    .clone()
+                    .filter(|_| self.oidc_cli_client_id.is_some() || self.oidc_web_client_id.is_some())
+                    .map(|issuer| berthd::ops::OidcLogin {
+                        issuer,
+                        client_id: self.oidc_cli_client_id.clone(),
+                        web_client_id: self.oidc_web_client_id.clone(),
+                        audience: self.oidc_audience.clone(),
+                    }),
             },
             limits: berthd::server::ConnectionLimits {
                 header_read: Duration::from_secs(self.header_read_timeout_seconds.max(1)),

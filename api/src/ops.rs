@@ -26,8 +26,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct LoginConfig {
     /// The organisation's identity provider, when Berth accepts its tokens and a client is
-    /// registered there for the CLI's device-code flow (`BERTH_OIDC_CLI_CLIENT_ID`);
-    /// absent: sign in with a token from an administrator.
+    /// registered there for the CLI (`BERTH_OIDC_CLI_CLIENT_ID`) or the dashboard
+    /// (`BERTH_OIDC_WEB_CLIENT_ID`); absent: sign in with a token from an administrator.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oidc: Option<OidcLogin>,
 }
@@ -36,14 +36,19 @@ pub struct LoginConfig {
 pub struct OidcLogin {
     /// The issuer (`iss`); its `/.well-known/openid-configuration` names the endpoints.
     pub issuer: String,
-    /// The public client the CLI authenticates as.
-    pub client_id: String,
+    /// The public client the CLI authenticates as (device-code flow), if one is registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// The public client the dashboard authenticates as (authorization code with PKCE,
+    /// redirected back to the dashboard's own address), if one is registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web_client_id: Option<String>,
     /// The audience (`aud`) Berth requires of the provider's tokens.
     pub audience: String,
 }
 
-/// How to sign in (public): the identity provider and client for the device-code flow,
-/// when one is configured.
+/// How to sign in (public): the identity provider and its clients for the CLI and the
+/// dashboard, when one is configured.
 #[utoipa::path(get, path = "/auth/config", tag = "operations",
     responses((status = 200, description = "How to sign in", body = LoginConfig)))]
 async fn auth_config(State(s): State<AppState>) -> axum::Json<LoginConfig> {
@@ -52,13 +57,25 @@ async fn auth_config(State(s): State<AppState>) -> axum::Json<LoginConfig> {
 
 /// The dashboard: the build in `web_dir` (`index.html` at `/`, its files under
 /// `/assets/`), or a page saying how to build it; with headers that keep it from being
-/// framed, sniffed or leaking referrers.
-pub fn web_router(web_dir: Option<&Path>) -> axum::Router<AppState> {
+/// framed, sniffed or leaking referrers. Its scripts may reach Berth and, where the
+/// dashboard signs in with an identity provider, that provider's `issuer` origin (its
+/// discovery document and token endpoint), nothing else.
+pub fn web_router(web_dir: Option<&Path>, issuer: Option<&str>) -> axum::Router<AppState> {
+    let provider = issuer.and_then(|i| i.parse::<axum::http::Uri>().ok()).and_then(|u| {
+        let (scheme, authority) = (u.scheme_str()?, u.authority()?);
+        Some(format!("{scheme}://{authority}"))
+    });
+    let policy = match provider {
+        Some(origin) => {
+            format!("default-src 'self'; connect-src 'self' {origin}; frame-ancestors 'none'; base-uri 'none'")
+        }
+        None => "default-src 'self'; frame-ancestors 'none'; base-uri 'none'".to_owned(),
+    };
     let headers = [
-        (header::CONTENT_SECURITY_POLICY, "default-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_str(&policy).expect("an origin is a header value")),
+        (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
     ];
     let mut router = match web_dir.filter(|d| d.join("index.html").is_file()) {
         Some(dir) => axum::Router::new()
@@ -67,7 +84,7 @@ pub fn web_router(web_dir: Option<&Path>) -> axum::Router<AppState> {
         None => axum::Router::new().route("/", get(|| async { Html(include_str!("web_missing.html")) })),
     };
     for (name, value) in headers {
-        router = router.layer(SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value)));
+        router = router.layer(SetResponseHeaderLayer::overriding(name, value));
     }
     router
 }

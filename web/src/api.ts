@@ -1,17 +1,41 @@
-// The Berth API as the dashboard uses it: a bearer token kept in this browser, JSON in and
+// The Berth API as the dashboard uses it: a bearer token kept in this tab, JSON in and
 // out, RFC 9457 problems turned into errors that keep their field.
 
 import type { components } from "./openapi";
+import { refreshSession } from "./oidc";
 
-const TOKEN_KEY = "berth.token";
+const SESSION_KEY = "berth.session";
 
-export function savedToken(): string | null {
-  return localStorage.getItem(TOKEN_KEY);
+/// The tab's sign-in: a bearer token and, for a token from the identity provider, how to
+/// refresh it. Kept in sessionStorage (this tab only, gone when it closes), never in
+/// localStorage where every tab and script of the origin would find it for good.
+export interface Session {
+  token: string;
+  /// The provider's refresh token, token endpoint and client, and when `token` expires
+  /// (ms since the epoch).
+  refresh?: { token: string; endpoint: string; client_id: string; expires_at: number };
 }
 
+export function session(): Session | null {
+  try {
+    return JSON.parse(sessionStorage.getItem(SESSION_KEY) ?? "null");
+  } catch {
+    return null;
+  }
+}
+
+export function saveSession(s: Session | null) {
+  if (s) sessionStorage.setItem(SESSION_KEY, JSON.stringify(s));
+  else sessionStorage.removeItem(SESSION_KEY);
+}
+
+export function savedToken(): string | null {
+  return session()?.token ?? null;
+}
+
+/// Signs in with one of Berth's own tokens (pasted), or out (`null`).
 export function saveToken(token: string | null) {
-  if (token) localStorage.setItem(TOKEN_KEY, token);
-  else localStorage.removeItem(TOKEN_KEY);
+  saveSession(token ? { token } : null);
 }
 
 /// A problem the API answered (RFC 9457), or a network failure (status 0).
@@ -38,21 +62,31 @@ interface Problem {
   errors?: FieldError[];
 }
 
+/// `fetch` with the tab's token; a 401 with a refreshable session refreshes it once and
+/// asks again (a sleeping laptop misses the timed refresh).
+async function authorized(path: string, init: RequestInit & { headers: Record<string, string> }): Promise<Response> {
+  for (let attempt = 0; ; attempt++) {
+    const token = savedToken();
+    if (token) init.headers.Authorization = `Bearer ${token}`;
+    let response: Response;
+    try {
+      response = await fetch(path, init);
+    } catch (e) {
+      throw new ApiError(0, "Berth did not answer", String(e));
+    }
+    if (response.status !== 401 || attempt > 0 || !session()?.refresh || !(await refreshSession().catch(() => false)))
+      return response;
+  }
+}
+
 export async function api<T>(path: string, init: { method?: string; body?: unknown } = {}): Promise<T> {
   const headers: Record<string, string> = { Accept: "application/json" };
-  const token = savedToken();
-  if (token) headers.Authorization = `Bearer ${token}`;
   if (init.body !== undefined) headers["Content-Type"] = "application/json";
-  let response: Response;
-  try {
-    response = await fetch(path, {
-      method: init.method ?? "GET",
-      headers,
-      body: init.body === undefined ? undefined : JSON.stringify(init.body),
-    });
-  } catch (e) {
-    throw new ApiError(0, "Berth did not answer", String(e));
-  }
+  const response = await authorized(path, {
+    method: init.method ?? "GET",
+    headers,
+    body: init.body === undefined ? undefined : JSON.stringify(init.body),
+  });
   const text = await response.text();
   const body = text ? JSON.parse(text) : null;
   if (!response.ok) {
@@ -75,15 +109,7 @@ export async function apiBlob(path: string, accept: string): Promise<Blob> {
 
 /// A successful answer of type `accept`, its body unread.
 async function fetchOk(path: string, accept: string): Promise<Response> {
-  const headers: Record<string, string> = { Accept: `${accept}, application/problem+json` };
-  const token = savedToken();
-  if (token) headers.Authorization = `Bearer ${token}`;
-  let response: Response;
-  try {
-    response = await fetch(path, { headers });
-  } catch (e) {
-    throw new ApiError(0, "Berth did not answer", String(e));
-  }
+  const response = await authorized(path, { headers: { Accept: `${accept}, application/problem+json` } });
   if (!response.ok) {
     const text = await response.text();
     let p: Problem = {};
@@ -147,6 +173,8 @@ export type WorkloadSummary = Schemas["WorkloadSummary"];
 export type NodeView = Schemas["NodeView"];
 export type AuditRecord = Schemas["AuditRecord"];
 export type AuditList = Schemas["AuditList"];
+export type LoginConfig = Schemas["LoginConfig"];
+export type OidcLogin = Schemas["OidcLogin"];
 
 /// What the signed-in principal may do, as far as the dashboard shows controls for it (the
 /// API decides in the end).

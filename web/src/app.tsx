@@ -1,5 +1,6 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, Me, abilities, api, saveToken, savedToken } from "./api";
+import { ApiError, LoginConfig, Me, abilities, api, saveToken, savedToken } from "./api";
+import { beginSignIn, finishSignIn, returningFromProvider, scheduleRefresh, stopRefresh } from "./oidc";
 import { Audit } from "./pages/audit";
 import { Overview } from "./pages/overview";
 import { Clusters } from "./pages/clusters";
@@ -30,8 +31,16 @@ const DETAILS = [{ hash: "#/workload/", view: WorkloadDetail }];
 
 export function App() {
   const [me, setMe] = useState<Me | null>(null);
-  const [checking, setChecking] = useState(savedToken() !== null);
+  const [checking, setChecking] = useState(savedToken() !== null || returningFromProvider());
+  const [failed, setFailed] = useState<string | null>(null);
+  const [login, setLogin] = useState<LoginConfig | null>(null);
   const [hash, setHash] = useState(location.hash || PAGES[0].hash);
+
+  useEffect(() => {
+    api<LoginConfig>("/auth/config")
+      .then(setLogin)
+      .catch(() => setLogin({}));
+  }, []);
 
   useEffect(() => {
     const onHash = () => setHash(location.hash || PAGES[0].hash);
@@ -41,14 +50,25 @@ export function App() {
 
   useEffect(() => {
     if (!checking) return;
-    api<Me>("/api/v1/me")
-      .then(setMe)
-      .catch(() => saveToken(null))
+    if (returningFromProvider() && !login) return; // wait for the provider's address
+    (async () => {
+      if (returningFromProvider()) {
+        if (!login?.oidc) throw new Error("Berth names no identity provider to finish signing in with");
+        await finishSignIn(login.oidc);
+        setHash(location.hash || PAGES[0].hash);
+      }
+      scheduleRefresh();
+      setMe(await api<Me>("/api/v1/me"));
+    })()
+      .catch((e) => {
+        saveToken(null);
+        setFailed(e instanceof ApiError ? e.message : String(e instanceof Error ? e.message : e));
+      })
       .finally(() => setChecking(false));
-  }, [checking]);
+  }, [checking, login]);
 
   if (checking) return <p class="loading">Signing in…</p>;
-  if (!me) return <SignIn onSignedIn={setMe} />;
+  if (!me) return <SignIn login={login} failed={failed} onSignedIn={setMe} />;
   const page = PAGES.find((p) => hash.startsWith(p.hash));
   const View = page?.view ?? DETAILS.find((d) => hash.startsWith(d.hash))?.view ?? PAGES[0].view;
   return (
@@ -67,6 +87,7 @@ export function App() {
           <button
             type="button"
             onClick={() => {
+              stopRefresh();
               saveToken(null);
               setMe(null);
             }}
@@ -82,9 +103,19 @@ export function App() {
   );
 }
 
-function SignIn({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
+function SignIn({
+  login,
+  failed,
+  onSignedIn,
+}: {
+  login: LoginConfig | null;
+  failed: string | null;
+  onSignedIn: (me: Me) => void;
+}) {
   const [token, setToken] = useState("");
   const [error, setError] = useState<string | null>(null);
+  const [leaving, setLeaving] = useState(false);
+  const oidc = login?.oidc?.web_client_id ? login.oidc : null;
   const submit = async (e: Event) => {
     e.preventDefault();
     saveToken(token.trim());
@@ -98,6 +129,29 @@ function SignIn({ onSignedIn }: { onSignedIn: (me: Me) => void }) {
   return (
     <form class="sign-in" onSubmit={submit}>
       <h1>Berth</h1>
+      {failed && (
+        <p class="error" role="alert">
+          Not signed in: {failed}
+        </p>
+      )}
+      {oidc && (
+        <>
+          <button
+            type="button"
+            disabled={leaving}
+            onClick={() => {
+              setLeaving(true);
+              beginSignIn(oidc).catch((e) => {
+                setLeaving(false);
+                setError(String(e instanceof Error ? e.message : e));
+              });
+            }}
+          >
+            Sign in with {new URL(oidc.issuer).host}
+          </button>
+          <p class="muted">or with a token of Berth's own:</p>
+        </>
+      )}
       <label for="token">Access token</label>
       <textarea
         id="token"

@@ -674,8 +674,8 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * How to sign in (public): the identity provider and client for the device-code flow,
-         *     when one is configured.
+         * How to sign in (public): the identity provider and its clients for the CLI and the
+         *     dashboard, when one is configured.
          */
         get: operations["auth_config"];
         put?: never;
@@ -839,6 +839,10 @@ export interface components {
             generation_after?: number | null;
             /** @description The request that made the change, to find it in the logs. */
             request_id?: string | null;
+            /** @description For an update: the spec before the change ... */
+            spec_before?: unknown;
+            /** @description ... and after it. */
+            spec_after?: unknown;
         };
         /**
          * @description The write an audit record describes.
@@ -1544,8 +1548,13 @@ export interface components {
         OidcLogin: {
             /** @description The issuer (`iss`); its `/.well-known/openid-configuration` names the endpoints. */
             issuer: string;
-            /** @description The public client the CLI authenticates as. */
-            client_id: string;
+            /** @description The public client the CLI authenticates as (device-code flow), if one is registered. */
+            client_id?: string | null;
+            /**
+             * @description The public client the dashboard authenticates as (authorization code with PKCE,
+             *     redirected back to the dashboard's own address), if one is registered.
+             */
+            web_client_id?: string | null;
             /** @description The audience (`aud`) Berth requires of the provider's tokens. */
             audience: string;
         };

@@ -322,7 +322,7 @@ test("an admin cordons and uncordons a cluster; a viewer has no such button", as
 
 test("on a narrow screen every page fits its width", async () => {
   const page = await browser.newPage({ viewport: { width: 390, height: 844 } });
-  await page.addInitScript((token) => localStorage.setItem("berth.token", token), berth.admin);
+  await page.addInitScript((token) => sessionStorage.setItem("berth.session", JSON.stringify({ token })), berth.admin);
   for (const [hash, ready] of [
     ["#/overview", 'tr[data-phase="Pending"]'],
     ["#/teams", 'tr[data-team="nlp"]'],

@@ -79,7 +79,7 @@ after(async () => {
 
 async function signedIn(token = berth.admin, viewport = { width: 1280, height: 900 }) {
   const page = await browser.newPage({ viewport });
-  await page.addInitScript((t) => localStorage.setItem("berth.token", t), token);
+  await page.addInitScript((t) => sessionStorage.setItem("berth.session", JSON.stringify({ token: t })), token);
   return page;
 }
 

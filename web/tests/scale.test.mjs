@@ -77,7 +77,7 @@ after(async () => {
 /// page's own clock: milliseconds since the navigation started.
 async function timePage(name, hash, ready) {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  await page.addInitScript((token) => localStorage.setItem("berth.token", token), berth.admin);
+  await page.addInitScript((token) => sessionStorage.setItem("berth.session", JSON.stringify({ token })), berth.admin);
   await page.goto(berth.origin + "/" + hash);
   await ready(page).waitFor({ timeout: 30000 });
   const ms = Math.round(await page.evaluate(() => performance.now()));

@@ -152,6 +152,11 @@ async fn audit_records_every_mutation_with_generations(db: berth_store::PgPool) 
         ]
     );
     assert!(records.iter().all(|r| r["actor"] == "admin" && r["team"] == "nlp" && r["request_id"].is_string()));
+    // The update keeps the spec before and after it; the create and delete keep none.
+    let update = &records[1];
+    let gpus = |spec: &serde_json::Value| spec["tasks"]["resources"]["gpus"].as_f64();
+    assert_eq!((gpus(&update["spec_before"]), gpus(&update["spec_after"])), (Some(1.0), Some(2.0)), "{update}");
+    assert!(records[0].get("spec_before").is_none() && records[2].get("spec_after").is_none());
     let all = collect_audit(&s).await;
     assert_eq!(all, 7, "2 flavors, 2 teams, and 3 workload writes (the unchanged re-PUT is no mutation)");
 

@@ -56,8 +56,8 @@ pub async fn cluster_apply(
                 (store::cluster_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
             }
         };
-        let before = existing.as_ref().map(|c| c.metadata.generation);
-        audit_apply(&mut tx, &opctx.actor, KIND, &cluster.metadata, applied, before).await?;
+        let before = existing.as_ref().map(|c| (c.metadata.generation, &c.spec));
+        audit_apply(&mut tx, &opctx.actor, KIND, (&cluster.metadata, &cluster.spec), applied, before).await?;
         berth_store::commit(tx).await?;
         crate::feasibility::forget(db);
         return Ok((cluster, applied));

@@ -46,8 +46,8 @@ pub async fn flavor_apply(
                 (store::flavor_update(&mut tx, uid, &labels, &input.spec, generation).await?, Applied::Updated)
             }
         };
-        let before = existing.as_ref().map(|f| f.metadata.generation);
-        audit_apply(&mut tx, &opctx.actor, KIND, &flavor.metadata, applied, before).await?;
+        let before = existing.as_ref().map(|f| (f.metadata.generation, &f.spec));
+        audit_apply(&mut tx, &opctx.actor, KIND, (&flavor.metadata, &flavor.spec), applied, before).await?;
         berth_store::commit(tx).await?;
         return Ok((flavor, applied));
     }

@@ -61,7 +61,17 @@ async fn audit(
     name: &str,
     uid: Uuid,
 ) -> Result<(), Error> {
-    let entry = AuditEntry { actor, verb, kind, team, name, uid, generation_before: None, generation_after: None };
+    let entry = AuditEntry {
+        actor,
+        verb,
+        kind,
+        team,
+        name,
+        uid,
+        generation_before: None,
+        generation_after: None,
+        spec_change: None,
+    };
     audit_record(&mut **tx, &entry).await
 }
 

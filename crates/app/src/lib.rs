@@ -55,16 +55,23 @@ fn current<'a, S>(meta: &'a ObjectMeta, spec: &'a S) -> Result<Current<'a, S>, E
     })
 }
 
-/// Records a create or update of `meta`'s object; `before` is the old generation.
-async fn audit_apply(
+/// Records a create or update of `meta`'s object, whose spec is now `spec`; `before` is the
+/// object as it was (its generation and spec), kept with an update's record.
+async fn audit_apply<S: serde::Serialize>(
     tx: &mut berth_store::Tx<'_>,
     actor: &Actor,
     kind: &'static str,
-    meta: &ObjectMeta,
+    (meta, spec): (&ObjectMeta, &S),
     applied: Applied,
-    before: Option<i64>,
+    before: Option<(i64, &S)>,
 ) -> Result<(), Error> {
     let verb = if applied == Applied::Created { AuditVerb::Create } else { AuditVerb::Update };
+    let json = |s: &S| serde_json::to_value(s).map_err(|e| Error::Internal(format!("serializing a spec: {e}")));
+    let spec_change = match before {
+        Some((_, old)) if verb == AuditVerb::Update => Some((json(old)?, json(spec)?)),
+        _ => None,
+    };
+    let before = before.map(|(generation, _)| generation);
     let entry = AuditEntry {
         actor,
         verb,
@@ -74,6 +81,7 @@ async fn audit_apply(
         uid: meta.uid,
         generation_before: before,
         generation_after: Some(meta.generation),
+        spec_change,
     };
     audit_record(&mut **tx, &entry).await
 }
@@ -95,6 +103,7 @@ async fn audit_change(
         uid: meta.uid,
         generation_before: Some(meta.generation),
         generation_after: (verb != AuditVerb::Delete).then_some(meta.generation),
+        spec_change: None,
     };
     audit_record(&mut **tx, &entry).await
 }

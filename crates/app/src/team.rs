@@ -53,8 +53,8 @@ pub async fn team_apply(
             }
             ApplyAction::Unchanged => unreachable!("handled above"),
         };
-        let before = existing.as_ref().map(|t| t.metadata.generation);
-        audit_apply(&mut tx, &opctx.actor, KIND, &team.metadata, applied, before).await?;
+        let before = existing.as_ref().map(|t| (t.metadata.generation, &t.spec));
+        audit_apply(&mut tx, &opctx.actor, KIND, (&team.metadata, &team.spec), applied, before).await?;
         berth_store::commit(tx).await?;
         crate::feasibility::forget(db);
         crate::access_cache::forget(db);

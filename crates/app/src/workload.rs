@@ -176,8 +176,8 @@ async fn write_workload(
         if workload.metadata.generation != existing.as_ref().map_or(0, |w| w.metadata.generation) {
             event_record(&mut *tx, KIND, workload.metadata.uid, EventType::Normal, reason, &message).await?;
         }
-        let before = existing.as_ref().map(|w| w.metadata.generation);
-        audit_apply(&mut tx, actor, KIND, &workload.metadata, applied, before).await?;
+        let before = existing.as_ref().map(|w| (w.metadata.generation, &w.spec));
+        audit_apply(&mut tx, actor, KIND, (&workload.metadata, &workload.spec), applied, before).await?;
         if write == Write::Commit {
             berth_store::commit(tx).await?;
         }

@@ -74,7 +74,7 @@ pub async fn login(
 /// server names one (`GET /auth/config`), else a token pasted on standard input.
 async fn obtain_token(server: &str) -> Result<String> {
     let config = Client::new(server, None).get("/auth/config").await.context("asking the server how to sign in")?;
-    if config["oidc"].is_object() {
+    if config["oidc"]["client_id"].is_string() {
         return device_flow(&config["oidc"]).await;
     }
     eprintln!("Paste a token for {server} (from your administrator or `berthd token create`), then press Enter:");

@@ -93,6 +93,12 @@ pub struct AuditRecord {
     pub generation_after: Option<i64>,
     /// The request that made the change, to find it in the logs.
     pub request_id: Option<String>,
+    /// For an update: the spec before the change ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_before: Option<serde_json::Value>,
+    /// ... and after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_after: Option<serde_json::Value>,
 }
 
 /// Who is acting: an authenticated principal's subject, or a component of Berth itself.

@@ -19,6 +19,8 @@ pub struct AuditEntry<'a> {
     pub uid: Uuid,
     pub generation_before: Option<i64>,
     pub generation_after: Option<i64>,
+    /// For an update: the spec before and after it.
+    pub spec_change: Option<(serde_json::Value, serde_json::Value)>,
 }
 
 /// Which audit records a list returns. `None` fields do not filter.
@@ -39,8 +41,9 @@ pub struct AuditFilter {
 /// As [`db_error`].
 pub async fn audit_record(db: impl PgExecutor<'_>, e: &AuditEntry<'_>) -> Result<(), Error> {
     sqlx::query!(
-        r#"INSERT INTO audit_log (actor, verb, kind, team, name, uid, generation_before, generation_after, request_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
+        r#"INSERT INTO audit_log (actor, verb, kind, team, name, uid, generation_before, generation_after, request_id,
+                                     spec_before, spec_after)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
         e.actor.subject,
         e.verb.as_str(),
         e.kind,
@@ -50,6 +53,8 @@ pub async fn audit_record(db: impl PgExecutor<'_>, e: &AuditEntry<'_>) -> Result
         e.generation_before,
         e.generation_after,
         e.actor.request_id,
+        e.spec_change.as_ref().map(|c| &c.0),
+        e.spec_change.as_ref().map(|c| &c.1),
     )
     .execute(db)
     .await
@@ -67,7 +72,8 @@ pub async fn audit_list(
     page: &PageRequest<i64>,
 ) -> Result<Page<AuditRecord>, Error> {
     let rows = sqlx::query!(
-        r#"SELECT id, at, actor, verb, kind, team, name, uid, generation_before, generation_after, request_id
+        r#"SELECT id, at, actor, verb, kind, team, name, uid, generation_before, generation_after, request_id,
+                  spec_before, spec_after
            FROM audit_log
            WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR name = $2)
              AND ($3::text IS NULL OR actor = $3) AND ($4::bigint IS NULL OR id < $4)
@@ -96,5 +102,7 @@ pub async fn audit_list(
         generation_before: r.generation_before,
         generation_after: r.generation_after,
         request_id: r.request_id,
+        spec_before: r.spec_before,
+        spec_after: r.spec_after,
     }))
 }
