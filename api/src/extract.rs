@@ -194,13 +194,24 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     }
 }
 
-/// The `If-Match` header, when sent.
+/// The `If-Match` header, or `If-None-Match: *` (create only), when sent.
 pub struct Preconditions(pub Option<IfMatch>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let none_match = parts.headers.get(header::IF_NONE_MATCH);
+        if let Some(value) = none_match {
+            if parts.headers.contains_key(header::IF_MATCH) || value.as_bytes().trim_ascii() != b"*" {
+                return Err(Problem::bad_request(
+                    Some("If-None-Match".into()),
+                    "only `*` (create, never replace), and not with If-Match".into(),
+                )
+                .into());
+            }
+            return Ok(Self(Some(IfMatch::Absent)));
+        }
         let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
         // Bytes that are no text name no version: they match nothing (412).
         Ok(Self(Some(IfMatch::parse(value.to_str().unwrap_or("")))))

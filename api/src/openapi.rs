@@ -50,6 +50,12 @@ pub struct IfMatchHeader {
     #[param(value_type = String, required = false)]
     #[allow(dead_code)]
     if_match: Option<String>,
+    /// `*`: create the object, and refuse with 412 if one of this name exists (never
+    /// replace it). Not with `If-Match`.
+    #[serde(rename = "If-None-Match")]
+    #[param(value_type = String, required = false)]
+    #[allow(dead_code)]
+    if_none_match: Option<String>,
 }
 
 /// Declares on every operation the problem responses it can give, so clients know every

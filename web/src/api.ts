@@ -79,8 +79,11 @@ async function authorized(path: string, init: RequestInit & { headers: Record<st
   }
 }
 
-export async function api<T>(path: string, init: { method?: string; body?: unknown } = {}): Promise<T> {
-  const headers: Record<string, string> = { Accept: "application/json" };
+export async function api<T>(
+  path: string,
+  init: { method?: string; body?: unknown; headers?: Record<string, string> } = {},
+): Promise<T> {
+  const headers: Record<string, string> = { Accept: "application/json", ...init.headers };
   if (init.body !== undefined) headers["Content-Type"] = "application/json";
   const response = await authorized(path, {
     method: init.method ?? "GET",
@@ -156,6 +159,7 @@ export type Budget = Schemas["Budget"];
 export type BudgetAction = Schemas["BudgetAction"];
 export type BudgetStatus = Schemas["BudgetStatus"];
 export type Team = Schemas["Team"];
+export type Flavor = Schemas["Flavor"];
 export type UsageHistory = Schemas["UsageHistory"];
 export type GroupBy = Schemas["GroupBy"];
 export type ReportBucket = Schemas["Bucket"];

@@ -133,6 +133,7 @@ test("a viewer sees the teams but no edit controls", async () => {
   await page.goto(berth.origin + "/#/teams");
   await page.locator('tr[data-team="nlp"]').first().waitFor();
   assert.equal(await page.getByRole("button", { name: /Edit quotas/ }).count(), 0);
+  assert.equal(await page.getByRole("button", { name: /New team|Delete team/ }).count(), 0);
   await page.close();
 });
 
@@ -292,6 +293,86 @@ test("the audit page shows who changed what, filtered through the API, to admins
   const member = await signedIn(berth.token("member", "vision"));
   assert.equal(await member.getByRole("link", { name: "Audit" }).count(), 0);
   await member.close();
+});
+
+test("a team admin creates a sub-team and gives it a flavor quota; the audit page shows that change before and after", async () => {
+  const teamAdmin = berth.token("team-admin", "nlp");
+  const page = await signedIn(teamAdmin);
+  page.on("dialog", (d) => d.accept());
+  await page.getByRole("link", { name: "Teams" }).click();
+  await page.getByRole("button", { name: "New team" }).click();
+  // Only under nlp (the team it administers): no department of its own.
+  const under = await page.getByLabel("Under").locator("option").allTextContents();
+  assert.deepEqual(under, ["nlp"]);
+  // A bad name: the API's message beside the field, nothing created.
+  await page.getByLabel("Name", { exact: true }).fill("Speech_Team");
+  await page.getByRole("button", { name: "Create" }).click();
+  const nameError = page.locator("#new-team-name-error");
+  await nameError.waitFor();
+  const create = async (name) =>
+    (
+      await fetch(`${berth.origin}/api/v1/teams/${name}`, {
+        method: "PUT",
+        headers: { Authorization: `Bearer ${teamAdmin}`, "Content-Type": "application/json", "If-None-Match": "*" },
+        body: JSON.stringify({ spec: { parent: "nlp" } }),
+      })
+    ).json();
+  const problem = await create("Speech_Team");
+  assert.equal(await nameError.textContent(), problem.errors.find((e) => e.field === "/metadata/name").message);
+  // A team outside its tree (vision) is not its to see: what the API says, beside the name.
+  await page.getByLabel("Name", { exact: true }).fill("vision");
+  await page.getByRole("button", { name: "Create" }).click();
+  const hidden = await create("vision");
+  await nameError.filter({ hasText: hidden.detail }).waitFor();
+  assert.equal((await berth.call("GET", "/api/v1/teams/vision")).spec.parent ?? null, null, "vision is untouched");
+  // The good name: created under nlp, and its quotas open for editing.
+  await page.getByLabel("Name", { exact: true }).fill("speech");
+  await page.getByRole("button", { name: "Create" }).click();
+  await page.getByRole("heading", { name: "Quotas of speech" }).waitFor();
+  assert.equal((await berth.call("GET", "/api/v1/teams/speech")).spec.parent, "nlp");
+  await page.getByLabel("Add a quota for").selectOption("h100");
+  await page.getByLabel("Guaranteed GPUs (h100)").fill("2");
+  await page.getByLabel("Limit (GPUs)").fill("4");
+  await page.getByRole("button", { name: "Save" }).click();
+  await page.locator('tr[data-team="speech"][data-flavor="h100"]').waitFor();
+  const speech = await berth.call("GET", "/api/v1/teams/speech");
+  assert.deepEqual(speech.spec.quotas, [{ flavor: "h100", guaranteed: 2, limit: 4, weight: 1 }]);
+  // Creating it again does not replace it.
+  await page.getByRole("button", { name: "New team" }).click();
+  await page.getByLabel("Name", { exact: true }).fill("speech");
+  await page.getByRole("button", { name: "Create" }).click();
+  await nameError.filter({ hasText: "a team named speech exists" }).waitFor();
+  assert.equal((await berth.call("GET", "/api/v1/teams/speech")).metadata.generation, speech.metadata.generation);
+  await page.close();
+
+  // The audit page (a platform admin's) shows the update with what it changed.
+  const admin = await signedIn();
+  await admin.getByRole("link", { name: "Audit" }).click();
+  await admin.getByLabel("Object name").fill("speech");
+  await admin.getByLabel("Object name").press("Enter");
+  const records = (await berth.call("GET", "/api/v1/audit?kind=team&name=speech")).items;
+  assert.deepEqual(records.map((r) => [r.verb, r.actor]), [["update", "team-admin-user"], ["create", "team-admin-user"]]);
+  const update = admin.locator(`tr[data-audit="${records[0].id}"]`);
+  await update.locator("summary").click();
+  const rows = await update.locator("table.diff tbody tr").evaluateAll((trs) =>
+    trs.map((tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent)),
+  );
+  assert.deepEqual(records[0].spec_before.quotas ?? [], []);
+  assert.deepEqual(records[0].spec_after.quotas, speech.spec.quotas);
+  for (const [field, after] of [["quotas/0/flavor", '"h100"'], ["quotas/0/guaranteed", "2"], ["quotas/0/limit", "4"]])
+    assert.ok(rows.some(([f, b, a]) => f === field && b === "—" && a === after), `${field} in ${JSON.stringify(rows)}`);
+  await admin.close();
+
+  // And the team admin deletes the sub-team again.
+  const again = await signedIn(berth.token("team-admin", "nlp"));
+  again.on("dialog", (d) => d.accept());
+  await again.getByRole("link", { name: "Teams" }).click();
+  await again.getByRole("button", { name: "Delete team speech" }).click();
+  await eventually(async () => (await again.locator('tr[data-team="speech"]').count()) === 0);
+  assert.equal((await fetch(`${berth.origin}/api/v1/teams/speech`, { headers: { Authorization: `Bearer ${berth.admin}` } })).status, 404);
+  // It cannot delete the team it administers: no button there.
+  assert.equal(await again.getByRole("button", { name: "Delete team nlp" }).count(), 0);
+  await again.close();
 });
 
 test("an admin cordons and uncordons a cluster; a viewer has no such button", async () => {

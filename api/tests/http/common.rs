@@ -282,11 +282,18 @@ pub fn sim_cluster(flavor: &str) -> Value {
 }
 
 /// The declarative contract every resource keeps: create, idempotent re-PUT, generation
-/// only on spec change, ETag/If-Match (412), stale body version (409), GET, delete.
-/// `v1` and `v2` differ in spec; `delete_status` is 200 (or 202 for workloads).
+/// only on spec change, ETag/If-Match (412), If-None-Match: * (create only), stale body
+/// version (409), GET, delete. `v1` and `v2` differ in spec; `delete_status` is 200 (or
+/// 202 for workloads).
 pub async fn check_declarative_contract(s: &Server, path: &str, v1: &Value, v2: &Value, delete_status: u16) {
-    let created = s.put_ok(path, v1, 201).await;
+    let created = s.send(Method::PUT, path, Some(v1), &[("if-none-match", "*")]).await;
+    assert_eq!(created.status, 201, "{}", created.body);
     assert_eq!(created.body["metadata"]["generation"], 1);
+    // Create-only again: 412, and the object is not replaced; If-None-Match is `*` alone.
+    s.send(Method::PUT, path, Some(v2), &[("if-none-match", "*")]).await.assert_problem(412, None);
+    assert_eq!(s.get(path).await.body["metadata"]["generation"], 1);
+    let tagged = s.send(Method::PUT, path, Some(v2), &[("if-none-match", "\"1\"")]).await;
+    tagged.assert_problem(400, Some("If-None-Match"));
     assert!(created.headers.get("location").is_some(), "201 carries Location");
     let etag1 = created.etag();
     assert_eq!(etag1, format!("\"{}\"", created.body["metadata"]["resource_version"].as_str().unwrap()));

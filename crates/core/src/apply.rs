@@ -14,11 +14,13 @@ use crate::error::Error;
 use crate::meta::{ApplyMeta, Labels};
 use crate::validation::Validator;
 
-/// An `If-Match` request header.
+/// A write's precondition: an `If-Match` request header, or `If-None-Match: *`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IfMatch {
     /// `If-Match: *` — the object must exist.
     Any,
+    /// `If-None-Match: *` — the object must not exist (create only, never replace).
+    Absent,
     /// One or more strong entity tags (resource versions); one must match.
     Versions(Vec<String>),
 }
@@ -45,6 +47,7 @@ impl IfMatch {
     fn matches(&self, resource_version: i64) -> bool {
         match self {
             Self::Any => true,
+            Self::Absent => false,
             Self::Versions(tags) => tags.iter().any(|t| *t == resource_version.to_string()),
         }
     }
@@ -95,7 +98,7 @@ pub fn plan<S: PartialEq>(
     if_match: Option<&IfMatch>,
 ) -> Result<ApplyAction, Error> {
     let Some(current) = current else {
-        if if_match.is_some() {
+        if if_match.is_some_and(|m| *m != IfMatch::Absent) {
             return Err(Error::PreconditionFailed("If-Match was given but the object does not exist".into()));
         }
         if meta.resource_version.is_some() {
@@ -106,6 +109,9 @@ pub fn plan<S: PartialEq>(
         }
         return Ok(ApplyAction::Create);
     };
+    if if_match == Some(&IfMatch::Absent) {
+        return Err(Error::PreconditionFailed("If-None-Match: * was given and an object of this name exists".into()));
+    }
     if let Some(if_match) = if_match
         && !if_match.matches(current.resource_version)
     {
@@ -212,6 +218,10 @@ mod tests {
     #[test]
     fn stale_if_match_is_a_failed_precondition_and_stale_body_version_a_conflict() {
         let labels = Labels::new();
+        let absent = plan::<u32>(None, &ApplyMeta::default(), &1, &labels, Some(&IfMatch::Absent));
+        assert_eq!(absent.unwrap(), ApplyAction::Create, "If-None-Match: * creates what is not there");
+        let exists = plan(Some(current(&1, &labels)), &ApplyMeta::default(), &1, &labels, Some(&IfMatch::Absent));
+        assert!(matches!(exists, Err(Error::PreconditionFailed(_))), "and never replaces what is");
         let stale = IfMatch::parse("\"16\"");
         let fresh = IfMatch::parse("\"1\", \"17\"");
         let meta = ApplyMeta::default();

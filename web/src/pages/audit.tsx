@@ -27,6 +27,61 @@ function generations(r: AuditRecord): string {
   return `${g(r.generation_before)} → ${g(r.generation_after)}`;
 }
 
+/// Every leaf of `value` by its path (`quotas/0/guaranteed`); an empty object or array is a
+/// leaf of its own.
+function leaves(value: unknown, path = "", out = new Map<string, string>()): Map<string, string> {
+  if (value !== null && typeof value === "object" && Object.keys(value).length > 0) {
+    for (const [k, v] of Object.entries(value)) leaves(v, path ? `${path}/${k}` : k, out);
+  } else if (path) {
+    out.set(path, JSON.stringify(value));
+  }
+  return out;
+}
+
+/// What an update changed in the spec: each path whose value differs, before and after
+/// ("—" where there was none).
+export function specDiff(before: unknown, after: unknown): { path: string; before: string; after: string }[] {
+  const [b, a] = [leaves(before), leaves(after)];
+  const paths = [...new Set([...b.keys(), ...a.keys()])].sort();
+  return paths.filter((p) => b.get(p) !== a.get(p)).map((p) => ({ path: p, before: b.get(p) ?? "—", after: a.get(p) ?? "—" }));
+}
+
+function SpecChange({ r }: { r: AuditRecord }) {
+  if (r.spec_before === undefined || r.spec_after === undefined) return null;
+  const diff = specDiff(r.spec_before, r.spec_after);
+  return (
+    <details>
+      <summary>
+        {diff.length} field{diff.length === 1 ? "" : "s"} changed
+      </summary>
+      <table class="diff">
+        <thead>
+          <tr>
+            <th scope="col">Field</th>
+            <th scope="col">Before</th>
+            <th scope="col">After</th>
+          </tr>
+        </thead>
+        <tbody>
+          {diff.map((d) => (
+            <tr data-path={d.path}>
+              <td>
+                <code>{d.path}</code>
+              </td>
+              <td>
+                <code>{d.before}</code>
+              </td>
+              <td>
+                <code>{d.after}</code>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </details>
+  );
+}
+
 /// A search box applied when its text is entered (Enter or leaving it); what is typed
 /// until then is kept across the page's refreshes.
 function Typed({ onEnter }: { onEnter: (e: Event) => void }) {
@@ -96,6 +151,7 @@ export function Audit() {
                 <th scope="col">Change</th>
                 <th scope="col">Object</th>
                 <th scope="col">Generation</th>
+                <th scope="col">Spec change</th>
                 <th scope="col">Request</th>
               </tr>
             </thead>
@@ -112,6 +168,9 @@ export function Audit() {
                     <td>{r.verb}</td>
                     <td>{link ? <a href={link}>{object}</a> : object}</td>
                     <td>{generations(r)}</td>
+                    <td>
+                      <SpecChange r={r} />
+                    </td>
                     <td class="muted">{r.request_id ?? ""}</td>
                   </tr>
                 );

@@ -1,5 +1,5 @@
 import { useState } from "preact/hooks";
-import { ApiError, Me, Quota, QuotaPreview, Team, UsageReport, abilities, all, api, reportPath, updateSpec } from "../api";
+import { ApiError, Flavor, Me, Quota, QuotaPreview, Team, UsageReport, abilities, all, api, reportPath, updateSpec } from "../api";
 import { usePoll } from "../app";
 import { fmt } from "./overview";
 import { hours, money } from "./reports";
@@ -22,7 +22,7 @@ export function treeOrder(teams: Team[]): { team: Team; depth: number }[] {
   return out;
 }
 
-/// Whether the principal may change `team`'s quotas: platform admins anywhere, team admins
+/// Whether the principal may change or delete `team`: platform admins anywhere, team admins
 /// below (never at) the team they administer. The API has the last word.
 function mayEdit(me: Me, teams: Team[], team: Team): boolean {
   const a = abilities(me);
@@ -35,6 +35,16 @@ function mayEdit(me: Me, teams: Team[], team: Team): boolean {
   return false;
 }
 
+/// The teams a new team may go under: any for platform admins (or none, a department), else
+/// the teams a team admin administers and those below them.
+function parentsFor(me: Me, teams: Team[]): { parents: string[]; topLevel: boolean } {
+  const a = abilities(me);
+  const ordered = treeOrder(teams).map(({ team }) => team);
+  if (a.platformAdmin) return { parents: ordered.map((t) => t.metadata.name), topLevel: true };
+  const within = (t: Team) => a.adminOf.includes(t.metadata.name) || mayEdit(me, teams, t);
+  return { parents: ordered.filter(within).map((t) => t.metadata.name), topLevel: false };
+}
+
 export function Teams({ me }: { me: Me }) {
   const [teams, error, reload] = usePoll(() => all<Team>("/api/v1/teams"));
   // This month's GPU-hours and cost of each team's subtree (a department's total), from one
@@ -45,13 +55,51 @@ export function Teams({ me }: { me: Me }) {
     60_000,
   );
   const [editing, setEditing] = useState<string | null>(null);
+  const [creating, setCreating] = useState(false);
+  const [removeProblem, setRemoveProblem] = useState<string | null>(null);
   if (!teams) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const ordered = treeOrder(teams);
   const team = teams.find((t) => t.metadata.name === editing);
+  const placement = parentsFor(me, teams);
+  const remove = async (t: Team) => {
+    const name = t.metadata.name;
+    if (!confirm(`Delete team ${name}? Its quotas and role bindings go with it.`)) return;
+    setRemoveProblem(null);
+    try {
+      await api(`/api/v1/teams/${name}`, { method: "DELETE", headers: { "If-Match": `"${t.metadata.resource_version}"` } });
+      reload();
+    } catch (e) {
+      setRemoveProblem(`${name} was not deleted: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  };
   return (
     <>
       <h1>Teams</h1>
       {error && <p class="error" role="alert">Not refreshed: {error.message}</p>}
+      {removeProblem && (
+        <p class="error" role="alert">
+          {removeProblem}
+        </p>
+      )}
+      {(placement.topLevel || placement.parents.length > 0) && !creating && (
+        <div class="actions">
+          <button type="button" onClick={() => setCreating(true)}>
+            New team
+          </button>
+        </div>
+      )}
+      {creating && (
+        <NewTeam
+          {...placement}
+          onDone={(created) => {
+            setCreating(false);
+            if (created) {
+              reload();
+              setEditing(created);
+            }
+          }}
+        />
+      )}
       <table class="teams">
         <thead>
           <tr>
@@ -114,11 +162,16 @@ export function Teams({ me }: { me: Me }) {
                   <td class="num" data-testid={i === 0 ? `month-cost-${t.metadata.name}` : undefined}>
                     {i === 0 && month && money(spent?.cost ?? 0)}
                   </td>
-                  <td>
+                  <td class="row-actions">
                     {i === 0 && mayEdit(me, teams, t) && (
-                      <button type="button" onClick={() => setEditing(t.metadata.name)}>
-                        Edit quotas<span class="visually-hidden"> of {t.metadata.name}</span>
-                      </button>
+                      <>
+                        <button type="button" onClick={() => setEditing(t.metadata.name)}>
+                          Edit quotas<span class="visually-hidden"> of {t.metadata.name}</span>
+                        </button>{" "}
+                        <button type="button" onClick={() => remove(t)}>
+                          Delete<span class="visually-hidden"> team {t.metadata.name}</span>
+                        </button>
+                      </>
                     )}
                   </td>
                 </tr>
@@ -148,6 +201,92 @@ function standing(allocated: number, guaranteed: number): string {
   return allocated > 0 ? "at it" : "";
 }
 
+/// A form for a new team: its name and where it goes; the API's messages beside the fields.
+/// It is created only if no team has the name (`If-None-Match: *`), never replacing one.
+function NewTeam({ parents, topLevel, onDone }: { parents: string[]; topLevel: boolean; onDone: (created?: string) => void }) {
+  const [name, setName] = useState("");
+  const [parent, setParent] = useState(topLevel ? "" : parents[0]);
+  const [problem, setProblem] = useState<ApiError | null>(null);
+  const [busy, setBusy] = useState(false);
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    setBusy(true);
+    setProblem(null);
+    const team = name.trim();
+    try {
+      await api(`/api/v1/teams/${encodeURIComponent(team)}`, {
+        method: "PUT",
+        headers: { "If-None-Match": "*" },
+        body: { spec: parent ? { parent } : {} },
+      });
+      onDone(team);
+    } catch (err) {
+      const p = err instanceof ApiError ? err : new ApiError(0, "Error", String(err));
+      setProblem(p.status === 412 ? new ApiError(412, p.title, p.detail, [{ field: "/metadata/name", message: `a team named ${team} exists` }]) : p);
+    } finally {
+      setBusy(false);
+    }
+  };
+  const nameError = problem?.about("/metadata/name") ?? (problem?.status === 404 ? problem.message : undefined);
+  const parentError = problem?.about("/spec/parent");
+  const other = problem && !nameError && !parentError;
+  return (
+    <form class="editor" aria-labelledby="new-team-heading" onSubmit={submit}>
+      <h2 id="new-team-heading">New team</h2>
+      <div class="field">
+        <label for="new-team-name">Name</label>
+        <input
+          id="new-team-name"
+          value={name}
+          required
+          placeholder="lower-case-letters-digits"
+          onInput={(e) => setName(e.currentTarget.value)}
+          aria-invalid={nameError ? true : undefined}
+          aria-describedby={nameError ? "new-team-name-error" : undefined}
+        />
+        {nameError && (
+          <span id="new-team-name-error" class="error">
+            {nameError}
+          </span>
+        )}
+      </div>
+      <div class="field">
+        <label for="new-team-parent">Under</label>
+        <select
+          id="new-team-parent"
+          value={parent}
+          onChange={(e) => setParent(e.currentTarget.value)}
+          aria-invalid={parentError ? true : undefined}
+          aria-describedby={parentError ? "new-team-parent-error" : undefined}
+        >
+          {topLevel && <option value="">no team (a department)</option>}
+          {parents.map((p) => (
+            <option>{p}</option>
+          ))}
+        </select>
+        {parentError && (
+          <span id="new-team-parent-error" class="error">
+            {parentError}
+          </span>
+        )}
+      </div>
+      {other && (
+        <p class="error" role="alert">
+          {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
+        </p>
+      )}
+      <div class="actions">
+        <button type="submit" disabled={busy}>
+          Create
+        </button>
+        <button type="button" onClick={() => onDone()}>
+          Cancel
+        </button>
+      </div>
+    </form>
+  );
+}
+
 type Draft = { flavor: string; guaranteed: string; limit: string; weight: string };
 
 function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
@@ -163,6 +302,9 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const [problem, setProblem] = useState<ApiError | null>(null);
   const [preview, setPreview] = useState<QuotaPreview | null>(null);
   const [busy, setBusy] = useState(false);
+  // The flavors a quota can be added for: those that exist and the team declares none of.
+  const [flavors] = usePoll(() => all<Flavor>("/api/v1/flavors"), [], 60_000);
+  const addable = (flavors ?? []).map((f) => f.metadata.name).filter((f) => !draft.some((d) => d.flavor === f));
   const quotas = () =>
     draft.map(
       (d): Quota => ({
@@ -194,6 +336,11 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const set = (i: number, field: keyof Draft, value: string) => {
     setPreview(null);
     setDraft(draft.map((d, j) => (j === i ? { ...d, [field]: value } : d)));
+  };
+  const change = (next: Draft[]) => {
+    setPreview(null);
+    setProblem(null);
+    setDraft(next);
   };
   const input = (i: number, field: "guaranteed" | "limit" | "weight", label: string) => {
     const id = `q-${i}-${field}`;
@@ -231,8 +378,29 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
           {input(i, "guaranteed", "Guaranteed GPUs")}
           {input(i, "limit", "Limit (GPUs)")}
           {input(i, "weight", "Weight")}
+          <button type="button" class="remove" onClick={() => change(draft.filter((_, j) => j !== i))}>
+            Remove<span class="visually-hidden"> the {draft[i].flavor} quota</span>
+          </button>
         </fieldset>
       ))}
+      {addable.length > 0 && (
+        <div class="field">
+          <label for="add-flavor">Add a quota for</label>
+          <select
+            id="add-flavor"
+            value=""
+            onChange={(e) => {
+              const flavor = e.currentTarget.value;
+              if (flavor) change([...draft, { flavor, guaranteed: "0", limit: "", weight: "1" }]);
+            }}
+          >
+            <option value="">a flavor…</option>
+            {addable.map((f) => (
+              <option>{f}</option>
+            ))}
+          </select>
+        </div>
+      )}
       {unplaced && (
         <p class="error" role="alert">
           {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
