@@ -871,7 +871,7 @@ export interface components {
          * @description A report's time buckets (UTC; weeks start on Monday).
          * @enum {string}
          */
-        Bucket: "hour" | "day" | "week" | "month";
+        Bucket: "minute" | "hour" | "day" | "week" | "month";
         /** @description GPU-hours a team's subtree may use per period, of one flavor or of all. */
         Budget: {
             /**
@@ -2786,6 +2786,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Cluster name (DNS-1123 label) */
@@ -2958,6 +2963,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Cluster name */
@@ -3495,6 +3505,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Flavor name (DNS-1123 label) */
@@ -3667,6 +3682,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Flavor name */
@@ -5450,6 +5470,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Team name (DNS-1123 label) */
@@ -5622,6 +5647,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Team name */
@@ -6429,6 +6459,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Team name */
@@ -6603,6 +6638,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Team name */
@@ -6892,6 +6932,11 @@ export interface operations {
                  *     naming no version, matches nothing).
                  */
                 "If-Match"?: string;
+                /**
+                 * @description `*`: create the object, and refuse with 412 if one of this name exists (never
+                 *     replace it). Not with `If-Match`.
+                 */
+                "If-None-Match"?: string;
             };
             path: {
                 /** @description Team name */

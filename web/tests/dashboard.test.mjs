@@ -426,3 +426,85 @@ test("on a narrow screen every page fits its width", async () => {
   }
   await page.close();
 });
+
+test("the overview's chart shows GPUs in use per department, one flavor at a time, and drills down to the teams below", async () => {
+  // A second flavor on a cluster of its own, used by a team below nlp.
+  await berth.call("PUT", "/api/v1/flavors/a100", { spec: {} });
+  await berth.call("PUT", "/api/v1/clusters/sim-b", {
+    spec: { kind: "sim", sim: { node_groups: [{ name: "g", count: 1, flavor: "a100", gpus_per_node: 8 }] } },
+  });
+  const nlp = await berth.call("GET", "/api/v1/teams/nlp");
+  await berth.call("PUT", "/api/v1/teams/nlp", { spec: { ...nlp.spec, quotas: [...nlp.spec.quotas, { flavor: "a100", guaranteed: 4 }] } });
+  await berth.call("PUT", "/api/v1/teams/asr", { spec: { parent: "nlp", quotas: [{ flavor: "a100", guaranteed: 2 }] } });
+  await berth.call("PUT", "/api/v1/teams/asr/workloads/a1", {
+    spec: { kind: "training", tasks: { count: 1, resources: { flavors: ["a100"], gpus: 2 } }, sim: { duration_seconds: 3600 } },
+  });
+  await eventually(async () => (await berth.call("GET", "/api/v1/teams/asr/workloads/a1")).status.phase === "Running");
+  // What the API reports for the last hour, in average GPUs per layer.
+  const averages = async (flavor, layer) => {
+    const to = new Date();
+    const from = new Date(to - 3600_000);
+    const q = `from=${from.toISOString()}&to=${to.toISOString()}&group_by=team,flavor&bucket=minute`;
+    const report = await berth.call("GET", `/api/v1/usage/report?${q}`);
+    const parents = new Map(report.teams.map((t) => [t.team, t.parent ?? null]));
+    const sums = new Map();
+    for (const r of report.rows.filter((r) => r.flavor === flavor)) {
+      const name = layer(r.team, parents);
+      if (name) sums.set(name, (sums.get(name) ?? 0) + r.gpu_hours);
+    }
+    return new Map([...sums].filter(([, v]) => v > 0));
+  };
+  const top = (team, parents) => {
+    while (parents.get(team)) team = parents.get(team);
+    return team;
+  };
+  const shown = async (page) =>
+    new Map(
+      await page.locator("section[aria-labelledby=chart-heading] li[data-layer]").evaluateAll((lis) =>
+        lis.map((li) => [li.dataset.layer, Number(li.querySelector(".muted").textContent)]),
+      ),
+    );
+  const same = (a, b) => a.size === b.size && [...a].every(([k, v]) => b.has(k) && Math.abs(b.get(k) - v) <= 0.05);
+  const page = await signedIn();
+  const chart = page.locator("section[aria-labelledby=chart-heading]");
+  await chart.getByLabel("Period").selectOption("last hour");
+  // a100 first (by name): all of it is nlp's, through asr.
+  await eventually(async () => (await chart.getByLabel("Flavor").locator("option").allTextContents()).join() === "a100,h100");
+  let expected = new Map();
+  let seen = new Map();
+  const matches = (flavor, layer) =>
+    eventually(
+      async () => {
+        [expected, seen] = [await averages(flavor, layer), await shown(page)];
+        return expected.size > 0 && same(expected, seen);
+      },
+      15000,
+      () => `page ${JSON.stringify([...seen])}; API ${JSON.stringify([...expected])}`,
+    );
+  await matches("a100", top);
+  assert.deepEqual([...seen.keys()], ["nlp"]);
+  // h100: both departments.
+  await chart.getByLabel("Flavor").selectOption("h100");
+  await matches("h100", top);
+  assert.deepEqual([...seen.keys()].sort(), ["nlp", "vision"]);
+  // nlp has a team below it: a button that drills down; vision has none.
+  assert.equal(await page.getByRole("button", { name: "vision", exact: true }).count(), 0);
+  await page.getByRole("button", { name: "nlp", exact: true }).click();
+  await page.getByRole("heading", { name: "GPUs in use by team under nlp" }).waitFor();
+  const below = (team, parents) => (team === "nlp" ? "nlp (its own work)" : parents.get(team) === "nlp" ? team : null);
+  await matches("h100", below);
+  assert.deepEqual([...seen.keys()], ["nlp (its own work)"]);
+  await chart.getByLabel("Flavor").selectOption("a100");
+  await matches("a100", below);
+  assert.deepEqual([...seen.keys()], ["asr"]);
+  await page.getByRole("button", { name: "All departments" }).click();
+  await page.getByRole("heading", { name: "GPUs in use by department" }).waitFor();
+  // Every period up to 90 days draws from the report.
+  for (const period of ["last 24 hours", "last 7 days", "last 30 days", "last 90 days"]) {
+    const asked = page.waitForResponse((r) => r.url().includes("/api/v1/usage/report?"));
+    await chart.getByLabel("Period").selectOption(period);
+    assert.equal((await asked).status(), 200, period);
+    await page.locator("section[aria-labelledby=chart-heading] li[data-layer=nlp]").waitFor();
+  }
+  await page.close();
+});

@@ -94,7 +94,9 @@ test("teams: all 200 in the tree", async () => {
 });
 
 test("overview: phase counts add up to every workload", async () => {
-  const paths = ["/api/v1/clusters", "/api/v1/teams?limit=500", "/api/v1/usage/history", "/api/v1/workloads/summary", "/api/v1/queue"];
+  const since = new Date(Date.now() - 24 * 3600_000).toISOString();
+  const report = `/api/v1/usage/report?from=${since}&group_by=team,flavor&bucket=hour`;
+  const paths = ["/api/v1/clusters", "/api/v1/teams?limit=500", report, "/api/v1/workloads/summary", "/api/v1/queue"];
   for (const path of paths) {
     const started = Date.now();
     await berth.call("GET", path);
@@ -103,6 +105,26 @@ test("overview: phase counts add up to every workload", async () => {
   const page = await timePage("overview", "#/overview", (p) => p.locator('tr[data-phase="Pending"]'));
   const counts = await page.locator("tr[data-phase] td:nth-child(2)").allTextContents();
   assert.equal(counts.map(Number).reduce((a, b) => a + b, 0), WORKLOADS);
+  // The chart at 200 teams: the 10 departments as seven layers and the rest as one, and
+  // a department's 19 teams the same way.
+  const layers = () => page.locator("section[aria-labelledby=chart-heading] li[data-layer]").evaluateAll((l) => l.map((e) => e.dataset.layer));
+  await page.locator("section[aria-labelledby=chart-heading] li[data-layer]").first().waitFor();
+  const departments = await layers();
+  assert.equal(departments.length, 8, JSON.stringify(departments));
+  assert.equal(departments[7], "3 other departments");
+  const first = departments[0];
+  await page.getByRole("button", { name: first, exact: true }).click();
+  await page.getByRole("heading", { name: `GPUs in use by team under ${first}` }).waitFor();
+  await page.waitForFunction(
+    (d) => [...document.querySelectorAll("section[aria-labelledby=chart-heading] li[data-layer]")].every((l) => l.dataset.layer !== d),
+    first,
+  );
+  // As many teams of it as hold GPUs of the flavor now (up to 19): seven and the rest as one.
+  const teams = await layers();
+  assert.ok(teams.length > 1 && teams.length <= 8, JSON.stringify(teams));
+  assert.ok(teams.slice(0, 7).every((t) => t.startsWith(`team-${first.slice(5)}-`)), JSON.stringify(teams));
+  if (teams.length === 8) assert.match(teams[7], /^\d+ other teams$/);
+  await page.screenshot({ path: join(ARTIFACTS, "scale-overview-department.png") });
   await page.close();
 });
 

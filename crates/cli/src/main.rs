@@ -178,7 +178,7 @@ environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
         #[arg(long, default_value = "team")]
         by: String,
         /// Cut the period into hour, day, week or month buckets
-        #[arg(long, value_parser = ["hour", "day", "week", "month"])]
+        #[arg(long, value_parser = ["minute", "hour", "day", "week", "month"])]
         bucket: Option<String>,
         /// Print the rows as CSV (for a spreadsheet)
         #[arg(long)]

@@ -64,6 +64,8 @@ fn hours(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Bucket {
+    /// For charts of the last hour.
+    Minute,
     Hour,
     Day,
     Week,
@@ -73,6 +75,7 @@ pub enum Bucket {
 impl Bucket {
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "minute" => Self::Minute,
             "hour" => Self::Hour,
             "day" => Self::Day,
             "week" => Self::Week,
@@ -85,6 +88,7 @@ impl Bucket {
     pub fn floor(self, t: DateTime<Utc>) -> DateTime<Utc> {
         let day = |d: NaiveDate| Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight exists"));
         match self {
+            Self::Minute => t.with_nanosecond(0).and_then(|t| t.with_second(0)).expect("valid"),
             Self::Hour => {
                 t.with_nanosecond(0).and_then(|t| t.with_second(0)).and_then(|t| t.with_minute(0)).expect("valid")
             }
@@ -97,6 +101,7 @@ impl Bucket {
     /// The start of the bucket after the one starting at `start`.
     pub fn next(self, start: DateTime<Utc>) -> DateTime<Utc> {
         match self {
+            Self::Minute => start + Duration::minutes(1),
             Self::Hour => start + Duration::hours(1),
             Self::Day => start + Duration::days(1),
             Self::Week => start + Duration::days(7),

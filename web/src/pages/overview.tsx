@@ -1,36 +1,160 @@
 import { useState } from "preact/hooks";
-import { Cluster, InventoryEntry, Team, UsageHistory, WorkloadSummary, all, api } from "../api";
+import { Cluster, InventoryEntry, ReportBucket, Team, UsageReport, WorkloadSummary, all, api, reportPath } from "../api";
 import { usePoll } from "../app";
-import { UsageChart } from "../chart";
+import { StackedChart } from "../chart";
+import { bucketLabel, teamLayers } from "./reports";
 
 interface OverviewData {
   clusters: Cluster[];
   teams: Team[];
-  history: UsageHistory;
   summary: WorkloadSummary;
 }
 
-/// The chart's periods, in hours.
-const PERIODS: [number, string][] = [
-  [1, "last hour"],
-  [24, "last 24 hours"],
-  [24 * 7, "last 7 days"],
-];
-
-async function load(hours: number): Promise<OverviewData> {
-  const since = new Date(Date.now() - hours * 3600_000).toISOString();
-  const [clusters, teams, history, summary] = await Promise.all([
+async function load(): Promise<OverviewData> {
+  const [clusters, teams, summary] = await Promise.all([
     all<Cluster>("/api/v1/clusters"),
     all<Team>("/api/v1/teams"),
-    api<UsageHistory>(`/api/v1/usage/history?since=${encodeURIComponent(since)}`),
     api<WorkloadSummary>("/api/v1/workloads/summary"),
   ]);
-  return { clusters, teams, history, summary };
+  return { clusters, teams, summary };
+}
+
+/// The chart's periods (hours back from now) and the bucket each is drawn in.
+const PERIODS: [number, string, ReportBucket][] = [
+  [1, "last hour", "minute"],
+  [24, "last 24 hours", "hour"],
+  [24 * 7, "last 7 days", "hour"],
+  [24 * 30, "last 30 days", "day"],
+  [24 * 90, "last 90 days", "day"],
+];
+
+/// The layer of a team's own work when the chart shows the teams below it.
+const OWN = " (its own work)";
+
+/// The layer `team`'s use counts in when the chart shows the teams right below `focus`
+/// (`null`: the departments, the top-level teams): the ancestor of `team`, or `team`
+/// itself, whose parent is `focus`; `focus`'s own work has a layer of its own; a team
+/// outside `focus`'s subtree counts in none. A team whose parent the reader cannot see
+/// is a department to it.
+export function layerOf(team: string, parents: Map<string, string | null>, focus: string | null): string | null {
+  if (focus !== null && team === focus) return focus + OWN;
+  const seen = new Set<string>();
+  for (let t = team; !seen.has(t); ) {
+    seen.add(t);
+    const p = parents.get(t) ?? null;
+    const top = p === null || !parents.has(p);
+    if (focus === null ? top : p === focus) return t;
+    if (top) return null;
+    t = p;
+  }
+  return null;
+}
+
+/// GPUs in use over time, one flavor at a time: per department, or per team below the
+/// department (or team) clicked in the legend; the average of each bucket, from the usage
+/// report (so 90 days back as readily as an hour). Seven layers at most, the rest as one.
+export function UsageByTeam() {
+  const [period, setPeriod] = useState(24);
+  const [flavor, setFlavor] = useState<string | null>(null);
+  const [focus, setFocus] = useState<string | null>(null);
+  const bucket = PERIODS.find((p) => p[0] === period)![2];
+  const [report, error] = usePoll(
+    () => {
+      const to = new Date();
+      const from = new Date(to.getTime() - period * 3600_000);
+      const path = reportPath({ from: from.toISOString(), to: to.toISOString(), group_by: ["team", "flavor"], bucket });
+      return api<UsageReport>(path);
+    },
+    [period],
+    30_000,
+  );
+  const flavors = [...new Set((report?.rows ?? []).map((r) => r.flavor ?? ""))].filter(Boolean).sort();
+  const shown = flavor && flavors.includes(flavor) ? flavor : (flavors[0] ?? null);
+  const parents = new Map((report?.teams ?? []).map((t) => [t.team, t.parent ?? null]));
+  const hasChildren = new Set([...parents.values()].filter((p): p is string => p !== null));
+  const path: string[] = [];
+  for (let t = focus; t !== null && !path.includes(t); t = parents.get(t) ?? null) path.unshift(t);
+  const chart =
+    report &&
+    (() => {
+      const { bounds, layers } = teamLayers(
+        report,
+        bucket,
+        (r) => (r.flavor === shown ? layerOf(r.team ?? "", parents, focus) : null),
+        focus === null ? "departments" : "teams",
+      );
+      const hours = (i: number) => (bounds[i + 1] - bounds[i]) / 3_600_000;
+      // GPU-hours in a bucket over its length: the GPUs in use on average in it.
+      const gpus = layers.map((l) => ({ label: l.label, values: l.values.map((v, i) => v / hours(i)) }));
+      const span = (bounds[bounds.length - 1] - bounds[0]) / 3_600_000;
+      const average = (values: number[]) => values.reduce((a, v, i) => a + v * hours(i), 0) / span;
+      return { bounds, layers: gpus, average };
+    })();
+  const under = focus === null ? "department" : `team under ${focus}`;
+  return (
+    <section aria-labelledby="chart-heading">
+      <h2 id="chart-heading">GPUs in use by {focus === null ? "department" : `team under ${focus}`}</h2>
+      <div class="filters">
+        <label>
+          Period{" "}
+          <select value={period} onChange={(e) => setPeriod(Number(e.currentTarget.value))}>
+            {PERIODS.map(([h, words]) => (
+              <option value={h}>{words}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          Flavor{" "}
+          <select value={shown ?? ""} onChange={(e) => setFlavor(e.currentTarget.value)}>
+            {flavors.map((f) => (
+              <option>{f}</option>
+            ))}
+          </select>
+        </label>
+      </div>
+      <nav aria-label="Chart level" class="crumbs">
+        {focus === null ? (
+          <span aria-current="location">All departments</span>
+        ) : (
+          <button type="button" class="link" onClick={() => setFocus(null)}>
+            All departments
+          </button>
+        )}
+        {path.map((t) => (
+          <>
+            {" › "}
+            {t === focus ? (
+              <span aria-current="location">{t}</span>
+            ) : (
+              <button type="button" class="link" onClick={() => setFocus(t)}>
+                {t}
+              </button>
+            )}
+          </>
+        ))}
+      </nav>
+      {error && <p class="error" role="alert">{error.message}</p>}
+      {!chart ? (
+        <p class="loading">Loading…</p>
+      ) : (
+        <StackedChart
+          bounds={chart.bounds}
+          layers={chart.layers}
+          label={`Average ${shown ?? ""} GPUs in use per ${under} and ${bucket}, stacked`}
+          unit="GPUs"
+          format={fmt}
+          when={bucketLabel(bucket)}
+          legendValue={chart.average}
+          pickable={(label) => hasChildren.has(label)}
+          onPick={setFocus}
+        />
+      )}
+    </section>
+  );
 }
 
 export function Overview() {
-  const [hours, setHours] = useState(24);
-  const [data, error] = usePoll(() => load(hours), [hours]);
+  const [data, error] = usePoll(load);
   if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const rows = data.clusters.flatMap((c) =>
     (c.status.inventory.length ? c.status.inventory : [null]).map((inv, i) => ({ c, inv, first: i === 0 })),
@@ -121,18 +245,7 @@ export function Overview() {
           </tbody>
         </table>
       </section>
-      <section aria-labelledby="chart-heading">
-        <h2 id="chart-heading">GPUs allocated per team</h2>
-        <label>
-          Period{" "}
-          <select value={hours} onChange={(e) => setHours(Number(e.currentTarget.value))}>
-            {PERIODS.map(([h, words]) => (
-              <option value={h}>{words}</option>
-            ))}
-          </select>
-        </label>
-        <UsageChart history={data.history} />
-      </section>
+      <UsageByTeam />
       <section aria-labelledby="borrowing-heading">
         <h2 id="borrowing-heading">Borrowing now</h2>
         {borrowing.length === 0 ? (

@@ -54,9 +54,11 @@ function instants(from: string, to: string) {
 }
 
 /// The start of the bucket holding `t` (UTC; weeks start on Monday), as the API cuts them.
-function floor(t: number, b: ReportBucket): number {
+export function floor(t: number, b: ReportBucket): number {
   const d = new Date(t);
   switch (b) {
+    case "minute":
+      return Math.floor(t / 60_000) * 60_000;
     case "hour":
       return Math.floor(t / 3_600_000) * 3_600_000;
     case "day":
@@ -68,16 +70,18 @@ function floor(t: number, b: ReportBucket): number {
   }
 }
 
-function next(t: number, b: ReportBucket): number {
+export function next(t: number, b: ReportBucket): number {
   const d = new Date(t);
   if (b === "month") return Date.UTC(d.getUTCFullYear(), d.getUTCMonth() + 1, 1);
-  return t + { hour: 3_600_000, day: DAY, week: 7 * DAY }[b];
+  return t + { minute: 60_000, hour: 3_600_000, day: DAY, week: 7 * DAY }[b];
 }
 
 /// How a bucket's start reads on the chart's axis.
-function bucketLabel(b: ReportBucket): (t: number) => string {
+export function bucketLabel(b: ReportBucket): (t: number) => string {
   const opts: Intl.DateTimeFormatOptions =
-    b === "hour"
+    b === "minute"
+      ? { hour: "2-digit", minute: "2-digit", hourCycle: "h23" }
+      : b === "hour"
       ? { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" }
       : b === "month"
         ? { month: "short", year: "numeric" }
@@ -88,8 +92,14 @@ function bucketLabel(b: ReportBucket): (t: number) => string {
 
 /// Each team's GPU-hours per bucket of a `group_by=team` report over `[from, to)`: the
 /// buckets' edges (the first and last cut to the period) and a layer per team, the largest
-/// first; beyond `CHART_TEAMS`, the rest as one layer.
-export function teamLayers(report: UsageReport, bucket: ReportBucket): { bounds: number[]; layers: Layer[] } {
+/// first; beyond `CHART_TEAMS`, the rest as one layer. `layerOf` names the layer a row
+/// counts in (default: its team; `null`: none); the rest are `others` in the legend.
+export function teamLayers(
+  report: UsageReport,
+  bucket: ReportBucket,
+  layerOf: (row: UsageRow) => string | null = (r) => r.team ?? "",
+  others = "teams",
+): { bounds: number[]; layers: Layer[] } {
   const [from, to] = [Date.parse(report.from), Date.parse(report.to)];
   const starts = new Set<number>();
   for (let s = floor(from, bucket); s < to && starts.size < 10_000; s = next(s, bucket)) starts.add(s);
@@ -99,7 +109,8 @@ export function teamLayers(report: UsageReport, bucket: ReportBucket): { bounds:
   const bounds = [...sorted.map((s) => Math.max(s, from)), to];
   const byTeam = new Map<string, number[]>();
   for (const r of report.rows) {
-    const team = r.team ?? "";
+    const team = layerOf(r);
+    if (team === null) continue;
     const values = byTeam.get(team) ?? new Array(sorted.length).fill(0);
     values[index.get(r.bucket ? Date.parse(r.bucket) : sorted[0])!] += r.gpu_hours;
     byTeam.set(team, values);
@@ -111,7 +122,7 @@ export function teamLayers(report: UsageReport, bucket: ReportBucket): { bounds:
     .sort((a, b) => total(b.values) - total(a.values) || a.label.localeCompare(b.label));
   if (layers.length <= CHART_TEAMS + 1) return { bounds, layers };
   const rest = layers.slice(CHART_TEAMS);
-  const other = { label: `${rest.length} other teams`, values: sorted.map((_, i) => rest.reduce((a, l) => a + l.values[i], 0)) };
+  const other = { label: `${rest.length} other ${others}`, values: sorted.map((_, i) => rest.reduce((a, l) => a + l.values[i], 0)) };
   return { bounds, layers: [...layers.slice(0, CHART_TEAMS), other] };
 }
 
