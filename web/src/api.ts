@@ -178,6 +178,12 @@ export type NodeView = Schemas["NodeView"];
 export type AuditRecord = Schemas["AuditRecord"];
 export type AuditList = Schemas["AuditList"];
 export type LoginConfig = Schemas["LoginConfig"];
+export type Role = Schemas["Role"];
+export type RoleBindingList = Schemas["RoleBindingList"];
+export type ServiceAccount = Schemas["ServiceAccount"];
+export type ServiceAccountList = Schemas["ServiceAccountList"];
+export type TokenList = Schemas["TokenList"];
+export type CreatedToken = Schemas["CreatedToken"];
 export type OidcLogin = Schemas["OidcLogin"];
 
 /// What the signed-in principal may do, as far as the dashboard shows controls for it (the
@@ -190,6 +196,8 @@ export function abilities(me: Me) {
     readsAudit: global("platform-admin") || global("viewer"),
     /// Teams whose subtree the principal administers.
     adminOf: me.grants.filter((g) => g.role === "team-admin" && g.team).map((g) => g.team as string),
+    /// Roles and service accounts are managed by platform admins and team admins.
+    managesAccess: global("platform-admin") || me.grants.some((g) => g.role === "team-admin" && g.team),
   };
 }
 

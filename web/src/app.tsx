@@ -1,6 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, LoginConfig, Me, abilities, api, saveToken, savedToken } from "./api";
 import { beginSignIn, finishSignIn, returningFromProvider, scheduleRefresh, stopRefresh } from "./oidc";
+import { Access } from "./pages/access";
 import { Audit } from "./pages/audit";
 import { Overview } from "./pages/overview";
 import { Clusters } from "./pages/clusters";
@@ -23,6 +24,7 @@ const PAGES: {
   { hash: "#/workloads", title: "Workloads", view: Workloads },
   { hash: "#/clusters", title: "Clusters", view: Clusters },
   { hash: "#/reports", title: "Reports", view: Reports },
+  { hash: "#/access", title: "Access", view: Access, for: (me) => abilities(me).managesAccess },
   { hash: "#/audit", title: "Audit", view: Audit, for: (me) => abilities(me).readsAudit },
 ];
 

@@ -411,6 +411,7 @@ test("on a narrow screen every page fits its width", async () => {
     ["#/workloads", "tr[data-workload]"],
     ["#/clusters", 'section[data-cluster="sim-a"]'],
     ["#/audit", "tr[data-audit]"],
+    ["#/access", "#grant-heading"],
   ]) {
     await page.goto(berth.origin + "/" + hash);
     await page.locator(ready).first().waitFor();
@@ -507,4 +508,57 @@ test("the overview's chart shows GPUs in use per department, one flavor at a tim
     await page.locator("section[aria-labelledby=chart-heading] li[data-layer=nlp]").waitFor();
   }
   await page.close();
+});
+
+test("a team admin grants and revokes a role in its subtree, and gives a service account a token shown once", async () => {
+  const page = await signedIn(berth.token("team-admin", "nlp"));
+  page.on("dialog", (d) => d.accept());
+  await page.getByRole("link", { name: "Access" }).click();
+  // Its scope: nlp and the teams below it, never vision.
+  const teams = await page.getByLabel("On team").locator("option").allTextContents();
+  assert.ok(teams[0] === "nlp" && !teams.includes("vision"), JSON.stringify(teams));
+  assert.ok(!(await page.getByLabel("Role").locator("option").allTextContents()).includes("platform-admin"));
+  // A subject that is only blanks: the API's message beside the field.
+  await page.getByLabel("Subject").fill("   ");
+  await page.getByRole("button", { name: "Grant" }).click();
+  await page.locator("#grant-subject-error").waitFor();
+  await page.getByLabel("Subject").fill("bob");
+  await page.getByRole("button", { name: "Grant" }).click();
+  const bound = async () => (await berth.call("GET", "/api/v1/role-bindings?subject=bob")).items;
+  await eventually(async () => (await bound()).length === 1);
+  const [binding] = await bound();
+  assert.deepEqual([binding.role, binding.team, binding.created_by], ["member", "nlp", "team-admin-user"]);
+  await page.locator(`tr[data-binding="${binding.id}"]`).waitFor();
+  await page.getByRole("button", { name: "Revoke member of bob on nlp" }).click();
+  await eventually(async () => (await bound()).length === 0);
+  await eventually(async () => (await page.locator(`tr[data-binding="${binding.id}"]`).count()) === 0);
+
+  // A service account of nlp, a role for it, and a token that works until revoked.
+  await page.getByLabel("Account name").fill("ci-bot");
+  await page.getByRole("button", { name: "Create account" }).click();
+  await page.locator('article[data-account="ci-bot"]').waitFor();
+  await page.getByLabel("Subject").fill("serviceaccount:ci-bot");
+  await page.getByRole("button", { name: "Grant" }).click();
+  await eventually(async () => (await berth.call("GET", "/api/v1/role-bindings?subject=serviceaccount:ci-bot")).items.length === 1);
+  await page.getByLabel("Lifetime of a new token for ci-bot").selectOption("1 day");
+  await page.getByRole("button", { name: "New token for ci-bot" }).click();
+  const token = await page.getByLabel("Token for ci-bot", { exact: true }).inputValue();
+  const me = (t) => fetch(`${berth.origin}/api/v1/me`, { headers: { Authorization: `Bearer ${t}` } });
+  const who = await me(token);
+  const body = await who.text();
+  assert.equal(JSON.parse(body).subject, "serviceaccount:ci-bot", `${who.status} ${body}`);
+  const [record] = (await berth.call("GET", "/api/v1/service-accounts/ci-bot/tokens")).items;
+  const lifetime = Date.parse(record.expires_at) - Date.parse(record.created_at);
+  assert.ok(Math.abs(lifetime - 86_400_000) < 5000, `lives ${lifetime} ms`);
+  // Shown once: gone after a reload, from the page and from what it fetched.
+  await page.reload();
+  await page.locator(`tr[data-token="${record.id}"]`).waitFor();
+  assert.ok(!(await page.content()).includes(token));
+  await page.getByRole("button", { name: /Revoke token of ci-bot/ }).click();
+  await eventually(async () => (await me(token)).status === 401);
+  await page.close();
+  // A member manages no access: no such page.
+  const member = await signedIn(berth.token("member", "nlp"));
+  assert.equal(await member.getByRole("link", { name: "Access" }).count(), 0);
+  await member.close();
 });
