@@ -162,11 +162,21 @@ test("the queue shows a pending workload's reason, as the API gives it", async (
 
 test("a workload's page shows its owner, logs and estimate, and its owner cancels it keeping its history", async () => {
   const member = berth.token("member", "vision");
+  const script = "#!/bin/bash\n#SBATCH --time=1:00:00\nsrun python train.py --epochs 'ten and two'\n";
   await berth.call("PUT", "/api/v1/teams/vision/workloads/mine", {
-    spec: { kind: "batch", tasks: { count: 1, resources: { flavors: ["h100"], gpus: 4 } }, sim: { duration_seconds: 60 } },
+    spec: {
+      kind: "batch",
+      tasks: { count: 1, resources: { flavors: ["h100"], gpus: 4 } },
+      run: { script, env: { EPOCHS: "12" } },
+      sim: { duration_seconds: 60 },
+    },
   }, member);
   // A running workload's page shows what its job printed.
   const page = await signedIn(member);
+  // Its script reads as the lines it has, not one escaped string.
+  await page.goto(berth.origin + "/#/workload/vision/mine");
+  assert.equal(await page.getByTestId("script").textContent(), script);
+  assert.equal(await page.getByTestId("env").textContent(), "EPOCHS12");
   await page.goto(berth.origin + "/#/workload/vision/v1");
   await page.getByTestId("logs").filter({ hasText: "[sim] task 0 of 1 started on" }).waitFor();
   // A teammate's workload (the admin submitted v1): a member may not cancel it, and sees no button.
@@ -514,6 +524,7 @@ test("a team admin grants and revokes a role in its subtree, and gives a service
   const page = await signedIn(berth.token("team-admin", "nlp"));
   page.on("dialog", (d) => d.accept());
   await page.getByRole("link", { name: "Access" }).click();
+  await page.getByRole("heading", { name: "Grant a role" }).waitFor();
   // Its scope: nlp and the teams below it, never vision.
   const teams = await page.getByLabel("On team").locator("option").allTextContents();
   assert.ok(teams[0] === "nlp" && !teams.includes("vision"), JSON.stringify(teams));

@@ -276,8 +276,56 @@ export function WorkloadDetail({ me }: { me: Me }) {
           </li>
         ))}
       </ol>
+      <Run run={w.spec.run} />
       <h2>Spec</h2>
-      <pre class="spec">{JSON.stringify(w.spec, null, 2)}</pre>
+      <pre class="spec">{JSON.stringify(w.spec.run?.script ? { ...w.spec, run: { ...w.spec.run, script: "(above)" } } : w.spec, null, 2)}</pre>
+    </>
+  );
+}
+
+/// An argument as a POSIX shell reads it back (quoted where it has to be).
+function shellQuote(arg: string): string {
+  return /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, `'"'"'`)}'`;
+}
+
+/// What the workload runs: its batch script as the lines it has, or its command as a shell
+/// would read it; the image and environment.
+function Run({ run }: { run?: Workload["spec"]["run"] }) {
+  if (!run || (!run.script && !run.command?.length && !run.image)) return null;
+  const env = Object.entries(run.env ?? {});
+  return (
+    <>
+      <h2>Run</h2>
+      {run.image && (
+        <p>
+          Image <code>{run.image}</code>
+        </p>
+      )}
+      {run.script ? (
+        <pre class="script" data-testid="script">
+          {run.script}
+        </pre>
+      ) : (
+        run.command?.length && (
+          <pre class="script" data-testid="command">
+            {run.command.map(shellQuote).join(" ")}
+          </pre>
+        )
+      )}
+      {env.length > 0 && (
+        <dl class="facts" data-testid="env">
+          {env.map(([k, v]) => (
+            <>
+              <dt>
+                <code>{k}</code>
+              </dt>
+              <dd>
+                <code>{v}</code>
+              </dd>
+            </>
+          ))}
+        </dl>
+      )}
     </>
   );
 }
