@@ -422,10 +422,11 @@ test("on a narrow screen every page fits its width", async () => {
     ["#/clusters", 'section[data-cluster="sim-a"]'],
     ["#/audit", "tr[data-audit]"],
     ["#/access", "#grant-heading"],
+    ["#/workload/vision/mine", "[data-testid=script]"],
   ]) {
     await page.goto(berth.origin + "/" + hash);
     await page.locator(ready).first().waitFor();
-    await page.screenshot({ path: join(ARTIFACTS, `narrow-${hash.slice(2)}.png`), fullPage: true });
+    await page.screenshot({ path: join(ARTIFACTS, `narrow-${hash.slice(2).replaceAll("/", "-")}.png`), fullPage: true });
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
     const wide = await page.evaluate(() =>
       [...document.querySelectorAll("body *")]
