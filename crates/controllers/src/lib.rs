@@ -166,6 +166,17 @@ fn reachable_backend(ctx: &Context, cluster: &Cluster) -> Option<Arc<dyn Cluster
 }
 
 /// The workload's resource version as the compare-and-set value.
+/// Runs CPU-bound work (a snapshot, a plan) on the runtime's blocking threads, so that its
+/// workers stay free for requests and other tasks meanwhile.
+///
+/// # Errors
+/// `Internal` if the work panicked.
+async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Internal(format!("a controller's computation failed: {e}")))
+}
+
 fn version(w: &Workload) -> Result<i64, Error> {
     w.metadata
         .resource_version
