@@ -1,12 +1,19 @@
-//! Replays the Microsoft Philly trace through the scheduler in virtual time, next to a FIFO
-//! baseline run by the same harness, and prints job completion time, queueing delay, GPU
-//! utilization and each team's share of the GPUs against its fair share. Every plan is run
+//! Replays the Microsoft Philly trace through the scheduler in virtual time, next to two
+//! baselines run by the same harness — strict FIFO, and Tiresias-style discretized 2D-LAS
+//! (least attained service first, no knowledge of durations) — and prints job completion
+//! time, queueing delay, GPU utilization and each team's share of the GPUs against its
+//! fair share. One row per cluster size, time window and policy. Every plan of Berth's is run
 //! through `check::violations`; the process exits non-zero if any plan breaks an invariant.
 //!
 //! ```text
 //! cargo run --release -p berth-sched --example replay -- \
-//!     [--trace ../shared/traces/philly/philly-2017-09-10.csv] [--nodes 64] [--jobs N] [--tick 60]
+//!     [--trace ../shared/traces/philly/philly-2017-09-10.csv] [--nodes 64[,96,...]]
+//!     [--windows 2017-09-01..2017-10-01[,...]] [--jobs N] [--tick 60] [--teams]
 //! ```
+//!
+//! A window takes the jobs submitted in it (UTC days, end exclusive; default the whole
+//! trace), at most `--jobs` of them; `--teams` prints, per setting, each team's held GPUs
+//! against its fair share while it had work waiting.
 //!
 //! Model: each virtual cluster of the trace is a team; guarantees are proportional to each
 //! team's share of the trace's GPU time (together 100 % of the cluster), weights equal, no
@@ -28,6 +35,7 @@ use berth_sched::snapshot::{
     Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
 };
 
+#[derive(Clone, Copy)]
 struct Job {
     submit: i64,
     duration: i64,
@@ -38,78 +46,104 @@ struct Job {
 
 struct Options {
     trace: String,
-    nodes: usize,
+    nodes: Vec<usize>,
+    /// Submission windows, `[from, to)` in seconds since 1970 (`None`: the whole trace).
+    windows: Vec<Option<(i64, i64)>>,
     jobs: usize,
     tick: i64,
+    teams: bool,
 }
 
 fn main() -> ExitCode {
     let options = options();
-    let (jobs, teams, gpu_time) = load(&options.trace, options.jobs);
-    let capacity = options.nodes as u32 * 8;
-    let total: f64 = gpu_time.iter().sum();
+    let trace = load(&options.trace);
     println!(
-        "Philly replay: {} jobs, {} teams, {} nodes × 8 GPUs = {capacity} GPUs, tick {} s; offered load {:.0} % of capacity",
-        jobs.len(),
-        teams.len(),
-        options.nodes,
+        "Philly replay: tick {} s; policies berth, fifo (strict, no preemption) and las (Tiresias 2D-LAS, \
+         queues at {} GPU-hours attained)",
         options.tick,
-        100.0 * total / (f64::from(capacity) * (span(&jobs) as f64))
+        LAS_THRESHOLDS.map(|s| format!("{}", s / 3600.0)).join(", ")
     );
-    // Guarantees proportional to GPU time, rounded down, the rest to the biggest teams.
-    let mut guaranteed: Vec<u32> = gpu_time.iter().map(|g| (f64::from(capacity) * g / total) as u32).collect();
-    let mut by_size: Vec<usize> = (0..teams.len()).collect();
-    by_size.sort_by(|&a, &b| gpu_time[b].total_cmp(&gpu_time[a]));
-    for &t in by_size.iter().cycle().take((capacity - guaranteed.iter().sum::<u32>()) as usize) {
-        guaranteed[t] += 1;
-    }
-    let berth = simulate(&options, &jobs, &teams, &guaranteed, Policy::Berth);
-    let fifo = simulate(&options, &jobs, &teams, &guaranteed, Policy::Fifo);
-    println!();
     println!(
-        "{:<8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>6} {:>11} {:>7} {:>10}",
-        "policy",
+        "{:<6} {:<22} {:>6} {:>5} {:<6} {:>9} {:>9} {:>10} {:>10} {:>6} {:>8} {:>5}",
+        "nodes",
+        "window",
         "jobs",
+        "load",
+        "policy",
         "avg JCT h",
         "p99 JCT h",
         "avg wait h",
         "p99 wait h",
         "util",
-        "preemptions",
-        "cycles",
-        "violations"
+        "preempt",
+        "viol"
     );
-    for (name, r) in [("berth", &berth), ("fifo", &fifo)] {
-        println!(
-            "{:<8} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>5.1}% {:>11} {:>7} {:>10}",
-            name,
-            r.jct.len(),
-            mean(&r.jct) / 3600.0,
-            p99(&r.jct) / 3600.0,
-            mean(&r.wait) / 3600.0,
-            p99(&r.wait) / 3600.0,
-            100.0 * r.busy_gpu_seconds / (f64::from(capacity) * r.makespan as f64),
-            r.preemptions,
-            r.cycles,
-            r.violations
-        );
+    let mut violations = 0;
+    for window in &options.windows {
+        let (jobs, teams, gpu_time) = trace.window(*window, options.jobs);
+        let label = window.map_or_else(|| "whole trace".to_owned(), |(a, b)| format!("{}..{}", day(a), day(b)));
+        for &nodes in &options.nodes {
+            let capacity = nodes as u32 * 8;
+            let total: f64 = gpu_time.iter().sum();
+            let load = 100.0 * total / (f64::from(capacity) * (span(&jobs) as f64));
+            // Guarantees proportional to GPU time, rounded down, the rest to the biggest teams.
+            let mut guaranteed: Vec<u32> = gpu_time.iter().map(|g| (f64::from(capacity) * g / total) as u32).collect();
+            let mut by_size: Vec<usize> = (0..teams.len()).collect();
+            by_size.sort_by(|&a, &b| gpu_time[b].total_cmp(&gpu_time[a]));
+            for &t in by_size.iter().cycle().take((capacity - guaranteed.iter().sum::<u32>()) as usize) {
+                guaranteed[t] += 1;
+            }
+            let run = |policy| simulate(&options, nodes, &jobs, &teams, &guaranteed, policy);
+            let outcomes = [("berth", run(Policy::Berth)), ("fifo", run(Policy::Fifo)), ("las", run(Policy::Las))];
+            for (name, r) in &outcomes {
+                println!(
+                    "{:<6} {:<22} {:>6} {:>4.0}% {:<6} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>5.1}% {:>8} {:>5}",
+                    nodes,
+                    label,
+                    r.jct.len(),
+                    load,
+                    name,
+                    mean(&r.jct) / 3600.0,
+                    p99(&r.jct) / 3600.0,
+                    mean(&r.wait) / 3600.0,
+                    p99(&r.wait) / 3600.0,
+                    100.0 * r.busy_gpu_seconds / (f64::from(capacity) * r.makespan as f64),
+                    r.preemptions,
+                    r.violations
+                );
+                violations += r.violations;
+            }
+            let [(_, berth), (_, fifo), (_, las)] = &outcomes;
+            println!(
+                "{:<6} {:<22} berth/fifo: avg JCT {:.2}, p99 wait {:.2}; berth/las: avg JCT {:.2}, p99 wait {:.2}",
+                "",
+                "",
+                mean(&berth.jct) / mean(&fifo.jct).max(1.0),
+                p99(&berth.wait) / p99(&fifo.wait).max(1.0),
+                mean(&berth.jct) / mean(&las.jct).max(1.0),
+                p99(&berth.wait) / p99(&las.wait).max(1.0),
+            );
+            if options.teams {
+                println!(
+                    "  per team: GPUs held on average while it had work waiting, against its fair share then (berth)"
+                );
+                for (t, name) in teams.iter().enumerate() {
+                    let waiting = berth.waiting_seconds[t].max(1.0);
+                    println!(
+                        "    {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  wait {:>7.2} h (fifo {:>7.2} h, las {:>7.2} h)",
+                        guaranteed[t],
+                        berth.team_gpu_seconds[t] / waiting,
+                        berth.fair_gpu_seconds[t] / waiting,
+                        mean(&berth.team_wait[t]) / 3600.0,
+                        mean(&fifo.team_wait[t]) / 3600.0,
+                        mean(&las.team_wait[t]) / 3600.0,
+                    );
+                }
+            }
+        }
     }
-    println!();
-    println!("per team: GPUs held on average while it had work waiting, against its fair share then (berth);");
-    println!("average wait under berth and under fifo");
-    for (t, name) in teams.iter().enumerate() {
-        let waiting = berth.waiting_seconds[t].max(1.0);
-        println!(
-            "  {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  wait {:>7.2} h (fifo {:>7.2} h)",
-            guaranteed[t],
-            berth.team_gpu_seconds[t] / waiting,
-            berth.fair_gpu_seconds[t] / waiting,
-            mean(&berth.team_wait[t]) / 3600.0,
-            mean(&fifo.team_wait[t]) / 3600.0,
-        );
-    }
-    if berth.violations + fifo.violations > 0 {
-        eprintln!("invariant violations: {}", berth.violations);
+    if violations > 0 {
+        eprintln!("invariant violations: {violations}");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
@@ -118,16 +152,31 @@ fn main() -> ExitCode {
 fn options() -> Options {
     let mut o = Options {
         trace: "../shared/traces/philly/philly-2017-09-10.csv".into(),
-        nodes: 64,
+        nodes: vec![64],
+        windows: vec![None],
         jobs: usize::MAX,
         tick: 60,
+        teams: false,
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    for pair in args.chunks(2) {
-        let value = pair.get(1).expect("every option takes a value");
-        match pair[0].as_str() {
+    let mut args = std::env::args().skip(1).peekable();
+    while let Some(option) = args.next() {
+        if option == "--teams" {
+            o.teams = true;
+            continue;
+        }
+        let value = &args.next().expect("every option but --teams takes a value");
+        match option.as_str() {
             "--trace" => o.trace.clone_from(value),
-            "--nodes" => o.nodes = value.parse().expect("--nodes N"),
+            "--nodes" => o.nodes = value.split(',').map(|n| n.parse().expect("--nodes N[,N...]")).collect(),
+            "--windows" => {
+                o.windows = value
+                    .split(',')
+                    .map(|w| {
+                        let (a, b) = w.split_once("..").expect("--windows YYYY-MM-DD..YYYY-MM-DD[,...]");
+                        Some((seconds(&format!("{a} 00:00:00")), seconds(&format!("{b} 00:00:00"))))
+                    })
+                    .collect();
+            }
             "--jobs" => o.jobs = value.parse().expect("--jobs N"),
             "--tick" => o.tick = value.parse().expect("--tick SECONDS"),
             other => panic!("unknown option {other}"),
@@ -136,34 +185,67 @@ fn options() -> Options {
     o
 }
 
-/// Jobs, team names, and GPU time per team.
-fn load(path: &str, limit: usize) -> (Vec<Job>, Vec<String>, Vec<f64>) {
+/// The trace's jobs, each with its team's name.
+struct Trace(Vec<(Job, String)>);
+
+fn load(path: &str) -> Trace {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut teams: BTreeMap<String, usize> = BTreeMap::new();
-    let mut jobs = Vec::new();
-    for line in text.lines().skip(1).take(limit) {
-        let f: Vec<&str> = line.split(',').collect();
-        let gpus: u32 = f[2].parse().expect("num_gpus");
-        let next = teams.len();
-        let team = *teams.entry(f[4].to_string()).or_insert(next);
-        let tasks = gpus.div_ceil(8);
-        jobs.push(Job {
-            submit: seconds(f[0]),
-            duration: (f[1].parse::<f64>().expect("duration") as i64).max(1),
-            team,
-            tasks,
-            gpus_per_task: gpus.div_ceil(tasks),
-        });
+    Trace(
+        text.lines()
+            .skip(1)
+            .map(|line| {
+                let f: Vec<&str> = line.split(',').collect();
+                let gpus: u32 = f[2].parse().expect("num_gpus");
+                let tasks = gpus.div_ceil(8);
+                let job = Job {
+                    submit: seconds(f[0]),
+                    duration: (f[1].parse::<f64>().expect("duration") as i64).max(1),
+                    team: 0,
+                    tasks,
+                    gpus_per_task: gpus.div_ceil(tasks),
+                };
+                (job, f[4].to_string())
+            })
+            .collect(),
+    )
+}
+
+impl Trace {
+    /// The jobs submitted in `window` (all: `None`), at most `limit`, with the names of
+    /// their teams and the GPU time of each.
+    fn window(&self, window: Option<(i64, i64)>, limit: usize) -> (Vec<Job>, Vec<String>, Vec<f64>) {
+        let mut teams: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut jobs = Vec::new();
+        for (j, team) in
+            self.0.iter().filter(|(j, _)| window.is_none_or(|(a, b)| j.submit >= a && j.submit < b)).take(limit)
+        {
+            let next = teams.len();
+            let team = *teams.entry(team).or_insert(next);
+            jobs.push(Job { team, ..*j });
+        }
+        let mut names = vec![String::new(); teams.len()];
+        for (name, i) in teams {
+            names[i] = name.to_owned();
+        }
+        let mut gpu_time = vec![0.0; names.len()];
+        for j in &jobs {
+            gpu_time[j.team] += (j.duration * i64::from(j.tasks * j.gpus_per_task)) as f64;
+        }
+        (jobs, names, gpu_time)
     }
-    let mut names = vec![String::new(); teams.len()];
-    for (name, i) in teams {
-        names[i] = name;
-    }
-    let mut gpu_time = vec![0.0; names.len()];
-    for j in &jobs {
-        gpu_time[j.team] += (j.duration * i64::from(j.tasks * j.gpus_per_task)) as f64;
-    }
-    (jobs, names, gpu_time)
+}
+
+/// Seconds since 1970 as its UTC day, `YYYY-MM-DD`.
+fn day(t: i64) -> String {
+    let z = t.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    format!("{}-{m:02}-{d:02}", yoe + era * 400 + i64::from(m <= 2))
 }
 
 /// `YYYY-MM-DD HH:MM:SS` as seconds since 1970 (days from the civil date, UTC).
@@ -190,7 +272,13 @@ fn span(jobs: &[Job]) -> i64 {
 enum Policy {
     Berth,
     Fifo,
+    Las,
 }
+
+/// The 2D-LAS queues' limits in attained GPU-seconds (Tiresias discretizes attained service
+/// into a few queues, FIFO within each, so that jobs do not preempt each other for every
+/// second of service): below 1 GPU-hour, below 10, and the rest.
+const LAS_THRESHOLDS: [f64; 2] = [3_600.0, 36_000.0];
 
 #[derive(Default)]
 struct Outcome {
@@ -219,7 +307,7 @@ struct Active {
     placement: Vec<TaskPlacement>,
 }
 
-fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], policy: Policy) -> Outcome {
+fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guaranteed: &[u32], policy: Policy) -> Outcome {
     let mut s = Snapshot {
         now: 0,
         starvation_after_seconds: 6 * 3600,
@@ -242,7 +330,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
             cordoned: false,
             fractional_gpus: None,
         }],
-        nodes: (0..o.nodes)
+        nodes: (0..nodes)
             .map(|n| Node {
                 name: format!("node-{n}"),
                 cluster: 0,
@@ -265,6 +353,8 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
         ..Outcome::default()
     };
     let mut remaining: Vec<i64> = jobs.iter().map(|j| j.duration).collect();
+    // GPU-seconds each job has run (2D-LAS orders by it).
+    let mut attained: Vec<f64> = vec![0.0; jobs.len()];
     let mut first_start: Vec<Option<i64>> = vec![None; jobs.len()];
     let mut queue: Vec<usize> = Vec::new();
     let mut active: Vec<Active> = Vec::new();
@@ -284,6 +374,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
         for a in &active {
             let gpus = f64::from(jobs[a.job].tasks * jobs[a.job].gpus_per_task);
             out.busy_gpu_seconds += gpus * dt;
+            attained[a.job] += gpus * dt;
             if has_waiting[jobs[a.job].team] {
                 out.team_gpu_seconds[jobs[a.job].team] += gpus * dt;
             }
@@ -326,6 +417,7 @@ fn simulate(o: &Options, jobs: &[Job], teams: &[String], guaranteed: &[u32], pol
                     &mut preemptor_of,
                 ),
                 Policy::Fifo => fifo_cycle(&s, now, jobs, &mut queue, &active),
+                Policy::Las => las_cycle(&s, now, jobs, &mut queue, &mut active, &mut remaining, &attained, &mut out),
             };
             for a in started {
                 first_start[a.job].get_or_insert(now);
@@ -482,4 +574,61 @@ fn p99(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v.get((v.len() as f64 * 0.99) as usize).or(v.last()).copied().unwrap_or(0.0)
+}
+
+/// Tiresias-style discretized 2D-LAS: every job, running or waiting, in the order of its
+/// attained-service queue and then its submission; the GPUs go to that order's prefix that
+/// fits the cluster's capacity. Running jobs outside it are preempted (they keep the run
+/// time they have left); waiting jobs inside it start where best fit places them, a job
+/// that fragmentation keeps out waits for the next cycle. Durations are never looked at.
+#[allow(clippy::too_many_arguments)]
+fn las_cycle(
+    s: &Snapshot,
+    now: i64,
+    jobs: &[Job],
+    queue: &mut Vec<usize>,
+    active: &mut Vec<Active>,
+    remaining: &mut [i64],
+    attained: &[f64],
+    out: &mut Outcome,
+) -> Vec<Active> {
+    let level = |j: usize| LAS_THRESHOLDS.iter().filter(|&&t| attained[j] >= t).count();
+    let gpus = |j: usize| jobs[j].tasks * jobs[j].gpus_per_task;
+    let mut order: Vec<usize> = active.iter().map(|a| a.job).chain(queue.iter().copied()).collect();
+    order.sort_by_key(|&j| (level(j), jobs[j].submit, j));
+    let capacity: u32 = s.nodes.iter().map(|n| n.gpus).sum();
+    let mut used = 0;
+    let mut chosen = vec![false; jobs.len()];
+    for &j in &order {
+        if used + gpus(j) <= capacity {
+            used += gpus(j);
+            chosen[j] = true;
+        }
+    }
+    let (keep, stop): (Vec<Active>, Vec<Active>) = active.drain(..).partition(|a| chosen[a.job]);
+    *active = keep;
+    out.preemptions += stop.len();
+    for a in stop {
+        remaining[a.job] -= now - a.started;
+        queue.push(a.job);
+    }
+    let mut states: Vec<NodeState> = s.nodes.iter().map(NodeState::new).collect();
+    for a in active.iter() {
+        for t in &a.placement {
+            states[t.node].take(&resources(&jobs[a.job]));
+        }
+    }
+    let all: Vec<usize> = (0..s.nodes.len()).collect();
+    queue.sort_by_key(|&j| (level(j), jobs[j].submit, j));
+    let mut started = Vec::new();
+    queue.retain(|&job| {
+        if !chosen[job] {
+            return true;
+        }
+        let Some(placed) = place(&mut states, &all, &resources(&jobs[job])) else { return true };
+        let placement = placed.tasks.iter().map(|&(node, device)| TaskPlacement { node, device }).collect();
+        started.push(Active { job, started: now, ends: now + remaining[job], borrowed: false, placement });
+        false
+    });
+    started
 }
