@@ -33,6 +33,35 @@ pub(crate) const JOBS: &ResourceType =
 /// apps/v1 deployments.
 pub(crate) const DEPLOYMENTS: &ResourceType =
     &ResourceType { plural: "deployments", group: "apps", version: "v1", kind: "Deployment", namespaced: true };
+/// Core v1 service accounts, secrets and config maps, RBAC and pod disruption budgets:
+/// stored and validated, nothing acts on them (what deploying Berth itself applies).
+pub(crate) const SERVICE_ACCOUNTS: &ResourceType =
+    &ResourceType { plural: "serviceaccounts", group: "", version: "v1", kind: "ServiceAccount", namespaced: true };
+pub(crate) const SECRETS: &ResourceType =
+    &ResourceType { plural: "secrets", group: "", version: "v1", kind: "Secret", namespaced: true };
+pub(crate) const CONFIG_MAPS: &ResourceType =
+    &ResourceType { plural: "configmaps", group: "", version: "v1", kind: "ConfigMap", namespaced: true };
+const RBAC: &str = "rbac.authorization.k8s.io";
+pub(crate) const ROLES: &ResourceType =
+    &ResourceType { plural: "roles", group: RBAC, version: "v1", kind: "Role", namespaced: true };
+pub(crate) const ROLE_BINDINGS: &ResourceType =
+    &ResourceType { plural: "rolebindings", group: RBAC, version: "v1", kind: "RoleBinding", namespaced: true };
+pub(crate) const CLUSTER_ROLES: &ResourceType =
+    &ResourceType { plural: "clusterroles", group: RBAC, version: "v1", kind: "ClusterRole", namespaced: false };
+pub(crate) const CLUSTER_ROLE_BINDINGS: &ResourceType = &ResourceType {
+    plural: "clusterrolebindings",
+    group: RBAC,
+    version: "v1",
+    kind: "ClusterRoleBinding",
+    namespaced: false,
+};
+pub(crate) const POD_DISRUPTION_BUDGETS: &ResourceType = &ResourceType {
+    plural: "poddisruptionbudgets",
+    group: "policy",
+    version: "v1",
+    kind: "PodDisruptionBudget",
+    namespaced: true,
+};
 /// jobset.x-k8s.io/v1alpha2 jobsets (served only when enabled).
 pub(crate) const JOBSETS: &ResourceType = &ResourceType {
     plural: "jobsets",
@@ -43,11 +72,27 @@ pub(crate) const JOBSETS: &ResourceType = &ResourceType {
 };
 
 /// Every resource type the server knows, in discovery order.
-pub(crate) const ALL: [&ResourceType; 7] = [NAMESPACES, NODES, PODS, SERVICES, JOBS, DEPLOYMENTS, JOBSETS];
+pub(crate) const ALL: [&ResourceType; 15] = [
+    NAMESPACES,
+    NODES,
+    PODS,
+    SERVICES,
+    SERVICE_ACCOUNTS,
+    SECRETS,
+    CONFIG_MAPS,
+    JOBS,
+    DEPLOYMENTS,
+    ROLES,
+    ROLE_BINDINGS,
+    CLUSTER_ROLES,
+    CLUSTER_ROLE_BINDINGS,
+    POD_DISRUPTION_BUDGETS,
+    JOBSETS,
+];
 
 /// The API group versions served, as `(group, version)`; the JobSet one only when enabled.
 pub(crate) fn group_versions(serve_jobsets: bool) -> Vec<(&'static str, &'static str)> {
-    let mut out = vec![("batch", "v1"), ("apps", "v1")];
+    let mut out = vec![("batch", "v1"), ("apps", "v1"), (RBAC, "v1"), ("policy", "v1")];
     if serve_jobsets {
         out.push((JOBSETS.group, JOBSETS.version));
     }

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, PodSpec, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -153,6 +155,14 @@ pub(crate) fn validate(rt: &ResourceType, obj: Value) -> Result<Value, Vec<Cause
         "services" => round_trip::<Service>(obj),
         "namespaces" => round_trip::<Namespace>(obj),
         "nodes" => round_trip::<Node>(obj),
+        "serviceaccounts" => round_trip::<ServiceAccount>(obj),
+        "secrets" => round_trip::<Secret>(obj),
+        "configmaps" => round_trip::<ConfigMap>(obj),
+        "roles" => round_trip::<Role>(obj),
+        "rolebindings" => round_trip::<RoleBinding>(obj),
+        "clusterroles" => round_trip::<ClusterRole>(obj),
+        "clusterrolebindings" => round_trip::<ClusterRoleBinding>(obj),
+        "poddisruptionbudgets" => round_trip::<PodDisruptionBudget>(obj),
         _ if obj["spec"].is_object() => Ok(obj),
         _ => Err(Cause::new("spec", "Required value")),
     }

@@ -34,7 +34,7 @@ async fn discovery_describes_the_served_resources() {
     assert_eq!(version.git_version, "v1.34.0-berth-test");
     assert_eq!(client.list_core_api_versions().await.unwrap().versions, vec!["v1"]);
     let groups: Vec<String> = client.list_api_groups().await.unwrap().groups.into_iter().map(|g| g.name).collect();
-    assert_eq!(groups, vec!["batch", "apps", "jobset.x-k8s.io"]);
+    assert_eq!(groups, vec!["batch", "apps", "rbac.authorization.k8s.io", "policy", "jobset.x-k8s.io"]);
     let batch = client.list_api_group_resources("batch/v1").await.unwrap();
     let jobs = batch.resources.iter().find(|r| r.name == "jobs").unwrap();
     assert!(jobs.namespaced && jobs.kind == "Job" && jobs.verbs.contains(&"watch".to_string()));
