@@ -201,16 +201,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Preconditions {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let none_match = parts.headers.get(header::IF_NONE_MATCH);
-        if let Some(value) = none_match {
-            if parts.headers.contains_key(header::IF_MATCH) || value.as_bytes().trim_ascii() != b"*" {
-                return Err(Problem::bad_request(
-                    Some("If-None-Match".into()),
-                    "only `*` (create, never replace), and not with If-Match".into(),
-                )
-                .into());
+        if let Some(value) = parts.headers.get(header::IF_NONE_MATCH) {
+            // With If-Match too, both would have to hold; Berth takes one precondition, so
+            // such a write matches nothing (412) rather than half of what was asked.
+            if parts.headers.contains_key(header::IF_MATCH) {
+                return Ok(Self(Some(IfMatch::Versions(Vec::new()))));
             }
-            return Ok(Self(Some(IfMatch::Absent)));
+            return Ok(Self(Some(IfMatch::parse_none_match(value.to_str().unwrap_or("")))));
         }
         let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
         // Bytes that are no text name no version: they match nothing (412).

@@ -51,7 +51,8 @@ pub struct IfMatchHeader {
     #[allow(dead_code)]
     if_match: Option<String>,
     /// `*`: create the object, and refuse with 412 if one of this name exists (never
-    /// replace it). Not with `If-Match`.
+    /// replace it); or resource versions (`"42"`, weak tags too), none of which may be
+    /// the current one (else 412). With `If-Match` too, nothing can match (412).
     #[serde(rename = "If-None-Match")]
     #[param(value_type = String, required = false)]
     #[allow(dead_code)]

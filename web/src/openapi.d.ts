@@ -2788,7 +2788,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -2965,7 +2966,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -3507,7 +3509,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -3684,7 +3687,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -5472,7 +5476,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -5649,7 +5654,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -6461,7 +6467,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -6640,7 +6647,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };
@@ -6934,7 +6942,8 @@ export interface operations {
                 "If-Match"?: string;
                 /**
                  * @description `*`: create the object, and refuse with 412 if one of this name exists (never
-                 *     replace it). Not with `If-Match`.
+                 *     replace it); or resource versions (`"42"`, weak tags too), none of which may be
+                 *     the current one (else 412). With `If-Match` too, nothing can match (412).
                  */
                 "If-None-Match"?: string;
             };

@@ -21,6 +21,9 @@ pub enum IfMatch {
     Any,
     /// `If-None-Match: *` — the object must not exist (create only, never replace).
     Absent,
+    /// `If-None-Match` with entity tags: none may match the current version (an object
+    /// that does not exist matches none).
+    NotVersions(Vec<String>),
     /// One or more strong entity tags (resource versions); one must match.
     Versions(Vec<String>),
 }
@@ -35,13 +38,33 @@ impl IfMatch {
         if value == "*" {
             return Self::Any;
         }
-        let tags = value
+        Self::Versions(Self::tags(value, false))
+    }
+
+    /// Reads an `If-None-Match` header value: `*` (the object must not exist) or entity
+    /// tags compared weakly (`W/"42"` names version 42 too), none of which may match.
+    pub fn parse_none_match(value: &str) -> Self {
+        let value = value.trim();
+        if value == "*" {
+            return Self::Absent;
+        }
+        Self::NotVersions(Self::tags(value, true))
+    }
+
+    fn tags(value: &str, weak: bool) -> Vec<String> {
+        value
             .split(',')
             .map(str::trim)
-            .filter(|tag| !tag.is_empty() && !tag.starts_with("W/"))
+            .filter_map(|tag| {
+                if weak {
+                    Some(tag.strip_prefix("W/").unwrap_or(tag))
+                } else {
+                    Some(tag).filter(|t| !t.starts_with("W/"))
+                }
+            })
+            .filter(|tag| !tag.is_empty())
             .map(|tag| tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(tag).to_owned())
-            .collect();
-        Self::Versions(tags)
+            .collect()
     }
 
     fn matches(&self, resource_version: i64) -> bool {
@@ -49,6 +72,7 @@ impl IfMatch {
             Self::Any => true,
             Self::Absent => false,
             Self::Versions(tags) => tags.iter().any(|t| *t == resource_version.to_string()),
+            Self::NotVersions(tags) => !tags.iter().any(|t| *t == resource_version.to_string()),
         }
     }
 }
@@ -98,7 +122,7 @@ pub fn plan<S: PartialEq>(
     if_match: Option<&IfMatch>,
 ) -> Result<ApplyAction, Error> {
     let Some(current) = current else {
-        if if_match.is_some_and(|m| *m != IfMatch::Absent) {
+        if if_match.is_some_and(|m| matches!(m, IfMatch::Any | IfMatch::Versions(_))) {
             return Err(Error::PreconditionFailed("If-Match was given but the object does not exist".into()));
         }
         if meta.resource_version.is_some() {
@@ -109,16 +133,10 @@ pub fn plan<S: PartialEq>(
         }
         return Ok(ApplyAction::Create);
     };
-    if if_match == Some(&IfMatch::Absent) {
-        return Err(Error::PreconditionFailed("If-None-Match: * was given and an object of this name exists".into()));
-    }
     if let Some(if_match) = if_match
         && !if_match.matches(current.resource_version)
     {
-        return Err(Error::PreconditionFailed(format!(
-            "If-Match does not match the current resource version {}",
-            current.resource_version
-        )));
+        return Err(unmatched(if_match, current.resource_version));
     }
     if let Some(rv) = &meta.resource_version
         && *rv != current.resource_version.to_string()
@@ -150,11 +168,20 @@ pub fn plan<S: PartialEq>(
 /// [`Error::PreconditionFailed`] when it does not hold.
 pub fn check_delete(resource_version: i64, if_match: Option<&IfMatch>) -> Result<(), Error> {
     match if_match {
-        Some(m) if !m.matches(resource_version) => Err(Error::PreconditionFailed(format!(
-            "If-Match does not match the current resource version {resource_version}"
-        ))),
+        Some(m) if !m.matches(resource_version) => Err(unmatched(m, resource_version)),
         _ => Ok(()),
     }
+}
+
+/// The 412 for a precondition the current version fails.
+fn unmatched(m: &IfMatch, resource_version: i64) -> Error {
+    Error::PreconditionFailed(match m {
+        IfMatch::Absent => "If-None-Match: * was given and the object exists".to_owned(),
+        IfMatch::NotVersions(_) => format!("If-None-Match names the current resource version {resource_version}"),
+        IfMatch::Any | IfMatch::Versions(_) => {
+            format!("If-Match does not match the current resource version {resource_version}")
+        }
+    })
 }
 
 /// Validates the parts of [`ApplyMeta`] common to every resource: the name in the body
@@ -222,6 +249,11 @@ mod tests {
         assert_eq!(absent.unwrap(), ApplyAction::Create, "If-None-Match: * creates what is not there");
         let exists = plan(Some(current(&1, &labels)), &ApplyMeta::default(), &1, &labels, Some(&IfMatch::Absent));
         assert!(matches!(exists, Err(Error::PreconditionFailed(_))), "and never replaces what is");
+        let current_tag = IfMatch::parse_none_match("W/\"17\", \"9\"");
+        assert!(plan(Some(current(&1, &labels)), &ApplyMeta::default(), &2, &labels, Some(&current_tag)).is_err());
+        let other_tag = IfMatch::parse_none_match("\"9\"");
+        assert!(plan(Some(current(&1, &labels)), &ApplyMeta::default(), &2, &labels, Some(&other_tag)).is_ok());
+        assert!(plan::<u32>(None, &ApplyMeta::default(), &1, &labels, Some(&other_tag)).is_ok());
         let stale = IfMatch::parse("\"16\"");
         let fresh = IfMatch::parse("\"1\", \"17\"");
         let meta = ApplyMeta::default();
