@@ -98,3 +98,12 @@ test("a return that this tab did not start is refused", async () => {
   assert.ok(!provider.tokenRequests.some((r) => r.grant_type === "authorization_code" && r.at > Date.now() - 1000));
   await page.close();
 });
+
+test("the sign-in page, with the provider's button, fits a 390 px screen", async () => {
+  const page = await browser.newPage({ viewport: { width: 390, height: 844 } });
+  await page.goto(`${berth.origin}/`);
+  await page.getByRole("button", { name: `Sign in with ${new URL(provider.issuer).host}` }).waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 0, `${overflow} px wider than the screen`);
+  await page.close();
+});
