@@ -14,7 +14,6 @@ use berth_core::cluster::{ClusterHealth, ClusterStatus, InventoryEntry};
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_core::{ClusterId, Error};
 use berth_store::cluster::ClusterNode;
-use chrono::Utc;
 use serde::Serialize;
 
 use crate::{Context, Transition, requeued, requeued_or_failed};
@@ -59,7 +58,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
             Ok(b) => (b.inventory().await, b.api_in_use()),
             Err(e) => (Err(e), None),
         };
-        let now = Utc::now();
+        let now = ctx.clock.now();
         let next = match refreshed {
             Ok(inventory) => {
                 let nodes = nodes(&inventory);
@@ -137,7 +136,7 @@ pub async fn reconcile(ctx: &Context) -> Result<ClusterHealthStatus, Error> {
 /// What becomes of a workload on an unreachable cluster.
 fn on_unreachable(ctx: &Context, w: &Workload, status: &mut ClusterHealthStatus) -> Option<WorkloadStatus> {
     let cluster = &w.status.admission.as_ref()?.cluster;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     match w.status.phase {
         Phase::Admitted | Phase::Dispatched => {
             status.replaced += 1;
@@ -158,7 +157,7 @@ fn on_unreachable(ctx: &Context, w: &Workload, status: &mut ClusterHealthStatus)
                 return None;
             }
             status.timed_out += 1;
-            Some(requeued_or_failed(w, "ClusterUnreachable", format!("cluster {cluster} stayed unreachable")))
+            Some(requeued_or_failed(w, "ClusterUnreachable", format!("cluster {cluster} stayed unreachable"), now))
         }
         _ => None,
     }

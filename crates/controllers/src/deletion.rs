@@ -8,7 +8,6 @@
 use berth_core::event::EventType;
 use berth_core::workload::{Phase, Workload};
 use berth_core::{Error, WorkloadId};
-use chrono::Utc;
 use serde::Serialize;
 
 use berth_store::ledger::Outcome;
@@ -46,7 +45,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
         return Ok(status);
     }
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     // The job is gone (or given up on): what becomes of the workload, and why.
     let mut done: Vec<(&Workload, &str)> = Vec::new();
     let mut transitions = Vec::new();
@@ -103,7 +102,7 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
             status.cancelled += 1;
         }
     }
-    crate::write(&mut tx, &transitions).await?;
+    crate::write(&mut tx, &transitions, now).await?;
     berth_store::commit(tx).await?;
     Ok(status)
 }

@@ -101,6 +101,8 @@ struct Batch {
     adopted: usize,
     dispatched: usize,
     rejected: usize,
+    /// The controllers' clock (when a rejected submit failed, when an attempt ended).
+    clock: crate::Clock,
 }
 
 /// Claims the next batch of admitted workloads (none but those in `skip`) and commits a
@@ -114,6 +116,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
     let keys: Vec<(Uuid, u32)> = claimed.iter().map(|w| (w.metadata.uid, w.status.attempt)).collect();
     let intents = berth_store::dispatch::dispatch_intents_of(&mut *tx, &keys).await?;
     let mut batch = Batch {
+        clock: ctx.clock.clone(),
         tx,
         claimed: Vec::new(),
         to_submit: Vec::new(),
@@ -185,7 +188,7 @@ async fn submit_all(mut batch: Batch) -> Batch {
             }
             Err(BackendError::Rejected(why) | BackendError::Unsupported(why)) => {
                 batch.rejected += 1;
-                crate::finished(w, Phase::Failed, "BackendRejected", why, None, chrono::Utc::now())
+                crate::finished(w, Phase::Failed, "BackendRejected", why, None, batch.clock.now())
             }
             Err(BackendError::Unreachable(_)) => {
                 batch.deferred.push(w.metadata.uid);
@@ -200,10 +203,10 @@ async fn submit_all(mut batch: Batch) -> Batch {
 /// Writes a submitted batch's new statuses, clears their intents and commits (releasing
 /// the claim).
 async fn write(batch: Option<Batch>) -> Result<(), Error> {
-    let Some(Batch { mut tx, claimed, decided, .. }) = batch else { return Ok(()) };
+    let Some(Batch { mut tx, claimed, decided, clock, .. }) = batch else { return Ok(()) };
     let transitions: Vec<Transition<'_>> =
         decided.into_iter().map(|(i, status)| Transition::new(&claimed[i], status)).collect();
-    crate::write(&mut tx, &transitions).await?;
+    crate::write(&mut tx, &transitions, clock.now()).await?;
     let settled: Vec<(Uuid, u32)> =
         transitions.iter().map(|t| (t.workload.metadata.uid, t.workload.status.attempt)).collect();
     berth_store::dispatch::dispatch_intents_clear(&mut *tx, &settled).await?;

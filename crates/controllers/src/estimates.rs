@@ -34,8 +34,7 @@ impl crate::runner::Report for EstimateStatus {
 /// # Errors
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
-    let (mut world, _) = ctx.world.load(&ctx.db).await?;
-    world.now = ctx.clock.now();
+    let (world, _) = ctx.world.load(&ctx.db, ctx.clock.now()).await?;
     // CPU-bound (430 ms at 73,000 pending): on a blocking thread, as the scheduler's plan.
     let starvation_after = ctx.config.starvation_after.as_secs() as i64;
     let (world, built, estimates) = crate::off_runtime(move || {

@@ -64,7 +64,7 @@ async fn acquire(ctx: &Context) -> Result<Option<PgConnection>, Error> {
 }
 
 async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut watch::Receiver<bool>) {
-    let since = chrono::Utc::now();
+    let since = ctx.clock.now();
     let epoch = match berth_store::controller::leader_take(&mut conn, holder, since).await {
         Ok(epoch) => epoch,
         Err(e) => {

@@ -206,12 +206,8 @@ fn requeued(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
 
 /// Requeued (attempt + 1) when the workload can resume, else `Failed`: what the workload's
 /// policy says when its job is lost.
-fn requeued_or_failed(w: &Workload, reason: &str, message: String) -> WorkloadStatus {
-    if w.spec.resumable {
-        requeued(w, reason, message)
-    } else {
-        finished(w, Phase::Failed, reason, message, None, Utc::now())
-    }
+fn requeued_or_failed(w: &Workload, reason: &str, message: String, now: DateTime<Utc>) -> WorkloadStatus {
+    if w.spec.resumable { requeued(w, reason, message) } else { finished(w, Phase::Failed, reason, message, None, now) }
 }
 
 /// Asks the backend to stop the workload's job: the first call sends the cancel and
@@ -338,13 +334,17 @@ async fn commit(ctx: &Context, transitions: &[Transition<'_>]) -> Result<usize, 
         return Ok(0);
     }
     let mut tx = ctx.begin().await?;
-    let written = write(&mut tx, transitions).await?;
+    let written = write(&mut tx, transitions, ctx.clock.now()).await?;
     berth_store::commit(tx).await?;
     Ok(written)
 }
 
 /// [`commit`] inside the caller's transaction.
-async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> Result<usize, Error> {
+async fn write(
+    tx: &mut berth_store::Tx<'_>,
+    transitions: &[Transition<'_>],
+    now: DateTime<Utc>,
+) -> Result<usize, Error> {
     let mut writes = Vec::with_capacity(transitions.len());
     for t in transitions {
         writes.push(berth_store::workload::StatusWrite {
@@ -394,7 +394,6 @@ async fn write(tx: &mut berth_store::Tx<'_>, transitions: &[Transition<'_>]) -> 
         })
     }));
     berth_store::event::event_record_many(&mut **tx, EVENT_KIND, &events).await?;
-    let now = Utc::now();
     let ended: Vec<_> = transitions
         .iter()
         .filter(|t| written.contains(&t.workload.metadata.uid))

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 
 use berth_core::Error;
-use chrono::Utc;
 use serde::Serialize;
 
 use crate::Context;
@@ -34,10 +33,10 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
     let mut status = OrphanStatus::default();
     let mut tx = ctx.begin().await?;
     berth_store::dispatch::dispatch_intents_prune(&mut *tx).await?;
-    berth_store::usage::usage_prune(&mut *tx, Utc::now() - USAGE_RETENTION).await?;
+    berth_store::usage::usage_prune(&mut *tx, ctx.clock.now() - USAGE_RETENTION).await?;
     berth_store::commit(tx).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     for cluster in &clusters {
         let Some(backend) = crate::reachable_backend(ctx, cluster) else { continue };
         let Ok(jobs) = backend.jobs_recent().await else { continue };

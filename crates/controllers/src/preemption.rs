@@ -68,7 +68,7 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
         };
         let Some((backend, jobs)) = jobs else {
             status.unreachable += 1;
-            let now = Utc::now();
+            let now = ctx.clock.now();
             let since = w.status.unknown_since.unwrap_or(now);
             if w.status.unknown_since.is_none() {
                 let status = WorkloadStatus { unknown_since: Some(now), ..w.status.clone() };
@@ -92,10 +92,10 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
                 }
             }
             Some(job) => {
-                let at = job.finished_at.unwrap_or_else(Utc::now);
+                let at = job.finished_at.unwrap_or_else(|| ctx.clock.now());
                 transitions.push(outcome(w, job.started_at.is_some(), message, at, &mut status));
             }
-            None => transitions.push(outcome(w, false, message, Utc::now(), &mut status)),
+            None => transitions.push(outcome(w, false, message, ctx.clock.now(), &mut status)),
         }
     }
     crate::commit(ctx, &transitions).await?;

@@ -23,8 +23,9 @@ pub async fn quota_preview(
     config: &Config,
     team: &str,
     quotas: &[Quota],
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<QuotaPreview, Error> {
-    let world = crate::world::read_full(db).await?;
+    let world = crate::world::read_full(db, now).await?;
     let built = snapshot::build(&world, config.starvation_after.as_secs() as i64);
     let changes: Vec<Change> = world
         .flavors

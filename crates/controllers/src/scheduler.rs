@@ -72,8 +72,7 @@ impl crate::runner::Report for SchedulerStatus {
 pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let started = Instant::now();
     let ms = |since: Instant| since.elapsed().as_secs_f64() * 1000.0;
-    let (mut world, read) = ctx.world.load(&ctx.db).await?;
-    world.now = ctx.clock.now();
+    let (world, read) = ctx.world.load(&ctx.db, ctx.clock.now()).await?;
     let read_ms = ms(started);
     // Building the snapshot and planning take 100s of milliseconds of CPU at 100,000
     // workloads: on a blocking thread, so that the runtime's workers keep serving requests

@@ -12,7 +12,7 @@ use berth_adapters::{JobKey, JobState, JobStatus};
 use berth_core::Error;
 use berth_core::workload::{Phase, Workload, WorkloadStatus};
 use berth_store::workload::BackendWork;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -90,7 +90,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
         if !same || w.stopping() {
             continue;
         }
-        if let Some(next) = next_status(w, job.as_ref()) {
+        if let Some(next) = next_status(w, job.as_ref(), ctx.clock.now()) {
             match next.phase {
                 Phase::Running => status.started += 1,
                 Phase::Pending => status.lost += 1,
@@ -106,12 +106,12 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
 }
 
 /// The status the job's state calls for, or `None` when the workload is up to date.
-fn next_status(w: &Workload, job: Option<&JobStatus>) -> Option<WorkloadStatus> {
+fn next_status(w: &Workload, job: Option<&JobStatus>, now: DateTime<Utc>) -> Option<WorkloadStatus> {
     let Some(job) = job else {
         let cluster = w.status.admission.as_ref().map_or("", |a| a.cluster.as_str());
-        return Some(requeued_or_failed(w, "BackendJobLost", format!("the job vanished from cluster {cluster}")));
+        return Some(requeued_or_failed(w, "BackendJobLost", format!("the job vanished from cluster {cluster}"), now));
     };
-    let at = job.finished_at.unwrap_or_else(Utc::now);
+    let at = job.finished_at.unwrap_or(now);
     let why = || job.reason.clone().unwrap_or_default();
     match job.state {
         JobState::Queued if w.status.phase == Phase::Unknown => Some(WorkloadStatus {

@@ -102,8 +102,8 @@ pub enum Read {
 ///
 /// # Errors
 /// Store errors.
-pub async fn read_full(db: &PgPool) -> Result<World, Error> {
-    WorldCache::default().load(db).await.map(|(world, _)| world)
+pub async fn read_full(db: &PgPool, now: DateTime<Utc>) -> Result<World, Error> {
+    WorldCache::default().load(db, now).await.map(|(world, _)| world)
 }
 
 impl WorldCache {
@@ -112,13 +112,14 @@ impl WorldCache {
         Self { kept: Arc::default(), full_read_every: every }
     }
 
-    /// The world now: the kept workloads brought up to date, or read in full when due.
+    /// The world at `now` (the controllers' clock): the kept workloads brought up to
+    /// date, or read in full when due.
     ///
     /// # Errors
     /// Store errors (the next read is then a full one).
-    pub async fn load(&self, db: &PgPool) -> Result<(World, Read), Error> {
+    pub async fn load(&self, db: &PgPool, now: DateTime<Utc>) -> Result<(World, Read), Error> {
         let mut kept = self.kept.lock().await;
-        let read = kept.refresh(db, self.full_read_every).await;
+        let read = kept.refresh(db, self.full_read_every, now).await;
         if read.is_err() {
             *kept = Kept::default();
         }
@@ -160,7 +161,12 @@ impl WorldCache {
 }
 
 impl Kept {
-    async fn refresh(&mut self, db: &PgPool, full_read_every: Duration) -> Result<(World, Read), Error> {
+    async fn refresh(
+        &mut self,
+        db: &PgPool,
+        full_read_every: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<(World, Read), Error> {
         // A finished background full read replaces the kept workloads (before this read's
         // snapshot, so the full read's is older); the changes since its cursor are then
         // read as after any read.
@@ -183,7 +189,6 @@ impl Kept {
         }
         let mut tx = berth_store::begin_snapshot(db).await?;
         let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
-        let now = chrono::Utc::now();
         let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
         let teams = berth_store::team::team_list_all(&mut *tx).await?;
         let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;

@@ -802,7 +802,7 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
 async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
     p.team("nlp", None, 8, None).await;
-    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert_eq!((read, world.workloads.len()), (berth_controllers::world::Read::Full, 0));
     let early = p.submit("nlp", "early", 1, 1.0, json!({})).await;
 
@@ -815,19 +815,19 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
         .await
         .unwrap();
     let late = p.submit("nlp", "late", 1, 1.0, json!({})).await;
-    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert!(matches!(read, berth_controllers::world::Read::Changes(_)), "{read:?}");
     let uids: Vec<_> = world.workloads.iter().map(|w| w.metadata.uid).collect();
     assert!(uids.contains(&early.metadata.uid) && uids.contains(&late.metadata.uid));
     assert!(world.workloads.iter().all(|w| w.metadata.labels.is_empty()), "the slow write is not visible yet");
     slow.commit().await.unwrap();
-    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     let kept = world.workloads.iter().find(|w| w.metadata.uid == early.metadata.uid).unwrap();
     assert_eq!(kept.metadata.labels.get("slow").map(String::as_str), Some("yes"), "the late commit is read");
 
     // A pending workload deleted (removed at once) leaves the kept world.
     berth_app::workload::workload_delete(&db, &p.actor, "nlp", "late", None).await.unwrap();
-    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert!(world.workloads.iter().all(|w| w.metadata.uid != late.metadata.uid), "a deleted workload is gone");
     p.assert_kept_world_is_current().await;
 
@@ -838,7 +838,7 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
     p.advance(600);
     p.settle().await;
     assert_eq!(p.phase("nlp", "early").await, Phase::Succeeded);
-    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert!(world.workloads.is_empty(), "finished work leaves the kept world");
 }
 
@@ -849,13 +849,13 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
 async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
     p.team("nlp", None, 8, None).await;
-    let (_, read) = p.ctx.world.load(&db).await.unwrap();
+    let (_, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert_eq!(read, berth_controllers::world::Read::Full);
     let run = json!({"image": "pytorch:2", "script": "#!/bin/sh\ntrain --secret-flag", "env": {"TOKEN": "t"}});
     p.submit("nlp", "scripted", 1, 1.0, json!({"run": run})).await;
     p.submit("nlp", "commanded", 1, 1.0, json!({"run": {"command": ["train", "--fast"]}})).await;
     p.submit("nlp", "image-only", 1, 1.0, json!({"run": {"image": "pytorch:2"}})).await;
-    let (world, read) = p.ctx.world.load(&db).await.unwrap();
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert!(matches!(read, berth_controllers::world::Read::Changes(3)), "{read:?}");
     let run_of = |name: &str| {
         let w = world.workloads.iter().find(|w| w.metadata.name == name).unwrap();
@@ -914,7 +914,7 @@ async fn queue_positions_behind_the_head_are_refreshed_on_their_period(db: berth
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_kept_nodes_follow_every_write_of_an_inventory(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
-    let count = || async { p.ctx.world.load(&db).await.unwrap().0.nodes.len() };
+    let count = || async { p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap().0.nodes.len() };
     p.cluster("sim-a", 1, json!({})).await;
     cluster_health::reconcile(&p.ctx).await.unwrap();
     assert_eq!(count().await, 1);
@@ -928,11 +928,11 @@ async fn the_kept_nodes_follow_every_write_of_an_inventory(db: berth_store::PgPo
         .execute(&db)
         .await
         .unwrap();
-    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert_eq!(world.nodes.iter().filter(|(_, n)| n.gpus == 4).count(), 1, "a write from elsewhere");
     // Cluster health compares with what is stored now, and puts the inventory back.
     cluster_health::reconcile(&p.ctx).await.unwrap();
-    let (world, _) = p.ctx.world.load(&db).await.unwrap();
+    let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     assert!(world.nodes.iter().all(|(_, n)| n.gpus == 8), "{:?}", world.nodes);
 
     berth_app::cluster::cluster_delete(&db, &p.actor, "sim-b", None).await.unwrap();
@@ -1026,15 +1026,15 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     let every = std::time::Duration::from_secs(1);
     let cache = WorldCache::with_full_read_every(every);
     let started = std::time::Instant::now();
-    assert_eq!(cache.load(&db).await.unwrap().1, Read::Full);
+    assert_eq!(cache.load(&db, chrono::Utc::now()).await.unwrap().1, Read::Full);
     let ghost = p.submit("nlp", "ghost", 1, 1.0, json!({})).await;
     let has = |w: &berth_controllers::snapshot::World, uid| w.workloads.iter().any(|w| w.metadata.uid == uid);
-    assert!(has(&cache.load(&db).await.unwrap().0, ghost.metadata.uid));
+    assert!(has(&cache.load(&db, chrono::Utc::now()).await.unwrap().0, ghost.metadata.uid));
 
     // Behind the feed's back: the row and its tombstone.
     sqlx::query("DELETE FROM workloads WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
     sqlx::query("DELETE FROM workload_tombstones WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
-    let (world, read) = cache.load(&db).await.unwrap();
+    let (world, read) = cache.load(&db, chrono::Utc::now()).await.unwrap();
     if started.elapsed() < every {
         assert!(matches!(read, Read::Changes(0)), "{read:?}");
         assert!(has(&world, ghost.metadata.uid), "the feed cannot see it");
@@ -1043,7 +1043,7 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     let after = p.submit("nlp", "after", 1, 1.0, json!({})).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let world = loop {
-        let (world, read) = cache.load(&db).await.unwrap();
+        let (world, read) = cache.load(&db, chrono::Utc::now()).await.unwrap();
         if read == Read::Full {
             break world;
         }
@@ -1052,7 +1052,7 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     };
     assert!(!has(&world, ghost.metadata.uid), "the full read does not find it");
     assert!(has(&world, after.metadata.uid), "a write since is kept");
-    assert_eq!(world.workloads, read_full(&db).await.unwrap().workloads);
+    assert_eq!(world.workloads, read_full(&db, chrono::Utc::now()).await.unwrap().workloads);
 }
 
 /// A preempted workload gets the time to checkpoint it asks for (`spec.checkpoint`), up

@@ -118,8 +118,8 @@ impl Plane {
     /// The world the scheduler keeps equals a full read of the store, and gives the same
     /// plan.
     pub async fn assert_kept_world_is_current(&self) {
-        let (kept, _) = self.ctx.world.load(&self.ctx.db).await.unwrap();
-        let full = berth_controllers::world::read_full(&self.ctx.db).await.unwrap();
+        let (kept, _) = self.ctx.world.load(&self.ctx.db, self.ctx.clock.now()).await.unwrap();
+        let full = berth_controllers::world::read_full(&self.ctx.db, self.ctx.clock.now()).await.unwrap();
         assert_eq!(kept.workloads, full.workloads, "the kept workloads are those a full read finds");
         assert_eq!(kept.nodes, full.nodes, "the kept nodes are those a full read finds");
         let plan = |w: &berth_controllers::snapshot::World| {
