@@ -1931,6 +1931,11 @@ export interface components {
             failed_nodes?: string[];
             /** @description Makes the simulated backend unreachable: every call fails, as if it were down. */
             unreachable?: boolean;
+            /**
+             * @description Makes the simulated backend refuse to cancel jobs (it answers everything else), as
+             *     a scheduler that rejects a cancel would.
+             */
+            refuse_cancels?: boolean;
         };
         /** @description How Slurm names the flavor. */
         SlurmFlavor: {

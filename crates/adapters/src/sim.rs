@@ -664,6 +664,9 @@ impl ClusterBackend for SimCluster {
 
     async fn cancel(&self, key: JobKey, grace: Duration) -> Result<(), BackendError> {
         let (mut s, now) = self.reach()?;
+        if s.config.refuse_cancels {
+            return Err(BackendError::Rejected(format!("cancelling job {key} refused (spec.sim.refuse_cancels)")));
+        }
         let Some(&j) = s.by_key.get(&key) else { return Ok(()) };
         if s.jobs[j].state.is_final() || (s.jobs[j].cancel_deadline_ms.is_some() && !grace.is_zero()) {
             return Ok(());

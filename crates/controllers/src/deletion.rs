@@ -21,6 +21,11 @@ pub struct DeletionStatus {
     pub cancels_sent: usize,
     pub removed: usize,
     pub cancelled: usize,
+    /// Cancels a backend refused in this pass (each is asked again on the next)...
+    pub cancel_errors: usize,
+    /// ... and the last one's error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl crate::runner::Report for DeletionStatus {
@@ -71,9 +76,14 @@ pub async fn reconcile(ctx: &Context) -> Result<DeletionStatus, Error> {
             Some((_, None)) => done.push((w, "its job is gone")),
             Some((_, Some(job))) if job.state.is_final() => done.push((w, "its job was cancelled")),
             Some((backend, Some(job))) => {
-                if let Some(t) = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await {
+                let cancel = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await;
+                if let Some(t) = cancel.transition {
                     status.cancels_sent += 1;
                     transitions.push(t);
+                }
+                if let Some(e) = cancel.error {
+                    status.cancel_errors += 1;
+                    status.error = Some(e);
                 }
             }
         }

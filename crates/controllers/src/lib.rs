@@ -213,35 +213,48 @@ fn requeued_or_failed(w: &Workload, reason: &str, message: String, now: DateTime
 /// Asks the backend to stop the workload's job: the first call sends the cancel and
 /// records `cancel_requested_at`; once the grace period is over each call asks again,
 /// which a backend that leaves the final kill to its caller (Slurm) takes as the hard
-/// cancel, and others ignore (a repeated cancel never extends the grace period). `None`
-/// when nothing is to be written.
+/// cancel, and others ignore (a repeated cancel never extends the grace period).
+/// `transition` is `None` when nothing is to be written; `error` says why the backend
+/// refused the cancel (asked again on the next pass).
 async fn request_cancel<'a>(
     ctx: &Context,
     backend: &dyn ClusterBackend,
     cluster: &Cluster,
     w: &'a Workload,
     key: JobKey,
-) -> Option<Transition<'a>> {
+) -> Cancel<'a> {
+    let refused = |e: berth_adapters::BackendError| {
+        let name = format!("{}/{}", w.metadata.team.as_deref().unwrap_or_default(), w.metadata.name);
+        Some(format!("cancelling {name} on cluster {}: {e}", cluster.metadata.name))
+    };
     if w.status.checkpointed_at.is_some() {
         // The job said its checkpoint is written: it is stopped now, whatever is left of
         // its grace period (asked again each pass until it is gone).
-        let _ = backend.cancel(key, Duration::ZERO).await;
-        return w.status.cancel_requested_at.is_none().then(|| {
+        let error = backend.cancel(key, Duration::ZERO).await.err().and_then(refused);
+        let transition = w.status.cancel_requested_at.is_none().then(|| {
             Transition::new(w, WorkloadStatus { cancel_requested_at: Some(ctx.clock.now()), ..w.status.clone() })
         });
+        return Cancel { transition, error };
     }
     let grace = cancel_grace(ctx, w, &cluster.spec);
     if let Some(at) = w.status.cancel_requested_at {
+        let mut error = None;
         if (ctx.clock.now() - at).to_std().unwrap_or_default() >= grace {
-            let _ = backend.cancel(key, grace).await;
+            error = backend.cancel(key, grace).await.err().and_then(refused);
         }
-        return None;
+        return Cancel { transition: None, error };
     }
-    if backend.cancel(key, grace).await.is_err() {
-        return None;
+    if let Err(e) = backend.cancel(key, grace).await {
+        return Cancel { transition: None, error: refused(e) };
     }
     let status = WorkloadStatus { cancel_requested_at: Some(ctx.clock.now()), ..w.status.clone() };
-    Some(Transition { told_to_stop: Some(grace), ..Transition::new(w, status) })
+    Cancel { transition: Some(Transition { told_to_stop: Some(grace), ..Transition::new(w, status) }), error: None }
+}
+
+/// What asking a backend to stop a job came to.
+struct Cancel<'a> {
+    transition: Option<Transition<'a>>,
+    error: Option<String>,
 }
 
 /// How long the workload's job gets to checkpoint on `cluster` when it is told to stop:

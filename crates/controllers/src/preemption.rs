@@ -27,6 +27,11 @@ pub struct PreemptionStatus {
     pub failed: usize,
     /// On a cluster that does not answer.
     pub unreachable: usize,
+    /// Cancels a backend refused in this pass (each is asked again on the next)...
+    pub cancel_errors: usize,
+    /// ... and the last one's error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl crate::runner::Report for PreemptionStatus {
@@ -81,7 +86,12 @@ pub async fn reconcile(ctx: &Context) -> Result<PreemptionStatus, Error> {
         };
         match jobs.get(&job_key(w)) {
             Some(job) if !job.state.is_final() => {
-                let asked = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await;
+                let cancel = crate::request_cancel(ctx, backend.as_ref(), cluster, w, job.key).await;
+                if let Some(e) = cancel.error {
+                    status.cancel_errors += 1;
+                    status.error = Some(e);
+                }
+                let asked = cancel.transition;
                 status.cancels_sent += usize::from(asked.is_some());
                 // The cluster answers: an outage, if there was one, is over.
                 let next =

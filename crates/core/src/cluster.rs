@@ -327,6 +327,10 @@ pub struct SimSpec {
     /// Makes the simulated backend unreachable: every call fails, as if it were down.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unreachable: bool,
+    /// Makes the simulated backend refuse to cancel jobs (it answers everything else), as
+    /// a scheduler that rejects a cancel would.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refuse_cancels: bool,
 }
 
 fn one() -> f64 {
@@ -348,6 +352,7 @@ impl SimSpec {
             seed: 0,
             failed_nodes: Vec::new(),
             unreachable: false,
+            refuse_cancels: false,
         }
     }
 }

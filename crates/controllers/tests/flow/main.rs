@@ -200,6 +200,36 @@ async fn deleting_a_running_workload_cancels_its_job_then_removes_it(db: berth_s
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_refused_cancel_is_reported_in_the_controllers_status_and_asked_again(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    p.settle().await;
+    // The cluster answers, but refuses to cancel.
+    p.cluster("sim-a", 1, json!({"refuse_cancels": true})).await;
+    let actor = berth_app::context::OpContext::system("test");
+    berth_app::workload::workload_delete(&p.ctx.db, &actor, "nlp", "train", None).await.unwrap();
+    for _ in 0..2 {
+        let status = deletion::reconcile(&p.ctx).await.unwrap();
+        assert_eq!((status.cancel_errors, status.cancels_sent), (1, 0), "{status:?}");
+        let error = status.error.clone().unwrap_or_default();
+        assert!(error.contains("nlp/train") && error.contains("sim-a") && error.contains("refuse"), "{error}");
+        assert!(status.deleting > 0, "it keeps the workload, and polls: {status:?}");
+        assert!(!p.jobs("sim-a").await[0].cancelling, "nothing was cancelled");
+    }
+    assert!(berth_app::workload::workload_get(&p.ctx.db, &p.actor, "nlp", "train").await.is_ok(), "kept");
+    // Once the cluster takes cancels again, the next pass cancels and the grace period runs.
+    p.cluster("sim-a", 1, json!({})).await;
+    let status = deletion::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((status.cancels_sent, status.cancel_errors, status.error), (1, 0, None));
+    assert!(p.jobs("sim-a").await[0].cancelling);
+    p.advance(30);
+    p.settle().await;
+    assert!(berth_app::workload::workload_get(&p.ctx.db, &p.actor, "nlp", "train").await.is_err(), "removed");
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn an_unreachable_clusters_pending_work_moves_to_the_other_cluster(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
     p.team("nlp", None, 16, None).await;
