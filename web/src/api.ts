@@ -160,7 +160,6 @@ export type BudgetAction = Schemas["BudgetAction"];
 export type BudgetStatus = Schemas["BudgetStatus"];
 export type Team = Schemas["Team"];
 export type Flavor = Schemas["Flavor"];
-export type UsageHistory = Schemas["UsageHistory"];
 export type GroupBy = Schemas["GroupBy"];
 export type ReportBucket = Schemas["Bucket"];
 export type UsageAmounts = Schemas["UsageAmounts"];
