@@ -54,6 +54,11 @@ export class ApiError extends Error {
   about(field: string): string | undefined {
     return this.errors.find((e) => e.field === field)?.message;
   }
+
+  /// What was thrown, as an ApiError (anything else is status 0).
+  static of(e: unknown): ApiError {
+    return e instanceof ApiError ? e : new ApiError(0, "Error", String(e));
+  }
 }
 
 interface Problem {

@@ -189,7 +189,7 @@ export function usePoll<T>(
     const run = () =>
       load()
         .then((v) => live && (setValue(v), setError(null)))
-        .catch((e) => live && setError(e instanceof ApiError ? e : new ApiError(0, "Error", String(e))));
+        .catch((e) => live && setError(ApiError.of(e)));
     run();
     const timer = setInterval(run, ms);
     return () => {

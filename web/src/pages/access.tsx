@@ -14,49 +14,8 @@ import {
   api,
 } from "../api";
 import { usePoll } from "../app";
-import { treeOrder } from "./teams";
-
-/// The teams whose roles and accounts the principal manages: every team for platform
-/// admins, else those a team admin administers and every team below them, in tree order.
-function scope(me: Me, teams: Team[]): string[] {
-  const a = abilities(me);
-  const parent = new Map(teams.map((t) => [t.metadata.name, t.spec.parent ?? null]));
-  const within = (name: string) => {
-    for (let t: string | null = name, n = 0; t && n < 64; t = parent.get(t) ?? null, n++) if (a.adminOf.includes(t)) return true;
-    return false;
-  };
-  return treeOrder(teams)
-    .map(({ team }) => team.metadata.name)
-    .filter((t) => a.platformAdmin || within(t));
-}
-
-const problemOf = (e: unknown) => (e instanceof ApiError ? e : new ApiError(0, "Error", String(e)));
-
-/// A form field with the API's message for it beside it.
-function Field({ id, label, problem, field, children }: { id: string; label: string; problem: ApiError | null; field: string; children: (a: object) => preact.JSX.Element }) {
-  const message = problem?.about(field);
-  return (
-    <div class="field">
-      <label for={id}>{label}</label>
-      {children({ id, "aria-invalid": message ? true : undefined, "aria-describedby": message ? `${id}-error` : undefined })}
-      {message && (
-        <span id={`${id}-error`} class="error">
-          {message}
-        </span>
-      )}
-    </div>
-  );
-}
-
-/// What the API said that no field shows.
-function Unplaced({ problem, fields }: { problem: ApiError | null; fields: string[] }) {
-  if (!problem || fields.some((f) => problem.about(f))) return null;
-  return (
-    <p class="error" role="alert">
-      {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
-    </p>
-  );
-}
+import { Field, Unplaced } from "../form";
+import { administered } from "./teams";
 
 /// Roles and service accounts, for platform admins and team admins: grant and revoke roles
 /// in their subtree, create service accounts and their tokens (each shown once).
@@ -69,7 +28,7 @@ export function Access({ me }: { me: Me }) {
     const error = bindingsError ?? accountsError;
     return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   }
-  const mine = scope(me, teams);
+  const mine = administered(me, teams);
   const platformAdmin = abilities(me).platformAdmin;
   const manages = (team?: string | null) => platformAdmin || (!!team && mine.includes(team));
   const act = async (what: string, run: () => Promise<unknown>, then: () => void) => {
@@ -78,7 +37,7 @@ export function Access({ me }: { me: Me }) {
       await run();
       then();
     } catch (e) {
-      setProblem(`${what}: ${problemOf(e).message}`);
+      setProblem(`${what}: ${ApiError.of(e).message}`);
     }
   };
   return (
@@ -173,7 +132,7 @@ function Grant({ teams, platformAdmin, onDone }: { teams: string[]; platformAdmi
       setSubject("");
       onDone();
     } catch (err) {
-      setProblem(problemOf(err));
+      setProblem(ApiError.of(err));
     } finally {
       setBusy(false);
     }
@@ -237,7 +196,7 @@ function NewAccount({ teams, platformAdmin, onDone }: { teams: string[]; platfor
       setDescription("");
       onDone();
     } catch (err) {
-      setProblem(problemOf(err));
+      setProblem(ApiError.of(err));
     }
   };
   return (
@@ -290,7 +249,7 @@ function Account({ account, manages, onDelete }: { account: ServiceAccount; mana
       setCreated(await api<CreatedToken>(`/api/v1/service-accounts/${name}/tokens`, { method: "POST", body: { ttl_seconds: ttl } }));
       reload();
     } catch (e) {
-      setProblem(problemOf(e).message);
+      setProblem(ApiError.of(e).message);
     }
   };
   const revoke = async (id: string) => {
@@ -299,7 +258,7 @@ function Account({ account, manages, onDelete }: { account: ServiceAccount; mana
       await api(`/api/v1/service-accounts/${name}/tokens/${id}`, { method: "DELETE" });
       reload();
     } catch (e) {
-      setProblem(problemOf(e).message);
+      setProblem(ApiError.of(e).message);
     }
   };
   const when = (t?: string | null) => (t ? new Date(t).toLocaleString() : "—");

@@ -1,6 +1,7 @@
 import { useState } from "preact/hooks";
 import { ApiError, Flavor, Me, Quota, QuotaPreview, Team, UsageReport, abilities, all, api, reportPath, updateSpec } from "../api";
 import { usePoll } from "../app";
+import { Field, Unplaced } from "../form";
 import { fmt } from "./overview";
 import { hours, money } from "./reports";
 
@@ -35,14 +36,15 @@ function mayEdit(me: Me, teams: Team[], team: Team): boolean {
   return false;
 }
 
-/// The teams a new team may go under: any for platform admins (or none, a department), else
-/// the teams a team admin administers and those below them.
-function parentsFor(me: Me, teams: Team[]): { parents: string[]; topLevel: boolean } {
-  const a = abilities(me);
-  const ordered = treeOrder(teams).map(({ team }) => team);
-  if (a.platformAdmin) return { parents: ordered.map((t) => t.metadata.name), topLevel: true };
-  const within = (t: Team) => a.adminOf.includes(t.metadata.name) || mayEdit(me, teams, t);
-  return { parents: ordered.filter(within).map((t) => t.metadata.name), topLevel: false };
+/// The teams the principal manages (their sub-teams, roles and service accounts), in tree
+/// order: every team for platform admins, else those a team admin administers and every
+/// team below them.
+export function administered(me: Me, teams: Team[]): string[] {
+  const adminOf = abilities(me).adminOf;
+  return treeOrder(teams)
+    .map(({ team }) => team)
+    .filter((t) => adminOf.includes(t.metadata.name) || mayEdit(me, teams, t))
+    .map((t) => t.metadata.name);
 }
 
 export function Teams({ me }: { me: Me }) {
@@ -60,7 +62,8 @@ export function Teams({ me }: { me: Me }) {
   if (!teams) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const ordered = treeOrder(teams);
   const team = teams.find((t) => t.metadata.name === editing);
-  const placement = parentsFor(me, teams);
+  // A new team goes under a team the principal manages, or is a department (platform admins).
+  const placement = { parents: administered(me, teams), topLevel: abilities(me).platformAdmin };
   const remove = async (t: Team) => {
     const name = t.metadata.name;
     if (!confirm(`Delete team ${name}? Its quotas and role bindings go with it.`)) return;
@@ -221,60 +224,40 @@ function NewTeam({ parents, topLevel, onDone }: { parents: string[]; topLevel: b
       });
       onDone(team);
     } catch (err) {
-      const p = err instanceof ApiError ? err : new ApiError(0, "Error", String(err));
-      setProblem(p.status === 412 ? new ApiError(412, p.title, p.detail, [{ field: "/metadata/name", message: `a team named ${team} exists` }]) : p);
+      // A name taken (412), or taken by a team the principal may not see (404), is the
+      // name field's problem.
+      const p = ApiError.of(err);
+      const taken = p.status === 412 ? `a team named ${team} exists` : p.status === 404 ? p.message : null;
+      setProblem(taken ? new ApiError(p.status, p.title, p.detail, [{ field: "/metadata/name", message: taken }]) : p);
     } finally {
       setBusy(false);
     }
   };
-  const nameError = problem?.about("/metadata/name") ?? (problem?.status === 404 ? problem.message : undefined);
-  const parentError = problem?.about("/spec/parent");
-  const other = problem && !nameError && !parentError;
   return (
     <form class="editor" aria-labelledby="new-team-heading" onSubmit={submit}>
       <h2 id="new-team-heading">New team</h2>
-      <div class="field">
-        <label for="new-team-name">Name</label>
-        <input
-          id="new-team-name"
-          value={name}
-          required
-          placeholder="lower-case-letters-digits"
-          onInput={(e) => setName(e.currentTarget.value)}
-          aria-invalid={nameError ? true : undefined}
-          aria-describedby={nameError ? "new-team-name-error" : undefined}
-        />
-        {nameError && (
-          <span id="new-team-name-error" class="error">
-            {nameError}
-          </span>
+      <Field id="new-team-name" label="Name" problem={problem} field="/metadata/name">
+        {(a) => (
+          <input
+            {...a}
+            value={name}
+            required
+            placeholder="lower-case-letters-digits"
+            onInput={(e) => setName(e.currentTarget.value)}
+          />
         )}
-      </div>
-      <div class="field">
-        <label for="new-team-parent">Under</label>
-        <select
-          id="new-team-parent"
-          value={parent}
-          onChange={(e) => setParent(e.currentTarget.value)}
-          aria-invalid={parentError ? true : undefined}
-          aria-describedby={parentError ? "new-team-parent-error" : undefined}
-        >
-          {topLevel && <option value="">no team (a department)</option>}
-          {parents.map((p) => (
-            <option>{p}</option>
-          ))}
-        </select>
-        {parentError && (
-          <span id="new-team-parent-error" class="error">
-            {parentError}
-          </span>
+      </Field>
+      <Field id="new-team-parent" label="Under" problem={problem} field="/spec/parent">
+        {(a) => (
+          <select {...a} value={parent} onChange={(e) => setParent(e.currentTarget.value)}>
+            {topLevel && <option value="">no team (a department)</option>}
+            {parents.map((p) => (
+              <option>{p}</option>
+            ))}
+          </select>
         )}
-      </div>
-      {other && (
-        <p class="error" role="alert">
-          {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
-        </p>
-      )}
+      </Field>
+      <Unplaced problem={problem} fields={["/metadata/name", "/spec/parent"]} />
       <div class="actions">
         <button type="submit" disabled={busy}>
           Create
@@ -328,7 +311,7 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
       }
     } catch (e) {
       setPreview(null);
-      setProblem(e instanceof ApiError ? e : new ApiError(0, "Error", String(e)));
+      setProblem(ApiError.of(e));
     } finally {
       setBusy(false);
     }
@@ -342,32 +325,20 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
     setProblem(null);
     setDraft(next);
   };
-  const input = (i: number, field: "guaranteed" | "limit" | "weight", label: string) => {
-    const id = `q-${i}-${field}`;
-    const message = problem?.about(`/spec/quotas/${i}/${field}`);
-    return (
-      <div class="field">
-        <label for={id}>
-          {label} ({draft[i].flavor})
-        </label>
+  const FIELDS = ["guaranteed", "limit", "weight"] as const;
+  const input = (i: number, field: (typeof FIELDS)[number], label: string) => (
+    <Field id={`q-${i}-${field}`} label={`${label} (${draft[i].flavor})`} problem={problem} field={`/spec/quotas/${i}/${field}`}>
+      {(a) => (
         <input
-          id={id}
+          {...a}
           inputMode="numeric"
           value={draft[i][field]}
           placeholder={field === "limit" ? "none" : undefined}
           onInput={(e) => set(i, field, e.currentTarget.value)}
-          aria-invalid={message ? true : undefined}
-          aria-describedby={message ? `${id}-error` : undefined}
         />
-        {message && (
-          <span id={`${id}-error`} class="error">
-            {message}
-          </span>
-        )}
-      </div>
-    );
-  };
-  const unplaced = problem && !draft.some((_, i) => ["guaranteed", "limit", "weight"].some((f) => problem.about(`/spec/quotas/${i}/${f}`)));
+      )}
+    </Field>
+  );
   return (
     <section class="editor" aria-labelledby="editor-heading">
       <h2 id="editor-heading">Quotas of {name}</h2>
@@ -401,11 +372,7 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
           </select>
         </div>
       )}
-      {unplaced && (
-        <p class="error" role="alert">
-          {problem.errors.length ? problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ") : problem.message}
-        </p>
-      )}
+      <Unplaced problem={problem} fields={draft.flatMap((_, i) => FIELDS.map((f) => `/spec/quotas/${i}/${f}`))} />
       {preview && (
         <div class="preview" role="status" aria-label="Preview">
           <h3>If saved</h3>
