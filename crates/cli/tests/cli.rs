@@ -554,3 +554,36 @@ async fn a_user_logs_in_through_the_identity_providers_device_flow(db: PgPool) {
         teams["items"].as_array().unwrap().iter().map(|t| t["metadata"]["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["nlp"], "carol, a member of nlp, sees nlp only");
 }
+
+/// A site that registers a client for the dashboard only (`BERTH_OIDC_WEB_CLIENT_ID`, no CLI
+/// client): `berth login` does not start a device flow it has no client for, and signs in
+/// with a pasted token instead.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn login_takes_a_pasted_token_when_only_the_dashboard_has_a_client(db: PgPool) {
+    let w = World::start_with(
+        &db,
+        &[("BERTH_OIDC_ISSUER", "https://idp.example"), ("BERTH_OIDC_WEB_CLIENT_ID", "berth-dashboard")],
+    );
+    let token = w.admin.clone();
+    let config = w.dir.join("config.toml");
+    let server = w.url.clone();
+    let login = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["login", "--server", &server])
+            .env("BERTH_CONFIG", &config)
+            .env_remove("BERTH_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{token}\n").as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let said = text(&login.stderr);
+    assert!(login.status.success(), "{said}");
+    assert!(said.contains("Paste a token") && said.contains("as admin"), "{said}");
+    assert!(!said.contains("device"), "{said}");
+}
