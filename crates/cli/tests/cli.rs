@@ -309,11 +309,15 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     assert_eq!(w.berth_as(&bob, &["endpoint", "nb", "--team", "nlp"]).status.code(), Some(3));
     w.ok(&["cancel", "nb", "--team", "nlp"]);
 
-    // Work that waits: the cluster is full, so `why` explains it; cancel keeps it.
+    // Work that waits: the cluster is full, so `why` explains it; cancel keeps it. The
+    // waiter asks for more than nlp's guarantee (2 × 5 GPUs against 8), so it cannot
+    // reclaim vision's hog, and the hog runs for the rest of the test (10 real minutes):
+    // with 2 × 4 it reclaimed the hog a grace period later, and a loaded machine saw it
+    // admitted before it was cancelled (a CI failure).
     let big = w.write("big.sh", "#!/bin/sh\n#SBATCH -J hog -N 2 --gpus-per-node=8\nsleep 1000\n");
-    w.ok(&["submit", "--team", "vision", "--sim-seconds", "3600", &big]);
+    w.ok(&["submit", "--team", "vision", "--sim-seconds", "36000", &big]);
     w.wait_for("hog runs", &["get", "workload", "hog", "--team", "vision"], |w| w["status"]["phase"] == "Running");
-    let out = w.berth_as(&alice, &["submit", "--name", "waiter", "--gpus", "4", "--sim-seconds", "60", &script]);
+    let out = w.berth_as(&alice, &["submit", "--name", "waiter", "--gpus", "5", "--sim-seconds", "60", &script]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     w.wait_for("waiter has a reason", &["get", "workload", "waiter", "--team", "nlp"], |w| {
         w["status"]["pending_reason"].is_object()
