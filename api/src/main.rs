@@ -271,6 +271,10 @@ struct ServeArgs {
     /// berthd; unset: in memory only.
     #[arg(long, env = "BERTH_SIM_STATE_DIR")]
     sim_state_dir: Option<std::path::PathBuf>,
+    /// Where berthd's Kubernetes service account is mounted (its `token`, `ca.crt` and
+    /// `namespace`): the identity used for Kubernetes clusters without a `credentials_ref`.
+    #[arg(long, env = "BERTH_KUBERNETES_SERVICE_ACCOUNT_DIR", default_value = berth_adapters::kubernetes::SERVICE_ACCOUNT_DIR)]
+    kubernetes_service_account_dir: std::path::PathBuf,
     /// Seed the demo world (two sim clusters, flavors, teams) and submit a demo workload
     /// every `demo_interval_seconds`. Never in production.
     #[arg(long, env = "BERTH_DEMO", default_value_t = false, action = clap::ArgAction::Set)]
@@ -374,7 +378,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // The metrics recorder before the controllers: what they count from their first pass.
     berthd::telemetry::metrics_handle();
-    let backends = std::sync::Arc::new(berth_adapters::Registry::new(args.sim_state_dir.clone()));
+    let backends = std::sync::Arc::new(
+        berth_adapters::Registry::new(args.sim_state_dir.clone())
+            .with_service_account_dir(args.kubernetes_service_account_dir.clone()),
+    );
     let job_api = auth.verifier.berth.clone().map(|issuer| berth_controllers::JobApiConfig {
         url: args.public_url.clone().unwrap_or_else(|| listen_url(listener.local_addr().unwrap_or(args.listen))),
         issuer,

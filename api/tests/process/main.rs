@@ -665,6 +665,137 @@ async fn a_postgres_restart_and_a_10_s_stop_under_load_cost_only_503s() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Postgres high availability as a site runs it: a primary with a synchronous streaming
+/// standby, and `DATABASE_URL` listing both (the standby first, so berthd must pass over a
+/// read-only host to start). Two berthds take PUTs from four clients; the primary is
+/// stopped and the standby promoted. Every acknowledged write must be on the new primary,
+/// the controllers must lead again from it, no attempt may reach a cluster twice, and the
+/// clients may see nothing but successes and 503s with Retry-After.
+#[tokio::test]
+async fn a_primary_failover_under_load_loses_no_acknowledged_write_and_dispatches_nothing_twice() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let primary = support::PgServer::start_with("-c synchronous_standby_names=standby -c synchronous_commit=on");
+    let standby = support::PgServer::standby_of(&primary, "standby");
+    let url = format!(
+        "postgres://berth@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        standby.port, primary.port
+    );
+    // The test's own pool follows the primary as berthd's do.
+    let db = berth_store::connect(&url, 4).await.unwrap();
+    berth_store::migrate(&db).await.unwrap();
+    let world = support::seed(&db).await;
+    let dir = std::env::temp_dir().join(format!("berth-failover-{}", uuid::Uuid::now_v7()));
+    let berthds = [Berthd::start(&url, "failover-1", &dir), Berthd::start(&url, "failover-2", &dir)];
+    wait_for_leader(&berthds[0], Duration::from_secs(30)).await;
+    let epoch = berthds[0].controllers().await["leader"]["epoch"].as_i64().expect("the lease's epoch");
+    let token = berthds[0].admin_token();
+    let (stop, acked) = (std::sync::Arc::new(AtomicBool::new(false)), std::sync::Arc::new(AtomicUsize::new(0)));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let address = berthds[c % 2].address.clone();
+            let (token, stop, acked) = (token.clone(), stop.clone(), acked.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+                let body = json!({"spec": {"kind": "training", "resumable": true,
+                    "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 2}},
+                    "sim": {"duration_seconds": 60}}});
+                // (when answered, status, Retry-After present) per request; names acknowledged.
+                let (mut seen, mut acknowledged) = (Vec::new(), Vec::new());
+                let mut i = 0;
+                while !stop.load(Relaxed) {
+                    let name = format!("c{c}-{i}");
+                    loop {
+                        let reply = client
+                            .put(format!("http://{address}/api/v1/teams/a/workloads/{name}"))
+                            .bearer_auth(&token)
+                            .json(&body)
+                            .send()
+                            .await
+                            .expect("berthd answers during the failover");
+                        let status = reply.status().as_u16();
+                        seen.push((Instant::now(), status, reply.headers().contains_key("retry-after")));
+                        if status != 503 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    if matches!(seen.last(), Some((_, 200 | 201, _))) {
+                        acknowledged.push(name);
+                        acked.fetch_add(1, Relaxed);
+                    }
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (seen, acknowledged)
+            })
+        })
+        .collect();
+
+    wait_for_acknowledged(&acked, 40, "before the failover").await;
+    // From the moment the primary is told to stop (its sessions end at once; pg_ctl returns
+    // once it has shut down).
+    let failed = Instant::now();
+    primary.down();
+    let stopped = failed.elapsed();
+    standby.promote();
+    let promoted = failed.elapsed();
+    let before = acked.load(Relaxed);
+    wait_for_acknowledged(&acked, before + 40, "after the failover").await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let led = loop {
+        let o = berthds[0].controllers().await;
+        if o["leader"]["epoch"].as_i64().is_some_and(|e| e > epoch) {
+            break failed.elapsed();
+        }
+        assert!(Instant::now() < deadline, "no leader on the new primary a minute after the failover: {o}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stop.store(true, Relaxed);
+    let (mut seen, mut acknowledged) = (Vec::new(), Vec::new());
+    for c in clients {
+        let (s, a) = c.await.unwrap();
+        seen.extend(s);
+        acknowledged.extend(a);
+    }
+    let unexpected: Vec<u16> = seen.iter().map(|(_, s, _)| *s).filter(|s| !matches!(s, 200 | 201 | 503)).collect();
+    assert!(unexpected.is_empty(), "clients saw {unexpected:?}");
+    assert!(seen.iter().all(|(_, s, retry_after)| *s != 503 || *retry_after), "a 503 without Retry-After");
+    // The outage as the clients saw it: from the last success before the primary stopped
+    // to the first one after, and how many requests failed in between.
+    let last_before = seen.iter().filter(|(t, s, _)| *t < failed && *s != 503).map(|(t, ..)| *t).max().unwrap();
+    let first_after = seen.iter().filter(|(t, s, _)| *t > failed && *s != 503).map(|(t, ..)| *t).min().unwrap();
+    let unavailable = seen.iter().filter(|(_, s, _)| *s == 503).count();
+
+    support::wait_all_final(&db, Duration::from_secs(240)).await;
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM workloads").fetch_all(&db).await.unwrap();
+    let lost = acknowledged.iter().filter(|n| !names.contains(n)).count();
+    assert_eq!(lost, 0, "every acknowledged workload is on the new primary");
+    support::check_history(&db, &world).await;
+    let jobs = support::check_jobs(&db, &dir).await;
+    for b in &berthds {
+        assert_eq!(b.primary_moves.load(Relaxed), 1, "each berthd followed the primary once (its log)");
+    }
+    println!(
+        "failover: the primary stopped in {stopped:?} and the standby was promoted {promoted:?} after the stop began; clients went {:?} without a success \
+         (first success {:?} after the stop, {unavailable} answers 503); controllers led again {led:?} after the stop; \
+         {} PUTs, {} acknowledged, {lost} lost; {jobs} backend jobs",
+        first_after - last_before,
+        first_after - failed,
+        seen.len(),
+        acknowledged.len()
+    );
+    support::FaultRow {
+        fault: "Postgres primary stopped, synchronous standby promoted",
+        acknowledged: acknowledged.len(),
+        lost,
+        unavailable,
+        ..support::FaultRow::default()
+    }
+    .print();
+    drop(berthds);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_cluster_outage_under_load_breaks_no_promise(db: PgPool) {
     // Cluster west stops answering while 300 workloads flow: its pending work moves
@@ -853,6 +984,69 @@ async fn with_kubernetes(db: &PgPool, id: &str, nodes: Vec<FakeNode>) -> (TestAp
     let env = [("BERTH_CREDENTIAL_TEST_KUBE_FILE", kubeconfig.as_str())];
     let b = Berthd::start_with(&support::database_url(db), id, &dir, &env);
     (server, b, dir)
+}
+
+/// berthd deployed as `deploy/kubernetes` deploys it: in a pod running as the manifests'
+/// service account, with that account's token mounted where Kubernetes mounts it (here a
+/// directory, `BERTH_KUBERNETES_SERVICE_ACCOUNT_DIR`). It registers the cluster it runs in
+/// with no credential of its own, and its access ends when the account is deleted.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn berthd_in_a_pod_registers_its_own_cluster_with_its_service_account(db: PgPool) {
+    use reqwest::Method;
+    let nodes = vec![FakeNode::gpu("kube-0", 8, "H100"), FakeNode::gpu("kube-1", 8, "H100")];
+    let config = Config { nodes, token: Some("cluster-admin".into()), ..Config::default() };
+    let server = TestApiServer::start(config).await.expect("the test API server starts");
+    let manifest =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/base/serviceaccount.yaml");
+    let account: Value = serde_norway::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    let (namespace, name) =
+        (account["metadata"]["namespace"].as_str().unwrap(), account["metadata"]["name"].as_str().unwrap());
+    let admin = |path: &str, body: Value| {
+        let request = reqwest::Client::new().post(format!("{}{path}", server.url())).bearer_auth("cluster-admin");
+        let path = path.to_owned();
+        async move {
+            let reply = request.json(&body).send().await.unwrap();
+            assert_eq!(reply.status(), 201, "{path}");
+            reply.json::<Value>().await.unwrap()
+        }
+    };
+    admin("/api/v1/namespaces", json!({"metadata": {"name": namespace}})).await;
+    admin(&format!("/api/v1/namespaces/{namespace}/serviceaccounts"), account.clone()).await;
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}});
+    let issued = admin(&format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"), request).await;
+    let dir = std::env::temp_dir().join(format!("berth-in-cluster-{}", uuid::Uuid::now_v7()));
+    let mounted = dir.join("serviceaccount");
+    std::fs::create_dir_all(&mounted).unwrap();
+    std::fs::write(mounted.join("token"), issued["status"]["token"].as_str().unwrap()).unwrap();
+    std::fs::write(mounted.join("namespace"), namespace).unwrap();
+    let env = [("BERTH_KUBERNETES_SERVICE_ACCOUNT_DIR", mounted.to_str().unwrap())];
+    let b = Berthd::start_with(&support::database_url(&db), "in-cluster", &dir, &env);
+
+    let (status, body) = b.call(Method::PUT, "/api/v1/flavors/h100", Some(&json!({"spec": {}}))).await;
+    assert_eq!(status, 201, "{body}");
+    let cluster = json!({"spec": {"kind": "kubernetes", "endpoint": server.url(),
+        "kubernetes": {"flavors": [{"flavor": "h100", "product": "H100"}]}}});
+    let (status, body) = b.call(Method::PUT, "/api/v1/clusters/home", Some(&cluster)).await;
+    assert_eq!(status, 201, "{body}");
+    let home = b.wait_for("/api/v1/clusters/home", "home is healthy", |c| c["status"]["health"] == "Healthy").await;
+    let inventory = &home["status"]["inventory"][0];
+    assert_eq!((inventory["flavor"].as_str(), inventory["gpus_total"].as_f64()), (Some("h100"), Some(16.0)), "{home}");
+
+    // The account is what grants access: without it the cluster is unreachable.
+    let gone = reqwest::Client::new()
+        .delete(format!("{}/api/v1/namespaces/{namespace}/serviceaccounts/{name}", server.url()))
+        .bearer_auth("cluster-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 200);
+    // Open watches outlive a credential, as on a real server, until they end.
+    server.drop_watches();
+    let home = b.wait_for("/api/v1/clusters/home", "home is refused", |c| c["status"]["health"] != "Healthy").await;
+    let message = home["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("401") || message.to_lowercase().contains("unauthorized"), "{home}");
+    drop(b);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Reads a followed log to its end: each chunk as it arrived, with when.

@@ -32,6 +32,8 @@ pub struct Berthd {
     child: Child,
     /// Jobs the dispatcher found already on a backend (submitted before a crash), as logged.
     pub adopted: Arc<AtomicUsize>,
+    /// Times it followed the database primary to another host, as logged.
+    pub primary_moves: Arc<AtomicUsize>,
 }
 
 impl Berthd {
@@ -59,7 +61,8 @@ impl Berthd {
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let stdout = child.stdout.take().unwrap();
         let adopted = Arc::new(AtomicUsize::new(0));
-        let counter = adopted.clone();
+        let primary_moves = Arc::new(AtomicUsize::new(0));
+        let (counter, moves) = (adopted.clone(), primary_moves.clone());
         // Keeps draining the log so the process never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -70,10 +73,13 @@ impl Berthd {
                 if v["message"] == berth_controllers::dispatcher::ADOPTED {
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
+                if v["message"] == berth_store::PRIMARY_MOVED {
+                    moves.fetch_add(1, Ordering::Relaxed);
+                }
             }
         });
         let address = rx.recv_timeout(Duration::from_secs(60)).expect("berthd listens");
-        Self { address, child, adopted }
+        Self { address, child, adopted, primary_moves }
     }
 
     /// SIGKILL: no shutdown, no cleanup.
@@ -435,12 +441,77 @@ impl FaultRow {
 pub struct PgServer {
     dir: PathBuf,
     bin: PathBuf,
-    port: u16,
+    pub port: u16,
     pub url: String,
+    /// More server settings (`-c name=value …`).
+    settings: String,
 }
 
 impl PgServer {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A server started with more `settings` (`-c name=value …`).
+    pub fn start_with(settings: &str) -> Self {
+        let (dir, bin) = Self::directory();
+        let data = dir.join("data");
+        let out = as_postgres(Command::new(bin.join("initdb")).arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "berth",
+            "--no-sync",
+        ]));
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let server = Self::at(dir, bin, settings);
+        server.up();
+        server
+    }
+
+    /// A streaming standby of `primary`, copied from it with `pg_basebackup`, that
+    /// connects as `application_name` (the name `synchronous_standby_names` gives it).
+    pub fn standby_of(primary: &Self, application_name: &str) -> Self {
+        let (dir, bin) = Self::directory();
+        let data = dir.join("data");
+        let port = primary.port.to_string();
+        let out = as_postgres(Command::new(bin.join("pg_basebackup")).arg("-D").arg(&data).args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "berth",
+            "-X",
+            "stream",
+            "--no-sync",
+        ]));
+        assert!(out.status.success(), "pg_basebackup: {}", String::from_utf8_lossy(&out.stderr));
+        let conninfo = format!("host=127.0.0.1 port={port} user=berth application_name={application_name}");
+        let settings = format!("-c hot_standby=on -c primary_conninfo='{conninfo}'");
+        let out = as_postgres(Command::new("touch").arg(data.join("standby.signal")));
+        assert!(out.status.success(), "standby.signal: {}", String::from_utf8_lossy(&out.stderr));
+        let server = Self::at(dir, bin, &settings);
+        server.up();
+        server
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`, waiting until it accepts writes).
+    pub fn promote(&self) {
+        let out = as_postgres(
+            Command::new(self.bin.join("pg_ctl")).arg("-D").arg(self.dir.join("data")).args(["-w", "promote"]),
+        );
+        assert!(out.status.success(), "pg_ctl promote: {}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    fn at(dir: PathBuf, bin: PathBuf, settings: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("postgres://berth@127.0.0.1:{port}/postgres");
+        Self { dir, bin, port, url, settings: settings.to_owned() }
+    }
+
+    /// A new directory the server may write, and the newest server binaries.
+    fn directory() -> (PathBuf, PathBuf) {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL server binaries in /usr/lib/postgresql (scripts/local-postgres installs them)")
             .filter_map(Result::ok)
@@ -454,27 +525,16 @@ impl PgServer {
             let status = Command::new("chown").args(["postgres:postgres"]).arg(&dir).status().unwrap();
             assert!(status.success());
         }
-        let data = dir.join("data");
-        let out = as_postgres(Command::new(bin.join("initdb")).arg("-D").arg(&data).args([
-            "-A",
-            "trust",
-            "-U",
-            "berth",
-            "--no-sync",
-        ]));
-        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let server = Self { dir, bin, port, url: format!("postgres://berth@127.0.0.1:{port}/postgres") };
-        server.up();
-        server
+        (dir, bin)
     }
 
     /// Starts the server and waits until it accepts connections.
     pub fn up(&self) {
         let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=200",
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=200 {}",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            self.settings
         );
         let out = as_postgres(
             Command::new(self.bin.join("pg_ctl"))

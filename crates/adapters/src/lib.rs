@@ -73,6 +73,9 @@ pub struct Registry {
     secrets: Secrets,
     /// Backends of real clusters.
     remote: Mutex<HashMap<Uuid, Built>>,
+    /// Where berthd's own service account is mounted (Kubernetes clusters without a
+    /// `credentials_ref`).
+    service_account_dir: PathBuf,
 }
 
 impl Registry {
@@ -88,6 +91,7 @@ impl Registry {
             sims: Mutex::new(HashMap::new()),
             secrets: secrets_from_env(),
             remote: Mutex::new(HashMap::new()),
+            service_account_dir: kubernetes::SERVICE_ACCOUNT_DIR.into(),
         }
     }
 
@@ -95,6 +99,14 @@ impl Registry {
     #[must_use]
     pub fn with_secrets(mut self, secrets: Secrets) -> Self {
         self.secrets = secrets;
+        self
+    }
+
+    /// Reads berthd's in-cluster service account from `dir` instead of where Kubernetes
+    /// mounts it.
+    #[must_use]
+    pub fn with_service_account_dir(mut self, dir: PathBuf) -> Self {
+        self.service_account_dir = dir;
         self
     }
 
@@ -152,7 +164,8 @@ impl Registry {
                 if kubeconfig.is_none() && cluster.spec.credentials_ref.is_some() {
                     return Err(missing_secret(cluster));
                 }
-                Ok(Arc::new(kubernetes::KubernetesCluster::new(&cluster.spec, kubeconfig)?))
+                let backend = kubernetes::KubernetesCluster::new(&cluster.spec, kubeconfig)?;
+                Ok(Arc::new(backend.service_account_dir(&self.service_account_dir)))
             }),
         }
     }

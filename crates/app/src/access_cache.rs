@@ -156,10 +156,12 @@ async fn listen(cache: Arc<AccessCache>, db: PgPool) {
         }
     }
     let _stopped = Stopped(cache.clone());
-    let own =
-        sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with((*db.connect_options()).clone());
     let listening = async {
         loop {
+            // The pool's options as they are now: after a failover, the new primary's.
+            let own = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with((*db.connect_options()).clone());
             let result: Result<(), sqlx::Error> = async {
                 let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
                 listener.listen(CHANNEL).await?;
@@ -171,6 +173,7 @@ async fn listen(cache: Arc<AccessCache>, db: PgPool) {
                 Err(sqlx::Error::Protocol("the listening connection was lost".into()))
             }
             .await;
+            own.close().await;
             cache.set_listening(false);
             if let Err(e) = result {
                 tracing::warn!(error = %e, "access cache stopped listening; bindings are read from the store until it is back");
@@ -182,5 +185,4 @@ async fn listen(cache: Arc<AccessCache>, db: PgPool) {
         () = listening => {}
         () = db.close_event() => {}
     }
-    own.close().await;
 }

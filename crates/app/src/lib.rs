@@ -124,10 +124,9 @@ fn missing_references(
 }
 
 /// What names a database in the caches kept per database: tests and benchmarks run several
-/// in one process.
+/// in one process, each under its own name. Not the host, which a failover changes.
 fn database_key(db: &berth_store::PgPool) -> String {
-    let o = db.connect_options();
-    format!("{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or_default())
+    db.connect_options().get_database().unwrap_or_default().to_owned()
 }
 
 /// One `T` per database, made on first use and shared by every caller in the process (the

@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::deletion::DeleteOptions;
 use crate::discovery;
@@ -37,10 +37,29 @@ enum Route {
     Version,
     CoreVersions,
     Groups,
-    Resources { group: String, version: String },
-    Collection { rt: &'static ResourceType, namespace: Option<String> },
-    Object { rt: &'static ResourceType, namespace: String, name: String, target: Target },
-    PodLog { namespace: String, name: String },
+    Resources {
+        group: String,
+        version: String,
+    },
+    Collection {
+        rt: &'static ResourceType,
+        namespace: Option<String>,
+    },
+    Object {
+        rt: &'static ResourceType,
+        namespace: String,
+        name: String,
+        target: Target,
+    },
+    PodLog {
+        namespace: String,
+        name: String,
+    },
+    /// `serviceaccounts/{name}/token`: a TokenRequest.
+    Token {
+        namespace: String,
+        name: String,
+    },
 }
 
 impl Route {
@@ -80,6 +99,9 @@ impl Route {
             ["namespaces", ns, "pods", name, "log"] if group.is_empty() => {
                 Ok(Self::PodLog { namespace: (*ns).to_string(), name: (*name).to_string() })
             }
+            ["namespaces", ns, "serviceaccounts", name, "token"] if group.is_empty() => {
+                Ok(Self::Token { namespace: (*ns).to_string(), name: (*name).to_string() })
+            }
             [plural, name] | [plural, name, "status"] => {
                 let rt = find(plural, false)?;
                 if rt.namespaced {
@@ -97,6 +119,7 @@ impl Route {
         match self {
             Self::Collection { rt, .. } | Self::Object { rt, .. } => rt.plural.to_string(),
             Self::PodLog { .. } => "pods/log".to_string(),
+            Self::Token { .. } => "serviceaccounts/token".to_string(),
             Self::Version => "/version".to_string(),
             Self::CoreVersions => "/api".to_string(),
             Self::Groups => "/apis".to_string(),
@@ -194,6 +217,19 @@ fn serve(
         }
         (Route::PodLog { namespace, name }, &Method::GET) => {
             crate::logs::respond(shared, &namespace, &name, crate::logs::LogQuery::parse(query)?)
+        }
+        (Route::Token { namespace, name }, &Method::POST) => {
+            let request = parse_json(body)?;
+            let seconds = request["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
+            shared.lock().get(resources::SERVICE_ACCOUNTS, &namespace, &name)?;
+            let token = shared.issue_token(&namespace, &name);
+            let reply = json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "metadata": {"name": name, "namespace": namespace, "creationTimestamp": crate::meta::now()},
+                "spec": {"audiences": request["spec"]["audiences"].clone(), "expirationSeconds": seconds},
+                "status": {"token": token, "expirationTimestamp": crate::meta::timestamp_in(seconds)},
+            });
+            Ok(json_response(StatusCode::CREATED, &reply))
         }
         (Route::Object { rt, namespace, name, .. }, &Method::GET) => {
             Ok(ok(shared.lock().get(rt, &namespace, &name)?))

@@ -22,6 +22,9 @@ pub(crate) struct Shared {
     pub wake: Arc<Notify>,
     /// Required bearer token, if any.
     pub token: Option<String>,
+    /// Service-account tokens issued by TokenRequest: token → (namespace, name). Accepted
+    /// as long as the account exists (when a token is required at all).
+    issued: Mutex<HashMap<String, (String, String)>>,
     /// Whether the JobSet resource is served.
     pub serve_jobsets: bool,
     /// Period of watch bookmarks.
@@ -43,6 +46,7 @@ impl Shared {
             cluster: Mutex::new(Cluster::new(config, wake.clone())),
             wake,
             token: config.token.clone(),
+            issued: Mutex::new(HashMap::new()),
             serve_jobsets: config.serve_jobsets,
             bookmark_interval: config.bookmark_interval,
             address,
@@ -78,6 +82,28 @@ impl Shared {
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if presented == Some(token.as_str()) { Ok(()) } else { Err(ApiError::unauthorized()) }
+        if presented == Some(token.as_str()) {
+            return Ok(());
+        }
+        let account =
+            presented.and_then(|p| self.issued.lock().unwrap_or_else(PoisonError::into_inner).get(p).cloned());
+        match account {
+            Some((namespace, name))
+                if self.lock().get(crate::resources::SERVICE_ACCOUNTS, &namespace, &name).is_ok() =>
+            {
+                Ok(())
+            }
+            _ => Err(ApiError::unauthorized()),
+        }
+    }
+
+    /// A new token for service account `namespace/name`.
+    pub fn issue_token(&self, namespace: &str, name: &str) -> String {
+        let token = format!("sa.{namespace}.{name}.{}", uuid::Uuid::new_v4().simple());
+        self.issued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(token.clone(), (namespace.to_owned(), name.to_owned()));
+        token
     }
 }

@@ -239,6 +239,38 @@ async fn bearer_token_is_required_and_the_kubeconfig_carries_it() {
     assert!(Kubeconfig::from_yaml(&open.kubeconfig()).is_ok());
 }
 
+/// A pod's in-cluster identity: a TokenRequest for a service account yields a token the
+/// server accepts while the account exists; an unknown token, or one of a deleted account,
+/// is refused; no token is issued for an account that does not exist.
+#[tokio::test]
+async fn a_service_account_token_is_accepted_while_its_account_exists() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let (server, _) = start(Config { token: Some("admin".into()), ..Config::default() }).await;
+    let as_token = |token: &str| {
+        let mut config = kube::Config::new(server.url().parse().unwrap());
+        config.auth_info.token = Some(token.to_owned().into());
+        Client::try_from(config).unwrap()
+    };
+    let admin = as_token("admin");
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let account = serde_json::from_value(json!({"metadata": {"name": "berthd"}})).unwrap();
+    accounts.create(&PostParams::default(), &account).await.unwrap();
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    let issued = accounts.create_token_request("berthd", &PostParams::default(), &request).await.unwrap();
+    let token = issued.status.expect("a status").token;
+    let nodes = |client: Client| async move {
+        Api::<k8s_openapi::api::core::v1::Node>::all(client).list(&ListParams::default()).await
+    };
+    assert!(nodes(as_token(&token)).await.is_ok(), "the issued token is accepted");
+    let refused = status(nodes(as_token("sa.default.berthd.forged")).await.unwrap_err());
+    assert_eq!(refused.code, 401);
+    let missing = status(accounts.create_token_request("nobody", &PostParams::default(), &request).await.unwrap_err());
+    assert_eq!(missing.code, 404);
+    accounts.delete("berthd", &DeleteParams::default()).await.unwrap();
+    assert_eq!(status(nodes(as_token(&token)).await.unwrap_err()).code, 401, "the account is gone");
+}
+
 #[tokio::test]
 async fn namespaces_are_deleted_with_their_contents() {
     let (server, client) = start(Config::default()).await;

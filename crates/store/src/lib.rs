@@ -18,6 +18,7 @@ pub mod flavor;
 pub mod idempotency;
 pub mod identity;
 pub mod ledger;
+mod primary;
 mod row;
 pub mod team;
 pub mod usage;
@@ -25,7 +26,9 @@ pub mod workload;
 
 use berth_core::Error;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::sync::Arc;
+
+use sqlx::postgres::PgPoolOptions;
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 /// A transaction on the Berth database.
@@ -37,14 +40,34 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 /// How long a pooled connection may sit idle before it is pinged again when taken out.
 pub const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Opens a connection pool.
+pub use primary::PRIMARY_MOVED;
+
+/// Opens a connection pool. `url` may list several hosts, libpq's way
+/// (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the pool then
+/// connects to the writable one and follows the primary when a failover moves it (see
+/// `primary.rs`).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an unparsable URL, [`Error::Unavailable`] when the database
-/// cannot be reached.
+/// cannot be reached (or, of several hosts, none is writable).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
-    let options: PgConnectOptions =
-        url.parse().map_err(|e| Error::invalid("DATABASE_URL", format!("not a valid Postgres URL: {e}")))?;
+    let hosts = primary::parse(url)?;
+    let mut named = hosts.options.into_iter().map(|o| o.application_name("berthd"));
+    if !hosts.read_write {
+        let options = named.next().expect("one host at least");
+        return pool_options(max_connections, None).connect_with(options).await.map_err(db_error);
+    }
+    let primary = primary::Primary::new(named.collect());
+    let probe = primary.find(0).await?;
+    let pool =
+        pool_options(max_connections, Some(primary.clone())).connect_with(primary.options()).await.map_err(db_error)?;
+    tokio::spawn(primary.watch(pool.clone(), probe));
+    Ok(pool)
+}
+
+/// The pool's settings; with `primary`, every connection is to the writable host.
+fn pool_options(max_connections: u32, primary: Option<Arc<primary::Primary>>) -> PgPoolOptions {
+    let on_connect = primary.clone();
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(std::time::Duration::from_secs(5))
@@ -52,17 +75,31 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         // is taken out doubled the round trips of every request. Only a connection that has
         // sat idle since (through a database restart, a dropped link) is pinged first.
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            let primary = primary.clone();
             Box::pin(async move {
+                // Made before the pool moved to another host: to the old primary.
+                if primary.is_some_and(|p| meta.age > p.chosen_for()) {
+                    return Ok(false);
+                }
                 if meta.idle_for >= PING_IDLE_AFTER {
                     sqlx::Connection::ping(conn).await?;
                 }
                 Ok(true)
             })
         })
-        .connect_with(options.application_name("berthd"))
-        .await
-        .map_err(db_error)
+        .after_connect(move |conn, _| {
+            let primary = on_connect.clone();
+            Box::pin(async move {
+                if let Some(primary) = primary
+                    && primary::in_recovery(conn).await?
+                {
+                    primary.suspect();
+                    return Err(sqlx::Error::Protocol("the server is read-only (in recovery), not the primary".into()));
+                }
+                Ok(())
+            })
+        })
 }
 
 /// A connection outside `pool`, with its settings, for a reader that asks all the time: a
@@ -120,7 +157,9 @@ pub fn db_error(e: sqlx::Error) -> Error {
                 Some("23514" | "22P02" | "22003" | "22021") => {
                     Error::Internal(format!("a value was rejected by the database: {e}"))
                 }
-                Some("40001" | "40P01" | "55P03" | "57014" | "53300") => Error::Unavailable(e.to_string()),
+                // 25006: a write reached a server that turned read-only (a demoted primary,
+                // before the pool follows the new one).
+                Some("40001" | "40P01" | "55P03" | "57014" | "53300" | "25006") => Error::Unavailable(e.to_string()),
                 // The server is shutting down, restarting, or starting up; the connection
                 // broke (class 08).
                 Some("57P01" | "57P02" | "57P03") => Error::Unavailable(e.to_string()),

@@ -57,11 +57,17 @@ const UNSEEN_KEPT: Duration = Duration::from_secs(60);
 /// Berth's field manager for server-side apply.
 const FIELD_MANAGER: &str = "berth";
 
+/// Where Kubernetes mounts a pod's service-account credentials (`token`, `ca.crt`,
+/// `namespace`): berthd's in-cluster identity.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 /// A Kubernetes cluster.
 pub struct KubernetesCluster {
     endpoint: String,
     /// The kubeconfig; `None`: in-cluster configuration.
     kubeconfig: Option<Kubeconfig>,
+    /// Where the in-cluster service account's files are.
+    service_account_dir: std::path::PathBuf,
     spec: KubernetesSpec,
     /// Built on first use (building a client and starting watches needs the runtime).
     connected: tokio::sync::OnceCell<Connected>,
@@ -176,9 +182,17 @@ impl KubernetesCluster {
         Ok(Self {
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             kubeconfig: kubeconfig.map(Kubeconfig),
+            service_account_dir: SERVICE_ACCOUNT_DIR.into(),
             spec: k8s.clone(),
             connected: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Reads the in-cluster service account from `dir` instead of [`SERVICE_ACCOUNT_DIR`].
+    #[must_use]
+    pub fn service_account_dir(mut self, dir: &std::path::Path) -> Self {
+        dir.clone_into(&mut self.service_account_dir);
+        self
     }
 
     fn gang_timeout(&self) -> Duration {
@@ -207,7 +221,12 @@ impl KubernetesCluster {
                     .await
                     .map_err(|_| unreadable("cannot be used (its context, cluster or user entries are incomplete)"))?
             }
-            None => kube::Config::incluster().map_err(|e| bad("the in-cluster configuration", &e))?,
+            None => kube::Config::from_custom_kubeconfig(
+                in_cluster(&self.service_account_dir)?,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| bad("the in-cluster service account", &e))?,
         };
         config.cluster_url = self.endpoint.parse().map_err(|e| bad("the endpoint", &e))?;
         config.connect_timeout = Some(CONNECT_TIMEOUT);
@@ -284,6 +303,41 @@ impl NamespacedOrNot for k8s_openapi::ClusterResourceScope {
 }
 
 /// One API call, bounded by [`TIMEOUT`], its error classified.
+/// The kubeconfig of a pod's service account, as the official clients read it: the token
+/// file (re-read as the kubelet rotates it), the cluster's CA when mounted, the namespace.
+/// Its server is a placeholder: the cluster's `endpoint` replaces it.
+fn in_cluster(dir: &std::path::Path) -> Result<kube::config::Kubeconfig, BackendError> {
+    use kube::config::{AuthInfo, Context, NamedAuthInfo, NamedCluster, NamedContext};
+    let token = dir.join("token");
+    if !token.is_file() {
+        return Err(BackendError::Unreachable(format!(
+            "no service-account token at {}: berthd is not running in a pod with a service account; give the \
+             cluster a credentials_ref naming a kubeconfig",
+            token.display()
+        )));
+    }
+    let ca = dir.join("ca.crt");
+    let cluster = kube::config::Cluster {
+        server: Some("https://kubernetes.default.svc".into()),
+        certificate_authority: ca.is_file().then(|| ca.display().to_string()),
+        ..Default::default()
+    };
+    let user = AuthInfo { token_file: Some(token.display().to_string()), ..Default::default() };
+    let context = Context {
+        cluster: "in-cluster".into(),
+        user: Some("service-account".into()),
+        namespace: std::fs::read_to_string(dir.join("namespace")).ok().map(|n| n.trim().to_owned()),
+        ..Default::default()
+    };
+    Ok(kube::config::Kubeconfig {
+        clusters: vec![NamedCluster { name: "in-cluster".into(), cluster: Some(cluster), ..Default::default() }],
+        auth_infos: vec![NamedAuthInfo { name: "service-account".into(), auth_info: Some(user), ..Default::default() }],
+        contexts: vec![NamedContext { name: "in-cluster".into(), context: Some(context), ..Default::default() }],
+        current_context: Some("in-cluster".into()),
+        ..Default::default()
+    })
+}
+
 async fn call<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, BackendError> {
     match tokio::time::timeout(TIMEOUT, request).await {
         Ok(result) => result.map_err(classify),
