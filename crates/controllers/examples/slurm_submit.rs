@@ -382,8 +382,7 @@ async fn through_berth(
     wait_until("the cluster to be Healthy", Duration::from_secs(120), healthy).await?;
     tokio::time::sleep(WARM_UP).await;
 
-    let mut changes = sqlx::postgres::PgListener::connect_with(db).await?;
-    changes.listen(berth_controllers::runner::CHANNEL).await?;
+    let mut changes = berth_store::changes::ChangeFeed::listen(db).await?;
     let mut started = Instant::now();
     let mut before = cpu_seconds();
     if !backlog {
@@ -427,9 +426,10 @@ async fn through_berth(
     // Every workload is stored by now; wait until none is left before its dispatch,
     // counting (index-only) each time the dispatcher wrote, so that the waiting costs
     // Berth little and ends within a few milliseconds of the last write.
-    let dispatched = |payload: &str| {
-        berth_controllers::runner::status_phases(payload)
-            .is_some_and(|mut phases| phases.any(|p| !["Pending", "Admitted"].contains(&p)))
+    let dispatched = |change: &berth_store::changes::Change| {
+        use berth_core::workload::Phase;
+        matches!(change, berth_store::changes::Change::WorkloadStatuses(phases)
+            if phases.iter().any(|p| !matches!(p, Phase::Pending | Phase::Admitted)))
     };
     loop {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE phase IN ('Pending', 'Admitted')")
@@ -443,8 +443,8 @@ async fn through_berth(
         }
         // The dispatcher's next write, or a second (should a notification be lost).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while let Ok(change) = tokio::time::timeout_at(deadline, changes.recv()).await {
-            if dispatched(change?.payload()) {
+        while let Ok(change) = tokio::time::timeout_at(deadline, changes.next()).await {
+            if dispatched(&change?) {
                 break;
             }
         }

@@ -1,26 +1,30 @@
-//! Runs every reconciler in its own loop: woken by Postgres `LISTEN/NOTIFY` (channel
-//! `berth_changes`) or its interval, whichever comes first; wake-ups that arrive while a
-//! pass runs fold into one more pass. Each controller's status is stored for
-//! `/api/v1/controllers`: after a pass that changed something (at most once a second), after
-//! a failed one, and every 10 s while nothing changes.
+//! Runs every reconciler in its own loop: woken by the changes it declares it follows (the
+//! store's change feed, [`berth_store::changes`]) or its period, whichever comes first;
+//! wake-ups that arrive while a pass runs fold into one more pass. Each controller's
+//! status is stored for `/api/v1/controllers`: after a pass that changed something (at
+//! most once a second), after a failed one, and every 10 s while nothing changes.
+//!
+//! The controllers are registered by value in one list ([`all`]); each declares its name,
+//! what it does, its period, the least gap between its passes and what wakes it, so the
+//! list's order means nothing.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_core::Error;
+use berth_core::workload::Phase;
+use berth_store::changes::{Change, ChangeFeed};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::{
-    Context, autoscaler, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption,
+    Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption,
     retention, scheduler, status_sync,
 };
-
-/// The channel the store's triggers notify on.
-pub const CHANNEL: &str = "berth_changes";
 
 /// A reconciler's typed status; each module implements it for its own.
 pub trait Report: Serialize + Send {
@@ -32,6 +36,76 @@ pub trait Report: Serialize + Send {
     fn waits_on_time(&self) -> bool {
         true
     }
+}
+
+/// What a pass did: how many objects it changed, whether it waits on time, and its status
+/// as JSON (what `/api/v1/controllers` shows).
+pub struct Passed {
+    pub changes: usize,
+    pub waits_on_time: bool,
+    pub status: serde_json::Value,
+}
+
+impl Passed {
+    /// What a module's typed status says.
+    pub fn of<S: Report>(status: &S) -> Self {
+        Self {
+            changes: status.changes(),
+            waits_on_time: status.waits_on_time(),
+            status: serde_json::to_value(status).unwrap_or_default(),
+        }
+    }
+}
+
+/// One pass of a reconciler.
+pub type Pass<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Passed, Error>> + Send + 'a>>;
+
+/// Which changes wake a reconciler before its period is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WokenBy {
+    /// Only its period.
+    Period,
+    /// Every change.
+    AnyChange,
+    /// A change that can alter what the scheduler decides: anything but a write of
+    /// workload statuses entering `Admitted` or `Preempting` (the scheduler's own writes: a
+    /// pass that wrote runs again anyway) or `Dispatched` or `Running` (which take or free
+    /// nothing it counts).
+    SchedulingChange,
+}
+
+impl WokenBy {
+    /// Whether `change` wakes a reconciler that declared `self`.
+    pub fn by(self, change: &Change) -> bool {
+        match self {
+            Self::Period => false,
+            Self::AnyChange => true,
+            Self::SchedulingChange => match change {
+                Change::WorkloadStatuses(phases) => !phases
+                    .iter()
+                    .all(|p| matches!(p, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting)),
+                Change::Table(_) => true,
+            },
+        }
+    }
+}
+
+/// A controller as the runner sees it (omicron's background task, kube-runtime's
+/// controller): what it is, when it runs, and its pass.
+pub trait Reconciler: Send + 'static {
+    fn name(&self) -> &'static str;
+    /// What it does, in a line (for the docs and the logs).
+    fn description(&self) -> &'static str;
+    /// How long it waits for a wake-up before it runs anyway.
+    fn period(&self, config: &Config) -> Duration;
+    /// The least time between two passes (wake-ups within it become one pass).
+    fn min_gap(&self, config: &Config) -> Duration {
+        let _ = config;
+        Duration::ZERO
+    }
+    fn woken_by(&self) -> WokenBy;
+    fn reconcile<'a>(&'a mut self, ctx: &'a Context) -> Pass<'a>;
 }
 
 /// Least time between two dispatcher passes. Every stored change wakes the controllers (a
@@ -50,89 +124,179 @@ const BUDGET_GAP: Duration = Duration::from_secs(10);
 /// How often retention looks for workloads to remove (it counts in days).
 const RETENTION_PERIOD: Duration = Duration::from_secs(300);
 
-/// A controller's loop: name, what wakes it, its interval, the least gap between passes,
-/// and its pass.
-type Loop = (&'static str, Option<Arc<Notify>>, Duration, Duration, fn(Context) -> Pass);
+/// One of Berth's controllers: a module's `reconcile` with its declarations.
+struct Task {
+    name: &'static str,
+    description: &'static str,
+    woken_by: WokenBy,
+    period: fn(&Config) -> Duration,
+    min_gap: fn(&Config) -> Duration,
+    pass: for<'a> fn(&'a Context) -> Pass<'a>,
+}
 
-/// A pass of each controller, boxed so every loop has the same type.
+impl Reconciler for Task {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        self.description
+    }
+    fn period(&self, config: &Config) -> Duration {
+        (self.period)(config)
+    }
+    fn min_gap(&self, config: &Config) -> Duration {
+        (self.min_gap)(config)
+    }
+    fn woken_by(&self) -> WokenBy {
+        self.woken_by
+    }
+    fn reconcile<'a>(&'a mut self, ctx: &'a Context) -> Pass<'a> {
+        (self.pass)(ctx)
+    }
+}
+
+/// A module's pass, boxed so every task has the same type.
 macro_rules! pass {
-    ($name:ident, $module:ident) => {
-        fn $name(ctx: Context) -> Pass {
-            Box::pin(async move { boxed($module::reconcile(&ctx).await) })
-        }
+    ($module:ident) => {
+        |ctx| Box::pin(async move { $module::reconcile(ctx).await.map(|s| Passed::of(&s)) })
     };
 }
-pass!(scheduler_pass, scheduler);
-pass!(dispatcher_pass, dispatcher);
-pass!(preemption_pass, preemption);
-pass!(deletion_pass, deletion);
-pass!(status_sync_pass, status_sync);
-pass!(orphans_pass, orphans);
-pass!(cluster_health_pass, cluster_health);
-pass!(retention_pass, retention);
-pass!(estimates_pass, estimates);
-pass!(budgets_pass, budgets);
-pass!(idle_pass, idle);
-pass!(autoscaler_pass, autoscaler);
 
-/// Starts every controller (the one list of them); they run until the returned set is
-/// shut down.
-pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
-    let c = &ctx.config;
-    let woken: Vec<Arc<Notify>> = (0..5).map(|_| Arc::new(Notify::new())).collect();
-    let loops: [Loop; 12] = [
-        ("scheduler", Some(woken[0].clone()), c.resync, c.min_cycle_interval, scheduler_pass),
-        ("dispatcher", Some(woken[1].clone()), c.resync, DISPATCHER_GAP, dispatcher_pass),
-        ("preemption", Some(woken[2].clone()), c.sync_interval, c.min_cycle_interval, preemption_pass),
-        ("deletion", Some(woken[3].clone()), c.sync_interval, c.min_cycle_interval, deletion_pass),
-        ("status_sync", None, c.sync_interval, Duration::ZERO, status_sync_pass),
-        ("orphans", None, c.resync, Duration::ZERO, orphans_pass),
-        ("cluster_health", None, c.health_interval, Duration::ZERO, cluster_health_pass),
-        ("retention", None, RETENTION_PERIOD, Duration::ZERO, retention_pass),
-        ("estimates", None, ESTIMATE_PERIOD, Duration::ZERO, estimates_pass),
-        ("budgets", Some(woken[4].clone()), BUDGET_PERIOD, BUDGET_GAP, budgets_pass),
-        ("idle", None, c.resync, Duration::ZERO, idle_pass),
-        ("autoscaler", None, c.health_interval, Duration::ZERO, autoscaler_pass),
+/// Every controller Berth runs, in no particular order.
+pub fn all() -> Vec<Box<dyn Reconciler>> {
+    let zero = |_: &Config| Duration::ZERO;
+    let tasks = [
+        Task {
+            name: "scheduler",
+            description: "admits pending work within quotas and fair shares, and marks what to preempt",
+            woken_by: WokenBy::SchedulingChange,
+            period: |c| c.resync,
+            min_gap: |c| c.min_cycle_interval,
+            pass: pass!(scheduler),
+        },
+        Task {
+            name: "dispatcher",
+            description: "submits each admitted workload to its cluster as one job",
+            woken_by: WokenBy::AnyChange,
+            period: |c| c.resync,
+            min_gap: |_| DISPATCHER_GAP,
+            pass: pass!(dispatcher),
+        },
+        Task {
+            name: "preemption",
+            description: "cancels the jobs of preempted workloads with a grace period, then requeues them",
+            woken_by: WokenBy::AnyChange,
+            period: |c| c.sync_interval,
+            min_gap: |c| c.min_cycle_interval,
+            pass: pass!(preemption),
+        },
+        Task {
+            name: "deletion",
+            description: "cancels the jobs of deleted or cancelled workloads, then removes or ends them",
+            woken_by: WokenBy::AnyChange,
+            period: |c| c.sync_interval,
+            min_gap: |c| c.min_cycle_interval,
+            pass: pass!(deletion),
+        },
+        Task {
+            name: "status_sync",
+            description: "turns what the clusters say about jobs into workload phases",
+            woken_by: WokenBy::Period,
+            period: |c| c.sync_interval,
+            min_gap: zero,
+            pass: pass!(status_sync),
+        },
+        Task {
+            name: "orphans",
+            description: "cancels jobs that carry Berth's key but belong to no live attempt",
+            woken_by: WokenBy::Period,
+            period: |c| c.resync,
+            min_gap: zero,
+            pass: pass!(orphans),
+        },
+        Task {
+            name: "cluster_health",
+            description: "refreshes each cluster's inventory and marks unreachable clusters",
+            woken_by: WokenBy::Period,
+            period: |c| c.health_interval,
+            min_gap: zero,
+            pass: pass!(cluster_health),
+        },
+        Task {
+            name: "retention",
+            description: "removes ended workloads once the retention period has passed",
+            woken_by: WokenBy::Period,
+            period: |_| RETENTION_PERIOD,
+            min_gap: zero,
+            pass: pass!(retention),
+        },
+        Task {
+            name: "estimates",
+            description: "estimates when each pending workload starts",
+            woken_by: WokenBy::Period,
+            period: |_| ESTIMATE_PERIOD,
+            min_gap: zero,
+            pass: pass!(estimates),
+        },
+        Task {
+            name: "budgets",
+            description: "adds up each team's GPU-hours against its budgets",
+            woken_by: WokenBy::AnyChange,
+            period: |_| BUDGET_PERIOD,
+            min_gap: |_| BUDGET_GAP,
+            pass: pass!(budgets),
+        },
+        Task {
+            name: "idle",
+            description: "cancels running notebooks idle past their timeout",
+            woken_by: WokenBy::Period,
+            period: |c| c.resync,
+            min_gap: zero,
+            pass: pass!(idle),
+        },
+        Task {
+            name: "autoscaler",
+            description: "scales inference services' replicas to their load",
+            woken_by: WokenBy::Period,
+            period: |c| c.health_interval,
+            min_gap: zero,
+            pass: pass!(autoscaler),
+        },
     ];
+    tasks.into_iter().map(|t| Box::new(t) as Box<dyn Reconciler>).collect()
+}
+
+/// Starts every controller of [`all`]; they run until the returned set is shut down.
+pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
+    start_these(ctx, holder, all())
+}
+
+/// Starts `reconcilers`, each in its loop, and the listener that wakes them.
+pub fn start_these(ctx: &Context, holder: &str, reconcilers: Vec<Box<dyn Reconciler>>) -> JoinSet<()> {
     let mut set = JoinSet::new();
-    for (name, wake, every, gap, pass) in loops {
-        set.spawn(run_loop(name, ctx.clone(), holder.to_owned(), wake, every, gap, pass));
+    let mut woken = Vec::new();
+    for r in reconcilers {
+        let wake = (r.woken_by() != WokenBy::Period).then(|| Arc::new(Notify::new()));
+        if let Some(n) = &wake {
+            woken.push((r.woken_by(), n.clone()));
+        }
+        set.spawn(run_loop(r, ctx.clone(), holder.to_owned(), wake));
     }
     set.spawn(listen(ctx.clone(), woken));
     set
 }
 
-/// One pass: how many objects it changed, whether it waits on time, and its status as JSON.
-type Pass = std::pin::Pin<Box<dyn Future<Output = Result<Passed, Error>> + Send>>;
-
-struct Passed {
-    changes: usize,
-    waits_on_time: bool,
-    status: serde_json::Value,
-}
-
-fn boxed<S: Report>(r: Result<S, Error>) -> Result<Passed, Error> {
-    r.map(|s| Passed {
-        changes: s.changes(),
-        waits_on_time: s.waits_on_time(),
-        status: serde_json::to_value(&s).unwrap_or_default(),
-    })
-}
-
-/// Forwards change notifications to the controllers that react to them: all of them,
-/// except the scheduler (the first) for a write of workload statuses it has no part in.
-async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
+/// Forwards each change to the reconcilers it wakes.
+async fn listen(ctx: Context, woken: Vec<(WokenBy, Arc<Notify>)>) {
     loop {
         let listener = async {
-            let mut l = sqlx::postgres::PgListener::connect_with(&ctx.db).await?;
-            l.listen(CHANNEL).await?;
+            let mut feed = ChangeFeed::listen(&ctx.db).await?;
             loop {
-                let change = l.recv().await?;
-                let skip = usize::from(!concerns_scheduler(change.payload()));
-                woken.iter().skip(skip).for_each(|n| n.notify_one());
+                let change = feed.next().await?;
+                woken.iter().filter(|(by, _)| by.by(&change)).for_each(|(_, n)| n.notify_one());
             }
             #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
+            Ok::<(), Error>(())
         };
         if let Err(e) = listener.await {
             tracing::warn!(error = %e, "change listener failed; retrying (controllers still resync on their interval)");
@@ -141,43 +305,22 @@ async fn listen(ctx: Context, woken: Vec<Arc<Notify>>) {
     }
 }
 
-/// The phases a change notification's payload says were written, when the statement
-/// wrote only workload statuses (`workloads status:Dispatched,Running`); `None` for any
-/// other change (a table's name).
-pub fn status_phases(payload: &str) -> Option<impl Iterator<Item = &str>> {
-    payload.strip_prefix("workloads status:").map(|phases| phases.split(','))
-}
-
-/// Whether a change can change what the scheduler decides. Workloads entering `Admitted`
-/// or `Preempting` are its own writes (a pass that wrote runs again anyway), and
-/// `Dispatched` or `Running` free or take nothing it counts; every other phase (requeued,
-/// finished, unknown) and every other change may.
-fn concerns_scheduler(payload: &str) -> bool {
-    status_phases(payload)
-        .is_none_or(|mut phases| !phases.all(|p| ["Admitted", "Dispatched", "Running", "Preempting"].contains(&p)))
-}
-
 /// The least time between two stored statuses of a controller whose passes change things.
 const SAVE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 /// How often the status of a controller whose passes change nothing is stored (its `runs`
 /// go on counting): an idle site writes no row per pass.
 const SAVE_UNCHANGED_EVERY: Duration = Duration::from_secs(10);
 
-async fn run_loop(
-    name: &'static str,
-    ctx: Context,
-    holder: String,
-    wake: Option<Arc<Notify>>,
-    every: Duration,
-    min_gap: Duration,
-    pass: impl Fn(Context) -> Pass,
-) {
+async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: String, wake: Option<Arc<Notify>>) {
+    let name = reconciler.name();
+    let (every, min_gap) = (reconciler.period(&ctx.config), reconciler.min_gap(&ctx.config));
     let mut runs: u64 = 0;
     let mut errors: u64 = 0;
     let mut last_saved: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        let result = pass(ctx.clone()).await;
+        let span = tracing::info_span!("controller_pass", controller = name, run = runs + 1);
+        let result = reconciler.reconcile(&ctx).instrument(span).await;
         runs += 1;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::histogram!("berth_controller_pass_seconds", "controller" => name)
@@ -185,6 +328,8 @@ async fn run_loop(
         metrics::counter!("berth_controller_passes_total", "controller" => name, "result" => outcome).increment(1);
         if let Ok(passed) = &result {
             let changes = passed.changes;
+            #[allow(clippy::cast_precision_loss)] // counts of objects
+            metrics::histogram!("berth_controller_pass_changes", "controller" => name).record(changes as f64);
             tracing::debug!(controller = name, changes, ms = started.elapsed().as_secs_f64() * 1000.0, "pass");
         }
         let (again, waits, last) = match &result {
@@ -234,7 +379,11 @@ async fn save_status(ctx: &Context, name: &str, holder: &str, report: &serde_jso
 
 #[cfg(test)]
 mod tests {
-    use super::concerns_scheduler;
+    use super::{Change, WokenBy};
+
+    fn concerns_scheduler(payload: &str) -> bool {
+        WokenBy::SchedulingChange.by(&Change::parse(payload))
+    }
 
     #[test]
     fn the_scheduler_sleeps_only_through_status_writes_that_take_or_free_nothing() {

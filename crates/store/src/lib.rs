@@ -10,6 +10,7 @@
 //!   `Internal` with the detail kept for the log only.
 
 pub mod audit;
+pub mod changes;
 pub mod cluster;
 pub mod controller;
 pub mod dispatch;

@@ -430,7 +430,7 @@ pub async fn workload_lookup(db: impl PgExecutor<'_>, team: &str, flavors: &[Str
 /// # Errors
 /// As [`db_error`].
 pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Error> {
-    sqlx::query!("SELECT pg_notify('berth_changes', 'workloads')").execute(db).await.map(drop).map_err(db_error)
+    crate::changes::notify(db, &crate::changes::Change::Table("workloads".into())).await
 }
 
 /// Creates workloads, each with its `Created` event and audit record, in one
@@ -753,11 +753,9 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
     let phases: Vec<&str> = writes.iter().map(|w| w.status.phase.as_str()).collect();
     let clusters: Vec<Option<String>> =
         writes.iter().map(|w| w.status.admission.as_ref().map(|a| a.cluster.clone())).collect();
-    // The change notification names the phases written (see the migration
-    // notify_status_phases), so controllers can sleep through writes of no concern to them.
-    let mut written: Vec<&str> = phases.clone();
-    written.sort_unstable();
-    written.dedup();
+    // The change notification names the phases written (`changes::Change::WorkloadStatuses`),
+    // so controllers can sleep through writes of no concern to them.
+    let written = crate::changes::status_phases_setting(&writes.iter().map(|w| w.status.phase).collect::<Vec<_>>());
     sqlx::query_scalar!(
         r#"UPDATE workloads w
            SET status = u.status, phase = u.phase, cluster = u.cluster,
@@ -772,7 +770,7 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
         &statuses,
         &phases as &[&str],
         &clusters as &[Option<String>],
-        written.join(","),
+        written,
     )
     .fetch_all(tx)
     .await

@@ -63,17 +63,16 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
     p.team("nlp", None, 8, None).await;
     p.cluster("sim-a", 1, json!({})).await;
     cluster_health::reconcile(&p.ctx).await.unwrap();
-    let mut changes = sqlx::postgres::PgListener::connect_with(&p.ctx.db).await.unwrap();
-    changes.listen(berth_controllers::runner::CHANNEL).await.unwrap();
+    let mut changes = berth_store::changes::ChangeFeed::listen(&p.ctx.db).await.unwrap();
     // A submission notifies from a transaction of its own, after it committed.
     p.submit("nlp", "train", 1, 8.0, json!({})).await;
-    let created = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    let created = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next()).await;
     assert_eq!(created.expect("a submission notifies").unwrap().payload(), "workloads");
     scheduler::reconcile(&p.ctx).await.unwrap();
     dispatcher::reconcile(&p.ctx).await.unwrap();
     berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "nlp", "train", None).await.unwrap();
     let mut seen = Vec::new();
-    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.recv()).await {
+    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.next()).await {
         let payload = change.unwrap().payload().to_owned();
         if payload.starts_with("workloads") {
             seen.push(payload);
@@ -90,7 +89,7 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
         sqlx::query_scalar("SELECT count(*) FROM workloads WHERE name LIKE 'b%'").fetch_one(&p.ctx.db).await.unwrap();
     assert_eq!(committed, 20);
     let mut notified = 0;
-    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.recv()).await {
+    while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.next()).await {
         assert_eq!(change.unwrap().payload(), "workloads");
         notified += 1;
     }
@@ -976,23 +975,22 @@ async fn the_kept_nodes_follow_every_write_of_an_inventory(db: berth_store::PgPo
 async fn notify_later_covers_one_statement(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
     p.team("nlp", None, 8, None).await;
-    let mut changes = sqlx::postgres::PgListener::connect_with(&db).await.unwrap();
-    changes.listen(berth_controllers::runner::CHANNEL).await.unwrap();
+    let mut changes = berth_store::changes::ChangeFeed::listen(&db).await.unwrap();
     p.submit("nlp", "train", 1, 1.0, json!({})).await;
-    let submitted = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    let submitted = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next()).await;
     assert_eq!(submitted.expect("the submission notifies").unwrap().payload(), "workloads");
     let update = "UPDATE workloads SET labels = jsonb_build_object('n', $1::text), \
                   generation = generation + (set_config('berth.notify', $2, true) = 'x')::int";
     let mut tx = db.begin().await.unwrap();
     sqlx::query(update).bind("1").bind("later").execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
-    let quiet = tokio::time::timeout(std::time::Duration::from_millis(500), changes.recv()).await;
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(500), changes.next()).await;
     assert!(quiet.is_err(), "a statement that notifies later sends nothing");
     let mut tx = db.begin().await.unwrap();
     sqlx::query(update).bind("2").bind("later").execute(&mut *tx).await.unwrap();
     sqlx::query("UPDATE workloads SET labels = '{}'").execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
-    let next = tokio::time::timeout(std::time::Duration::from_secs(5), changes.recv()).await;
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next()).await;
     assert_eq!(next.expect("the next statement notifies").unwrap().payload(), "workloads");
 }
 
@@ -1367,4 +1365,90 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     let left: Vec<String> =
         sqlx::query_scalar("SELECT name FROM workloads ORDER BY name").fetch_all(&p.ctx.db).await.unwrap();
     assert_eq!(left, ["svc", "svc-r1"], "the replicas are gone");
+}
+
+/// A reconciler that counts its passes and changes nothing.
+struct Counting {
+    name: &'static str,
+    woken_by: berth_controllers::runner::WokenBy,
+    passes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl berth_controllers::runner::Reconciler for Counting {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        "counts its passes"
+    }
+    fn period(&self, _: &berth_controllers::Config) -> std::time::Duration {
+        std::time::Duration::from_secs(3600)
+    }
+    fn woken_by(&self) -> berth_controllers::runner::WokenBy {
+        self.woken_by
+    }
+    fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
+        self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async {
+            Ok(berth_controllers::runner::Passed { changes: 0, waits_on_time: false, status: json!({}) })
+        })
+    }
+}
+
+/// What wakes a controller is what it declares, not where it stands in the list: three
+/// reconcilers (woken by their period only, by any change, by a change that concerns the
+/// scheduler) registered in one order and then in the reverse see the same passes for the
+/// same changes sent through the store's change feed.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
+    use berth_controllers::runner::WokenBy;
+    use berth_store::changes::{Change, notify};
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::Duration;
+    let p = Plane::new(db).await;
+    let mut seen = Vec::new();
+    for reversed in [false, true] {
+        let declared =
+            [("period", WokenBy::Period), ("any", WokenBy::AnyChange), ("scheduling", WokenBy::SchedulingChange)];
+        let counters: Vec<_> = declared.iter().map(|_| std::sync::Arc::new(AtomicUsize::new(0))).collect();
+        let mut list: Vec<Box<dyn berth_controllers::runner::Reconciler>> = declared
+            .iter()
+            .zip(&counters)
+            .map(|(&(name, woken_by), passes)| {
+                Box::new(Counting { name, woken_by, passes: passes.clone() })
+                    as Box<dyn berth_controllers::runner::Reconciler>
+            })
+            .collect();
+        if reversed {
+            list.reverse();
+        }
+        let mut running = berth_controllers::runner::start_these(&p.ctx, "order-test", list);
+        let counts = || counters.iter().map(|c| c.load(SeqCst)).collect::<Vec<_>>();
+        // Each runs once at start; a change is sent until the listener has seen one.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counts()[1] < 2 {
+            assert!(std::time::Instant::now() < deadline, "the listener never woke anyone: {:?}", counts());
+            notify(&p.ctx.db, &Change::Table("flavors".into())).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut steps = vec![counts()];
+        for change in [
+            Change::WorkloadStatuses(vec![Phase::Dispatched, Phase::Running]),
+            Change::Table("teams".into()),
+            Change::WorkloadStatuses(vec![Phase::Succeeded]),
+        ] {
+            notify(&p.ctx.db, &change).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            steps.push(counts());
+        }
+        running.shutdown().await;
+        let deltas: Vec<Vec<usize>> =
+            steps.windows(2).map(|w| w[1].iter().zip(&w[0]).map(|(after, before)| after - before).collect()).collect();
+        seen.push(deltas);
+    }
+    // [period, any, scheduling] per change: a status write that takes or frees nothing the
+    // scheduler counts wakes only "any"; a team's change and a finished workload wake both.
+    assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1]], "registered in order");
+    assert_eq!(seen[1], seen[0], "registered in reverse");
 }
