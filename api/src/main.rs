@@ -386,27 +386,35 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         url: args.public_url.clone().unwrap_or_else(|| listen_url(listener.local_addr().unwrap_or(args.listen))),
         issuer,
     });
+    let scheduling = berth_controllers::Config {
+        cancel_grace: Duration::from_secs(args.cancel_grace_seconds),
+        unknown_timeout: Duration::from_secs(args.unknown_timeout_seconds),
+        orphan_grace: Duration::from_secs(args.orphan_grace_seconds),
+        retention: Duration::from_secs(args.retention_days.saturating_mul(86_400)),
+        ..berth_controllers::Config::default()
+    };
+    let clock = berth_controllers::Clock::default();
     let controllers = args.controllers.then(|| {
         let ctx = berth_controllers::Context {
             db: db.clone(),
             backends: backends.clone(),
-            config: berth_controllers::Config {
-                cancel_grace: Duration::from_secs(args.cancel_grace_seconds),
-                unknown_timeout: Duration::from_secs(args.unknown_timeout_seconds),
-                orphan_grace: Duration::from_secs(args.orphan_grace_seconds),
-                retention: Duration::from_secs(args.retention_days.saturating_mul(86_400)),
-                ..berth_controllers::Config::default()
-            },
+            config: scheduling.clone(),
             // Set by the lease for each term.
             epoch: None,
-            clock: berth_controllers::Clock::default(),
+            clock: clock.clone(),
             world: Default::default(),
             job_api,
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);
         tokio::spawn(berth_controllers::leader::run(ctx, holder, stopped))
     });
-    let state = AppState::from(berthd::state::Shared { http, backends, ..berthd::state::Shared::new(db, auth) });
+    let state = AppState::from(berthd::state::Shared {
+        http,
+        backends,
+        scheduling,
+        clock,
+        ..berthd::state::Shared::new(db, auth)
+    });
     match args.security.metrics_listen.as_str() {
         "" | "off" => {}
         address => {

@@ -42,6 +42,11 @@ pub struct Shared {
     /// The clusters' backends (logs are read through them); berthd shares them with its
     /// controllers.
     pub backends: Arc<Registry>,
+    /// The controllers' settings as berthd runs them: what the quota preview's scheduler
+    /// runs with.
+    pub scheduling: berth_controllers::Config,
+    /// The time as the controllers read it.
+    pub clock: berth_controllers::Clock,
 }
 
 impl Shared {
@@ -53,6 +58,8 @@ impl Shared {
             auth,
             http: HttpConfig::default(),
             backends: Arc::new(Registry::new(None)),
+            scheduling: berth_controllers::Config::default(),
+            clock: berth_controllers::Clock::default(),
         }
     }
 }

@@ -105,9 +105,8 @@ async fn preview_team(
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
-    let config = berth_controllers::Config::default();
     let what_if = async |quotas: &[Quota]| {
-        berth_controllers::preview::quota_preview(&s.db, &config, &name, quotas, chrono::Utc::now()).await
+        berth_controllers::preview::quota_preview(&s.db, &s.scheduling, &name, quotas, s.clock.now()).await
     };
     Ok(Json(app::team_preview(&s.db, &opctx, &name, &body, what_if).await?).into_response())
 }

@@ -27,6 +27,7 @@
 //! Everything specific to one slurmrestd API version lives in its module ([`v0_0_38`],
 //! [`v0_0_40`], [`v0_0_41`]), behind [`wire::Dialect`].
 
+#[cfg(feature = "dev")]
 pub mod dev;
 mod v0_0_38;
 mod v0_0_40;
