@@ -2,7 +2,9 @@
 //! preemption, reasons), single thread, on large synthetic snapshots:
 //!
 //! - `small`: 5,000 pending, 1,000 nodes (8,000 GPUs), 100 teams, 4 clusters;
-//! - `large`: 50,000 pending, 10,000 nodes (80,000 GPUs), 1,000 teams, 50 clusters.
+//! - `large`: 50,000 pending, 10,000 nodes (80,000 GPUs), 1,000 teams, 50 clusters;
+//! - `armada`: Armada's published shape, 32,000 pending single-GPU jobs on 1,000 empty
+//!   nodes (8,000 GPUs) of one cluster, 10 teams sharing it evenly (Armada reports 606 ms).
 //!
 //! Clusters start about 70 % full with running work (some of it borrowed); pending work is
 //! mostly single GPUs, with fractions, multi-GPU tasks and multi-node gangs, two flavors,
@@ -24,7 +26,7 @@ mod rng;
 use rng::Rng;
 
 fn main() {
-    for (name, s) in [("small", &*SMALL), ("large", &*LARGE)] {
+    for (name, s) in [("small", &*SMALL), ("large", &*LARGE), ("armada", &*ARMADA)] {
         let plan = schedule(s).expect("valid snapshot");
         println!(
             "{name}: {} pending, {} nodes, {} teams, {} clusters, {} running → {} admitted, {} preempted, {} waiting",
@@ -44,6 +46,13 @@ fn main() {
 static SMALL: LazyLock<Snapshot> = LazyLock::new(|| synthetic(5_000, 1_000, 100, 4, 1));
 static LARGE: LazyLock<Snapshot> = LazyLock::new(|| synthetic(50_000, 10_000, 1_000, 50, 2));
 
+static ARMADA: LazyLock<Snapshot> = LazyLock::new(armada);
+
+#[divan::bench(sample_count = 10, sample_size = 1)]
+fn armada_32k_single_gpu_pending_1k_empty_nodes() -> berth_sched::Plan {
+    schedule(divan::black_box(&ARMADA)).unwrap()
+}
+
 #[divan::bench(sample_count = 20, sample_size = 1)]
 fn small_5k_pending_1k_nodes_100_teams() -> berth_sched::Plan {
     schedule(divan::black_box(&SMALL)).unwrap()
@@ -52,6 +61,67 @@ fn small_5k_pending_1k_nodes_100_teams() -> berth_sched::Plan {
 #[divan::bench(sample_count = 10, sample_size = 1)]
 fn large_50k_pending_10k_nodes_1k_teams_50_clusters() -> berth_sched::Plan {
     schedule(divan::black_box(&LARGE)).unwrap()
+}
+
+/// 32,000 single-GPU jobs of 10 teams (each guaranteed a tenth) waiting for 1,000 empty
+/// 8-GPU nodes of one cluster.
+fn armada() -> Snapshot {
+    let mut rng = Rng(3);
+    let mut s = Snapshot {
+        now: 1_000_000,
+        starvation_after_seconds: 6 * 3600,
+        flavors: vec!["h100".into()],
+        ..Snapshot::default()
+    };
+    let teams = 10;
+    for t in 0..teams {
+        s.teams.push(Team {
+            name: format!("team-{t}"),
+            parent: None,
+            quotas: vec![Quota { guaranteed: 800, limit: None, weight: 1 }],
+            budget_stops: Vec::new(),
+            min_runtime_seconds: None,
+        });
+    }
+    s.clusters.push(Cluster {
+        name: "cluster-0".into(),
+        kind: ClusterKind::Kubernetes,
+        labels: BTreeMap::new(),
+        cordoned: false,
+        fractional_gpus: None,
+    });
+    for n in 0..1_000 {
+        s.nodes.push(Node {
+            name: format!("node-{n}"),
+            cluster: 0,
+            flavor: 0,
+            gpus: 8,
+            unavailable_gpus: 0,
+            cpus_milli: 128_000,
+            memory_mib: 1 << 20,
+            block: None,
+            cordoned: false,
+        });
+    }
+    for i in 0..32_000 {
+        s.pending.push(Pending {
+            id: format!("pending-{i}"),
+            team: rng.below(teams as u64) as usize,
+            kind: WorkloadKind::Training,
+            priority: 0,
+            preemptible: true,
+            submitted_at: s.now - rng.below(3600) as i64,
+            flavors: vec![0],
+            tasks: Resources { count: 1, gpus: ONE_GPU, cpus_milli: 4_000, memory_mib: 32_768 },
+            topology: TopologyPolicy::None,
+            cluster_selector: BTreeMap::new(),
+            backend_kinds: Vec::new(),
+            has_image: true,
+            has_command: true,
+            preempted_for: None,
+        });
+    }
+    s
 }
 
 fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: u64) -> Snapshot {
