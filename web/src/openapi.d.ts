@@ -1170,6 +1170,11 @@ export interface components {
             next?: string | null;
         };
         /**
+         * @description How a workload that accepts several flavors picks one.
+         * @enum {string}
+         */
+        FlavorPolicy: "ordered" | "best_fit";
+        /**
          * @description Desired state of a flavor.
          * @example {
          *       "description": "NVIDIA H100 SXM 80 GB",
@@ -1606,6 +1611,12 @@ export interface components {
             cluster_selector?: components["schemas"]["BTreeMap"];
             /** @description Only these backend kinds; empty means any. */
             backend_kinds?: components["schemas"]["ClusterKind"][];
+            /**
+             * @description How a workload that accepts several flavors (`tasks.resources.flavors`) picks one:
+             *     `ordered` (the default) takes the first in the list that has room now, and
+             *     `best_fit` takes the one where it leaves the least room unused.
+             */
+            flavor_policy?: components["schemas"]["FlavorPolicy"];
         };
         /** @description How preemption treats running work. */
         PreemptionPolicy: {

@@ -31,6 +31,15 @@ async fn a_new_workload_is_pending_with_a_created_event(db: berth_store::PgPool)
         events.body["items"].as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap()).collect();
     assert_eq!(reasons, ["Created", "SpecUpdated"]);
     s.get("/api/v1/teams/nlp/workloads/nope/events").await.assert_problem(404, None);
+
+    // The flavor policy is kept as sent; the default is not written out.
+    assert!(updated.body["spec"]["placement"].get("flavor_policy").is_none(), "{}", updated.body);
+    let mut best_fit = WorkloadBody::new().json();
+    best_fit["spec"]["placement"] = json!({"flavor_policy": "best_fit"});
+    let updated = s.put_ok("/api/v1/teams/nlp/workloads/train", &best_fit, 200).await;
+    assert_eq!(updated.body["spec"]["placement"]["flavor_policy"], "best_fit");
+    let read = s.get("/api/v1/teams/nlp/workloads/train").await;
+    assert_eq!(read.body["spec"]["placement"]["flavor_policy"], "best_fit");
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -83,6 +92,8 @@ async fn workload_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
     bad_runtime["spec"]["max_runtime_seconds"] = json!(0);
     let mut wrong_team = WorkloadBody::new().json();
     wrong_team["metadata"]["team"] = json!("vision");
+    let mut bad_policy = WorkloadBody::new().json();
+    bad_policy["spec"]["placement"] = json!({"flavor_policy": "cheapest"});
     let cases = [
         (WorkloadBody::new().flavors(&["h100", "tpu"]).json(), "/spec/tasks/resources/flavors/1"),
         (WorkloadBody::new().flavors(&[]).json(), "/spec/tasks/resources/flavors"),
@@ -94,6 +105,7 @@ async fn workload_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
         (bad_env, "/spec/run/env/1X"),
         (bad_runtime, "/spec/max_runtime_seconds"),
         (wrong_team, "/metadata/team"),
+        (bad_policy, "/spec/placement/flavor_policy"),
     ];
     for (body, field) in cases {
         s.put(path, &body).await.assert_problem(422, Some(field));

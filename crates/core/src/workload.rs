@@ -226,6 +226,30 @@ pub struct Placement {
     /// Only these backend kinds; empty means any.
     #[serde(default)]
     pub backend_kinds: Vec<ClusterKind>,
+    /// How a workload that accepts several flavors (`tasks.resources.flavors`) picks one:
+    /// `ordered` (the default) takes the first in the list that has room now, and
+    /// `best_fit` takes the one where it leaves the least room unused.
+    #[serde(default, skip_serializing_if = "FlavorPolicy::is_ordered")]
+    pub flavor_policy: FlavorPolicy,
+}
+
+/// How a workload that accepts several flavors picks one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FlavorPolicy {
+    /// The first flavor in the list with room now: the list is an order of preference.
+    #[default]
+    Ordered,
+    /// Of the flavors with room now, the one where the workload leaves the least room
+    /// unused on the nodes it takes, so that small work does not split the nodes that big
+    /// work needs. Work within its team's guarantee is still preferred to borrowing.
+    BestFit,
+}
+
+impl FlavorPolicy {
+    pub fn is_ordered(&self) -> bool {
+        *self == Self::Ordered
+    }
 }
 
 /// What to run.

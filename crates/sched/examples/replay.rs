@@ -492,6 +492,7 @@ fn berth_cycle(
                 topology: if j.tasks > 1 { TopologyPolicy::Preferred } else { TopologyPolicy::None },
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
+                flavor_policy: Default::default(),
                 has_image: true,
                 has_command: true,
                 preempted_for: None,

@@ -33,7 +33,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
-use berth_core::workload::TopologyPolicy;
+use berth_core::workload::{FlavorPolicy, TopologyPolicy};
 
 use crate::fair_share::{TeamInput, fair_shares};
 use crate::feasible::Impossible;
@@ -492,11 +492,21 @@ impl<'a> Cycle<'a> {
         let mut attempts = Vec::new();
         let possible: Vec<FlavorIx> =
             p.flavors.iter().copied().filter(|&f| !self.impossible[w].iter().any(|i| i.flavor() == f)).collect();
+        // With `best_fit`, every flavor with room is tried and the best kept: within the
+        // guarantee before borrowing, then by the placement's own key (topology, room left
+        // unused, tier, backend), then in the list's order.
+        let mut fitting: Option<(bool, FlavorIx, Candidate)> = None;
         for f in possible {
             // Capacity is reported before quota: quota is the reason only where there is
             // room (so a full flavor says so, whatever the limits).
             let room = match self.quota(p, f, &[]) {
                 Ok(in_quota) => match self.best_cluster(w, f) {
+                    Ok(c) if p.flavor_policy == FlavorPolicy::BestFit => {
+                        if fitting.as_ref().is_none_or(|(q, _, b)| (!in_quota, c.key) < (!*q, b.key)) {
+                            fitting = Some((in_quota, f, c));
+                        }
+                        Ok(())
+                    }
                     Ok(c) => {
                         self.admit(w, f, in_quota, c);
                         return None;
@@ -510,6 +520,10 @@ impl<'a> Cycle<'a> {
             if let Err(misses) = room {
                 attempts.push(FlavorAttempt { flavor: f, clusters: misses });
             }
+        }
+        if let Some((in_quota, f, c)) = fitting {
+            self.admit(w, f, in_quota, c);
+            return None;
         }
         if let Some(reason) = self.preempt_for(w) {
             return Some(reason);

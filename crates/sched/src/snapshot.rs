@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use berth_core::cluster::{Capabilities, ClusterKind, TIER_LABEL, TIERS};
-use berth_core::workload::{TopologyPolicy, WorkloadKind, WorkloadSpec};
+use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
 /// One GPU, in the hundredths every amount is counted in.
@@ -324,6 +324,9 @@ pub struct Pending {
     pub cluster_selector: BTreeMap<String, String>,
     /// Only these backend kinds; empty: any.
     pub backend_kinds: Vec<ClusterKind>,
+    /// How it picks one of several flavors.
+    #[serde(default)]
+    pub flavor_policy: FlavorPolicy,
     /// Whether it names a container image (some backends run only containers).
     #[serde(default)]
     pub has_image: bool,
@@ -352,6 +355,7 @@ impl Pending {
             topology: spec.topology,
             cluster_selector: spec.placement.cluster_selector.clone(),
             backend_kinds: spec.placement.backend_kinds.clone(),
+            flavor_policy: spec.placement.flavor_policy,
             has_image: spec.run.image.as_deref().is_some_and(|i| !i.is_empty()),
             has_command: spec.run.script.as_deref().is_some_and(|s| !s.is_empty()) || !spec.run.command.is_empty(),
             preempted_for: None,

@@ -114,6 +114,7 @@ fn remove_cluster(s: &mut Snapshot, c: usize) -> Vec<String> {
                 topology: TopologyPolicy::None,
                 cluster_selector: BTreeMap::new(),
                 backend_kinds: Vec::new(),
+                flavor_policy: Default::default(),
                 has_image: true,
                 has_command: true,
                 preempted_for: None,

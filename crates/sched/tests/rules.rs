@@ -1184,3 +1184,44 @@ fn a_teams_min_runtime_covers_its_subtree_which_may_only_lower_it_as_may_a_workl
     assert_eq!(min_runtime(teams, sub, Some(7200)), 600);
     assert_eq!(min_runtime(teams, other, Some(60)), 0);
 }
+
+/// A workload that accepts several flavors takes the first in its list with room by
+/// default. With `best_fit` it takes the one where it leaves the least room unused, so the
+/// whole 8-GPU node stays free for the 8-GPU job behind it. Best fit still prefers the
+/// team's guarantee to borrowing.
+#[test]
+fn best_fit_flavors_leave_whole_nodes_to_big_work_and_still_prefer_the_guarantee() {
+    use berth_core::workload::FlavorPolicy;
+    let world = || {
+        let mut w = World::new(&["h100", "l4"]);
+        w.team("t", None, &[("h100", 8, None, 1), ("l4", 2, None, 1)]);
+        let c = w.cluster("c", ClusterKind::Sim, &[]);
+        w.nodes(c, "h100", 1, 8, None);
+        w.nodes(c, "l4", 1, 2, None);
+        w
+    };
+    for (policy, admitted_ids, small_on) in
+        [(FlavorPolicy::Ordered, vec!["small"], "h100"), (FlavorPolicy::BestFit, vec!["small", "big"], "l4")]
+    {
+        let mut w = world();
+        let small = w.submit("small", "t", 1, GPU, &["h100", "l4"]);
+        w.pending(small).flavor_policy = policy;
+        w.submit("big", "t", 1, 8 * GPU, &["h100"]);
+        let plan = w.plan();
+        assert_eq!(admitted(&w, &plan), admitted_ids, "{policy:?}");
+        assert_eq!(w.s.flavors[plan.admissions[0].flavor], small_on, "{policy:?}");
+    }
+
+    // The l4 guarantee is used up (by running work): best fit borrows nothing while the
+    // h100 guarantee has room, though l4 would leave less unused.
+    let mut w = world();
+    let l4 = w.s.nodes.iter().position(|n| w.s.flavors[n.flavor] == "l4").unwrap();
+    w.run("l4-job", "t", &[l4], 1, GPU, false, 0, w.s.now - 60);
+    w.s.teams[0].quotas[1].guaranteed = 1;
+    let small = w.submit("small", "t", 1, GPU, &["l4", "h100"]);
+    w.pending(small).flavor_policy = FlavorPolicy::BestFit;
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["small"]);
+    assert_eq!(w.s.flavors[plan.admissions[0].flavor], "h100");
+    assert!(!plan.admissions[0].borrowed);
+}

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use berth_core::cluster::ClusterKind;
-use berth_core::workload::{TopologyPolicy, WorkloadKind};
+use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind};
 use berth_sched::nodes::{node_states, place};
 use berth_sched::snapshot::{
     BudgetStop, Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
@@ -147,6 +147,7 @@ struct PendingSpec {
     has_image: bool,
     has_command: bool,
     topology: TopologyPolicy,
+    flavor_policy: FlavorPolicy,
     tasks: Resources,
 }
 
@@ -157,7 +158,10 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
         (any::<Index>(), select(vec![WorkloadKind::Training, WorkloadKind::Batch, WorkloadKind::Inference]), -2i32..3),
         (prop::bool::weighted(0.8), 0i64..7_200, 0u8..4, any::<bool>()),
         (selector, backend, prop::bool::weighted(0.8), prop::bool::weighted(0.9)),
-        select(vec![TopologyPolicy::None, TopologyPolicy::Preferred, TopologyPolicy::Required]),
+        (
+            select(vec![TopologyPolicy::None, TopologyPolicy::Preferred, TopologyPolicy::Required]),
+            select(vec![FlavorPolicy::Ordered, FlavorPolicy::BestFit]),
+        ),
         resources(),
     )
         .prop_map(
@@ -165,7 +169,7 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
                 (team, kind, priority),
                 (preemptible, age, flavors, reversed),
                 (selector, backend, has_image, has_command),
-                topology,
+                (topology, flavor_policy),
                 tasks,
             )| PendingSpec {
                 team,
@@ -180,6 +184,7 @@ fn pending() -> impl Strategy<Value = PendingSpec> {
                 has_image,
                 has_command,
                 topology,
+                flavor_policy,
                 tasks,
             },
         )
@@ -302,6 +307,7 @@ fn build(
             topology: p.topology,
             cluster_selector: p.selector.iter().map(|t| ("tier".to_string(), t.to_string())).collect(),
             backend_kinds: p.backend.into_iter().collect(),
+            flavor_policy: p.flavor_policy,
             has_image: p.has_image,
             has_command: p.has_command,
             preempted_for: None,

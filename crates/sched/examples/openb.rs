@@ -1,0 +1,318 @@
+//! Packs Alibaba's GPU-sharing trace (openb; Weng et al., "Beware of Fragmentation",
+//! USENIX ATC'23, CC-BY-4.0) onto the trace's 1,213 GPU nodes with Berth's scheduler, and
+//! with first-fit and best-fit run by the same harness. Prints, per pod list, the GPUs
+//! allocated and left unallocated once the GPUs asked for reach the cluster's.
+//!
+//! ```text
+//! cargo run --release -p berth-sched --example openb -- [--traces ../shared/traces/alibaba-openb]
+//!     [--lists default,gpushare40,multigpu30]
+//! ```
+//!
+//! Model (the paper's saturation experiment, without its random sampling):
+//! - Pods arrive one at a time in trace order and never leave. The list is repeated from its
+//!   start while the GPUs asked for are below the cluster's.
+//! - A pod that does not fit is refused and not retried.
+//! - Each arrival is one scheduling cycle of Berth's: one team guaranteed every GPU, one
+//!   cluster that shares GPUs, one flavor per GPU model, and every pod accepting every model
+//!   (no pod of these lists names one), in the flavors' name order: once as that order of
+//!   preference (`flavor_policy: ordered`), once leaving the choice to best fit
+//!   (`best_fit`).
+//! - A pod's `gpu_milli` is rounded up to Berth's hundredths of a GPU, for all three
+//!   policies alike. CPU and memory count on every node.
+//! - The baselines:
+//!   - First-fit takes the first node (in the list's order) with room, and on it the first
+//!     GPU.
+//!   - Best-fit takes the node that is left with the least free GPU (then CPU), and on it
+//!     the fullest GPU that fits.
+//!
+//! "Unallocated" is capacity minus allocated, counted when the arrivals' GPUs reach
+//! capacity.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use berth_core::cluster::ClusterKind;
+use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind};
+use berth_sched::schedule;
+use berth_sched::snapshot::{
+    Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
+};
+
+struct GpuNode {
+    model: String,
+    gpus: u32,
+    cpus_milli: u32,
+    memory_mib: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Pod {
+    cpus_milli: u32,
+    memory_mib: u64,
+    /// Whole GPUs (each `ONE_GPU`), or one shared GPU's hundredths, or none.
+    gpus: u32,
+}
+
+impl Pod {
+    fn is_fractional(self) -> bool {
+        !self.gpus.is_multiple_of(ONE_GPU)
+    }
+}
+
+fn main() -> ExitCode {
+    let mut traces = "../shared/traces/alibaba-openb".to_owned();
+    let mut lists = vec!["default".to_owned(), "gpushare40".to_owned(), "multigpu30".to_owned()];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match (a.as_str(), args.next()) {
+            ("--traces", Some(v)) => traces = v,
+            ("--lists", Some(v)) => lists = v.split(',').map(str::to_owned).collect(),
+            _ => {
+                eprintln!("usage: openb [--traces DIR] [--lists default,gpushare40,multigpu30]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let nodes = read_nodes(&format!("{traces}/openb_node_list_gpu_node.csv"));
+    let capacity: u32 = nodes.iter().map(|n| n.gpus * ONE_GPU).sum();
+    println!(
+        "openb: {} GPU nodes, {} GPUs; pods in trace order until their GPUs reach capacity",
+        nodes.len(),
+        capacity / ONE_GPU
+    );
+    println!(
+        "| pod list | policy | pods placed | pods refused | GPUs allocated | GPUs unallocated | vs better baseline |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for list in &lists {
+        let pods = read_pods(&format!("{traces}/openb_pod_list_{list}.csv"));
+        let arrivals = arrivals(&pods, capacity);
+        let results = [
+            ("first-fit", baseline(&nodes, &arrivals, false)),
+            ("best-fit", baseline(&nodes, &arrivals, true)),
+            ("berth, flavors ordered", berth(&nodes, &arrivals, FlavorPolicy::Ordered)),
+            ("berth, flavors best_fit", berth(&nodes, &arrivals, FlavorPolicy::BestFit)),
+        ];
+        let best_baseline = results[..2].iter().map(|(_, r)| capacity - r.allocated).min().unwrap_or(0);
+        for (policy, r) in &results {
+            let unallocated = capacity - r.allocated;
+            let versus = if policy.starts_with("berth") {
+                format!("{:+.1} %", (f64::from(unallocated) / f64::from(best_baseline.max(1)) - 1.0) * 100.0)
+            } else {
+                String::new()
+            };
+            println!(
+                "| {list} | {policy} | {} | {} | {:.1} ({:.1} %) | {:.1} | {versus} |",
+                r.placed,
+                r.refused,
+                f64::from(r.allocated) / f64::from(ONE_GPU),
+                f64::from(r.allocated) / f64::from(capacity) * 100.0,
+                f64::from(unallocated) / f64::from(ONE_GPU),
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+struct Packed {
+    placed: usize,
+    refused: usize,
+    /// Hundredths of a GPU.
+    allocated: u32,
+}
+
+/// The pods in trace order, the list repeated, until their GPUs reach `capacity`.
+fn arrivals(pods: &[Pod], capacity: u32) -> Vec<Pod> {
+    let mut out = Vec::new();
+    let mut asked = 0;
+    for pod in pods.iter().cycle() {
+        if asked >= capacity {
+            break;
+        }
+        asked += pod.gpus;
+        out.push(*pod);
+    }
+    out
+}
+
+/// First-fit or best-fit over the same nodes.
+fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
+    // Per node: free hundredths of each GPU, CPU and memory.
+    let mut free: Vec<(Vec<u32>, u32, u64)> =
+        nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
+    let mut packed = Packed { placed: 0, refused: 0, allocated: 0 };
+    for pod in arrivals {
+        // For each node that fits: the GPUs it would take, and the best-fit score.
+        let mut chosen: Option<(usize, Vec<usize>, (u32, u32))> = None;
+        for (i, (gpus, cpus, memory)) in free.iter().enumerate() {
+            if *cpus < pod.cpus_milli || *memory < pod.memory_mib {
+                continue;
+            }
+            let take: Vec<usize> = if pod.is_fractional() {
+                let fits = gpus.iter().enumerate().filter(|(_, f)| **f >= pod.gpus);
+                let pick = if best { fits.min_by_key(|(_, f)| **f) } else { fits.min_by_key(|(d, _)| *d) };
+                pick.map(|(d, _)| vec![d]).unwrap_or_default()
+            } else {
+                gpus.iter()
+                    .enumerate()
+                    .filter(|(_, f)| **f == ONE_GPU)
+                    .map(|(d, _)| d)
+                    .take((pod.gpus / ONE_GPU) as usize)
+                    .collect()
+            };
+            let enough =
+                if pod.is_fractional() { take.len() == 1 } else { take.len() == (pod.gpus / ONE_GPU) as usize };
+            if !enough {
+                continue;
+            }
+            let score = (gpus.iter().sum::<u32>() - pod.gpus, cpus - pod.cpus_milli);
+            if chosen.as_ref().is_none_or(|c| best && score < c.2) {
+                chosen = Some((i, take, score));
+                if !best {
+                    break;
+                }
+            }
+        }
+        match chosen {
+            Some((i, take, _)) => {
+                let (gpus, cpus, memory) = &mut free[i];
+                for d in take {
+                    gpus[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
+                }
+                *cpus -= pod.cpus_milli;
+                *memory -= pod.memory_mib;
+                packed.placed += 1;
+                packed.allocated += pod.gpus;
+            }
+            None => packed.refused += 1,
+        }
+    }
+    packed
+}
+
+/// Berth's scheduler, one cycle per arrival.
+fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Packed {
+    let mut models: Vec<String> = nodes.iter().map(|n| n.model.clone()).collect();
+    models.sort();
+    models.dedup();
+    let flavor = |model: &str| models.iter().position(|m| m == model).expect("a model");
+    let mut s =
+        Snapshot { now: 1_000_000, starvation_after_seconds: 6 * 3600, flavors: models.clone(), ..Snapshot::default() };
+    let per_flavor: Vec<u32> =
+        (0..models.len()).map(|f| nodes.iter().filter(|n| flavor(&n.model) == f).map(|n| n.gpus).sum()).collect();
+    s.teams.push(Team {
+        name: "openb".into(),
+        parent: None,
+        quotas: per_flavor.iter().map(|&g| Quota { guaranteed: g, limit: None, weight: 1 }).collect(),
+        budget_stops: Vec::new(),
+        min_runtime_seconds: None,
+    });
+    s.clusters.push(Cluster {
+        name: "openb".into(),
+        kind: ClusterKind::Sim,
+        labels: BTreeMap::new(),
+        cordoned: false,
+        fractional_gpus: Some(true),
+    });
+    for (i, n) in nodes.iter().enumerate() {
+        s.nodes.push(Node {
+            name: format!("node-{i}"),
+            cluster: 0,
+            flavor: flavor(&n.model),
+            gpus: n.gpus,
+            unavailable_gpus: 0,
+            cpus_milli: n.cpus_milli,
+            memory_mib: n.memory_mib,
+            block: None,
+            cordoned: false,
+        });
+    }
+    let every_flavor: Vec<usize> = (0..models.len()).collect();
+    let mut packed = Packed { placed: 0, refused: 0, allocated: 0 };
+    for (i, pod) in arrivals.iter().enumerate() {
+        let tasks = Resources { count: 1, gpus: pod.gpus, cpus_milli: pod.cpus_milli, memory_mib: pod.memory_mib };
+        s.pending = vec![Pending {
+            id: format!("pod-{i}"),
+            team: 0,
+            kind: WorkloadKind::Training,
+            priority: 0,
+            preemptible: false,
+            submitted_at: s.now,
+            flavors: every_flavor.clone(),
+            tasks,
+            topology: TopologyPolicy::None,
+            cluster_selector: BTreeMap::new(),
+            backend_kinds: Vec::new(),
+            flavor_policy,
+            has_image: true,
+            has_command: true,
+            preempted_for: None,
+        }];
+        let plan = schedule(&s).expect("a valid snapshot");
+        match plan.admissions.first() {
+            Some(a) => {
+                s.running.push(Running {
+                    id: format!("pod-{i}"),
+                    team: 0,
+                    priority: 0,
+                    preemptible: false,
+                    borrowed: a.borrowed,
+                    started_at: s.now,
+                    protected_until: 0,
+                    preempting: false,
+                    cluster: a.cluster,
+                    flavor: a.flavor,
+                    tasks,
+                    placement: a.placement.iter().map(|p| TaskPlacement { node: p.node, device: p.device }).collect(),
+                });
+                packed.placed += 1;
+                packed.allocated += pod.gpus;
+            }
+            None => packed.refused += 1,
+        }
+        s.now += 1;
+    }
+    packed
+}
+
+fn csv(path: &str) -> Vec<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|l| header.iter().zip(l.split(',')).map(|(k, v)| ((*k).to_owned(), v.to_owned())).collect())
+        .collect()
+}
+
+fn read_nodes(path: &str) -> Vec<GpuNode> {
+    csv(path)
+        .into_iter()
+        .map(|r| GpuNode {
+            model: r["model"].clone(),
+            gpus: r["gpu"].parse().expect("gpu"),
+            cpus_milli: r["cpu_milli"].parse().expect("cpu_milli"),
+            memory_mib: r["memory_mib"].parse().expect("memory_mib"),
+        })
+        .collect()
+}
+
+fn read_pods(path: &str) -> Vec<Pod> {
+    csv(path)
+        .into_iter()
+        .map(|r| {
+            let count: u32 = r["num_gpu"].parse().expect("num_gpu");
+            let milli: u32 = r["gpu_milli"].parse().expect("gpu_milli");
+            let gpus = match count {
+                0 => 0,
+                1 if milli < 1000 => milli.div_ceil(10).max(1),
+                n => n * ONE_GPU,
+            };
+            Pod {
+                cpus_milli: r["cpu_milli"].parse().expect("cpu_milli"),
+                memory_mib: r["memory_mib"].parse().expect("memory_mib"),
+                gpus,
+            }
+        })
+        .collect()
+}
