@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p berth-sched --example openb -- [--traces ../shared/traces/alibaba-openb]
-//!     [--lists default,gpushare40,multigpu30]
+//!     [--lists default,gpushare40,multigpu30] [--load 1.0]
 //! ```
 //!
 //! Model (the paper's saturation experiment, without its random sampling):
@@ -25,8 +25,14 @@
 //!   - Best-fit takes the node that is left with the least free GPU (then CPU), and on it
 //!     the fullest GPU that fits.
 //!
+//!   - FGD (harness) is the paper's fragmentation gradient descent, written here to see what
+//!     it would gain in this model: the node and GPU whose choice grows the expected
+//!     fragment least, for the list's own distribution of GPU requests (GPU dimension
+//!     only), with best fit breaking ties. It is not Berth's.
+//!
 //! "Unallocated" is capacity minus allocated, counted when the arrivals' GPUs reach
-//! capacity.
+//! capacity (`--load 1.3`: 130 % of it). "Stranded" is the part of it on nodes whose CPU or
+//! memory left is below what any GPU pod of the list asks.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -62,13 +68,15 @@ impl Pod {
 fn main() -> ExitCode {
     let mut traces = "../shared/traces/alibaba-openb".to_owned();
     let mut lists = vec!["default".to_owned(), "gpushare40".to_owned(), "multigpu30".to_owned()];
+    let mut load = 1.0;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match (a.as_str(), args.next()) {
             ("--traces", Some(v)) => traces = v,
             ("--lists", Some(v)) => lists = v.split(',').map(str::to_owned).collect(),
+            ("--load", Some(v)) if v.parse::<f64>().is_ok_and(|l| l > 0.0) => load = v.parse().unwrap_or(1.0),
             _ => {
-                eprintln!("usage: openb [--traces DIR] [--lists default,gpushare40,multigpu30]");
+                eprintln!("usage: openb [--traces DIR] [--lists default,gpushare40,multigpu30] [--load 1.0]");
                 return ExitCode::from(2);
             }
         }
@@ -76,38 +84,41 @@ fn main() -> ExitCode {
     let nodes = read_nodes(&format!("{traces}/openb_node_list_gpu_node.csv"));
     let capacity: u32 = nodes.iter().map(|n| n.gpus * ONE_GPU).sum();
     println!(
-        "openb: {} GPU nodes, {} GPUs; pods in trace order until their GPUs reach capacity",
+        "openb: {} GPU nodes, {} GPUs; pods in trace order until their GPUs reach {:.0} % of capacity",
         nodes.len(),
-        capacity / ONE_GPU
+        capacity / ONE_GPU,
+        load * 100.0
     );
     println!(
-        "| pod list | policy | pods placed | pods refused | GPUs allocated | GPUs unallocated | vs better baseline |"
+        "| pod list | policy | pods placed | pods refused | GPUs allocated | GPUs unallocated | of which stranded by CPU or memory | vs better baseline |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for list in &lists {
         let pods = read_pods(&format!("{traces}/openb_pod_list_{list}.csv"));
-        let arrivals = arrivals(&pods, capacity);
+        let arrivals = arrivals(&pods, (f64::from(capacity) * load) as u32);
         let results = [
             ("first-fit", baseline(&nodes, &arrivals, false)),
             ("best-fit", baseline(&nodes, &arrivals, true)),
             ("berth, flavors ordered", berth(&nodes, &arrivals, FlavorPolicy::Ordered)),
             ("berth, flavors best_fit", berth(&nodes, &arrivals, FlavorPolicy::BestFit)),
+            ("FGD (harness)", fgd(&nodes, &arrivals, &shapes(&pods))),
         ];
         let best_baseline = results[..2].iter().map(|(_, r)| capacity - r.allocated).min().unwrap_or(0);
         for (policy, r) in &results {
             let unallocated = capacity - r.allocated;
-            let versus = if policy.starts_with("berth") {
+            let versus = if !matches!(*policy, "first-fit" | "best-fit") {
                 format!("{:+.1} %", (f64::from(unallocated) / f64::from(best_baseline.max(1)) - 1.0) * 100.0)
             } else {
                 String::new()
             };
             println!(
-                "| {list} | {policy} | {} | {} | {:.1} ({:.1} %) | {:.1} | {versus} |",
+                "| {list} | {policy} | {} | {} | {:.1} ({:.1} %) | {:.1} | {} | {versus} |",
                 r.placed,
                 r.refused,
                 f64::from(r.allocated) / f64::from(ONE_GPU),
                 f64::from(r.allocated) / f64::from(capacity) * 100.0,
                 f64::from(unallocated) / f64::from(ONE_GPU),
+                r.stranded.map_or_else(|| "—".to_owned(), |s| format!("{:.1}", f64::from(s) / f64::from(ONE_GPU))),
             );
         }
     }
@@ -119,6 +130,18 @@ struct Packed {
     refused: usize,
     /// Hundredths of a GPU.
     allocated: u32,
+    /// Unallocated hundredths on nodes whose CPU or memory left is below what any pod of
+    /// the list that asks for GPUs needs (`None`: not counted).
+    stranded: Option<u32>,
+}
+
+/// The free GPU hundredths on nodes that no GPU pod of `pods` could use for lack of CPU or
+/// memory.
+fn stranded(free: &[(Vec<u32>, u32, u64)], pods: &[Pod]) -> u32 {
+    let gpu_pods = || pods.iter().filter(|p| p.gpus > 0);
+    let cpus = gpu_pods().map(|p| p.cpus_milli).min().unwrap_or(0);
+    let memory = gpu_pods().map(|p| p.memory_mib).min().unwrap_or(0);
+    free.iter().filter(|(_, c, m)| *c < cpus || *m < memory).map(|(g, _, _)| g.iter().sum::<u32>()).sum()
 }
 
 /// The pods in trace order, the list repeated, until their GPUs reach `capacity`.
@@ -140,7 +163,7 @@ fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
     // Per node: free hundredths of each GPU, CPU and memory.
     let mut free: Vec<(Vec<u32>, u32, u64)> =
         nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
-    let mut packed = Packed { placed: 0, refused: 0, allocated: 0 };
+    let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
     for pod in arrivals {
         // For each node that fits: the GPUs it would take, and the best-fit score.
         let mut chosen: Option<(usize, Vec<usize>, (u32, u32))> = None;
@@ -187,6 +210,93 @@ fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
             None => packed.refused += 1,
         }
     }
+    packed.stranded = Some(stranded(&free, arrivals));
+    packed
+}
+
+/// How often each GPU request (hundredths) occurs among the pods that ask for GPUs.
+fn shapes(pods: &[Pod]) -> Vec<(u32, f64)> {
+    let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+    for p in pods.iter().filter(|p| p.gpus > 0) {
+        *counts.entry(p.gpus).or_default() += 1;
+    }
+    let total = counts.values().sum::<usize>() as f64;
+    counts.into_iter().map(|(g, n)| (g, n as f64 / total)).collect()
+}
+
+/// The GPU capacity of a node (free hundredths per GPU) that a task of `g` hundredths
+/// cannot use: all of it when the task does not fit, else what is free on GPUs it cannot
+/// take (FGD's fragment measure, GPU dimension only).
+fn fragment(free: &[u32], g: u32) -> u32 {
+    let total: u32 = free.iter().sum();
+    if g < ONE_GPU {
+        if free.iter().any(|&f| f >= g) { free.iter().filter(|&&f| f < g).sum() } else { total }
+    } else if free.iter().filter(|&&f| f == ONE_GPU).count() as u32 >= g / ONE_GPU {
+        free.iter().filter(|&&f| f < ONE_GPU).sum()
+    } else {
+        total
+    }
+}
+
+fn expected_fragment(free: &[u32], shapes: &[(u32, f64)]) -> f64 {
+    shapes.iter().map(|&(g, p)| p * f64::from(fragment(free, g))).sum()
+}
+
+/// Fragmentation gradient descent (Weng et al., ATC'23) in this harness: the node and GPU
+/// whose choice grows the expected fragment least, for the pod list's own distribution of
+/// GPU requests; ties go to best fit.
+fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(u32, f64)]) -> Packed {
+    let mut free: Vec<(Vec<u32>, u32, u64)> =
+        nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
+    let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
+    for pod in arrivals {
+        let mut chosen: Option<(usize, Vec<usize>, (f64, u32))> = None;
+        for (i, (gpus, cpus, memory)) in free.iter().enumerate() {
+            if *cpus < pod.cpus_milli || *memory < pod.memory_mib {
+                continue;
+            }
+            let choices: Vec<Vec<usize>> = if pod.gpus == 0 {
+                vec![Vec::new()]
+            } else if pod.is_fractional() {
+                (0..gpus.len()).filter(|&d| gpus[d] >= pod.gpus).map(|d| vec![d]).collect()
+            } else {
+                let whole: Vec<usize> = (0..gpus.len()).filter(|&d| gpus[d] == ONE_GPU).collect();
+                if whole.len() < (pod.gpus / ONE_GPU) as usize {
+                    Vec::new()
+                } else {
+                    vec![whole[..(pod.gpus / ONE_GPU) as usize].to_vec()]
+                }
+            };
+            let before = expected_fragment(gpus, shapes);
+            for take in choices {
+                let mut after = gpus.clone();
+                for &d in &take {
+                    after[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
+                }
+                let score = (expected_fragment(&after, shapes) - before, after.iter().sum::<u32>());
+                if chosen
+                    .as_ref()
+                    .is_none_or(|c| score.0 < c.2.0 - 1e-9 || (score.0 - c.2.0).abs() <= 1e-9 && score.1 < c.2.1)
+                {
+                    chosen = Some((i, take, score));
+                }
+            }
+        }
+        match chosen {
+            Some((i, take, _)) => {
+                let (gpus, cpus, memory) = &mut free[i];
+                for d in take {
+                    gpus[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
+                }
+                *cpus -= pod.cpus_milli;
+                *memory -= pod.memory_mib;
+                packed.placed += 1;
+                packed.allocated += pod.gpus;
+            }
+            None => packed.refused += 1,
+        }
+    }
+    packed.stranded = Some(stranded(&free, arrivals));
     packed
 }
 
@@ -228,7 +338,7 @@ fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Pa
         });
     }
     let every_flavor: Vec<usize> = (0..models.len()).collect();
-    let mut packed = Packed { placed: 0, refused: 0, allocated: 0 };
+    let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
     for (i, pod) in arrivals.iter().enumerate() {
         let tasks = Resources { count: 1, gpus: pod.gpus, cpus_milli: pod.cpus_milli, memory_mib: pod.memory_mib };
         s.pending = vec![Pending {
