@@ -8,7 +8,7 @@ use berth_adapters::JobState;
 use berth_controllers::runner::Report;
 use berth_controllers::{cluster_health, deletion, dispatcher, orphans, preemption, scheduler, status_sync};
 use berth_core::usage::{GroupBy, ReportRequest};
-use berth_core::workload::Phase;
+use berth_core::workload::{Phase, Workload};
 use serde_json::json;
 use support::Plane;
 
@@ -1451,4 +1451,27 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
     // scheduler counts wakes only "any"; a team's change and a finished workload wake both.
     assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1]], "registered in order");
     assert_eq!(seen[1], seen[0], "registered in reverse");
+}
+
+/// `spec.placement.flavor_policy` reaches the scheduler: of two workloads that accept h100
+/// and l4, the ordered one takes h100 (first in its list) and the best_fit one takes the
+/// 2-GPU l4 node, where it leaves less room unused.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_best_fit_workload_takes_the_flavor_it_fragments_least(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.flavor("l4").await;
+    let quotas = json!([{"flavor": "h100", "guaranteed": 8}, {"flavor": "l4", "guaranteed": 2}]);
+    let input = serde_json::from_value(json!({"spec": {"quotas": quotas}})).unwrap();
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "nlp", &input, None).await.unwrap();
+    p.cluster("big", 1, json!({})).await;
+    let l4 = json!([{"name": "n", "count": 1, "flavor": "l4", "gpus_per_node": 2}]);
+    p.apply_cluster("small", json!({"spec": {"kind": "sim", "sim": {"node_groups": l4}}})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let either = json!({"count": 1, "resources": {"flavors": ["h100", "l4"], "gpus": 1}});
+    p.submit("nlp", "ordered", 1, 1.0, json!({"tasks": either})).await;
+    p.submit("nlp", "best", 1, 1.0, json!({"tasks": either, "placement": {"flavor_policy": "best_fit"}})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let flavor = |w: Workload| w.status.admission.map(|a| (a.flavor, a.cluster));
+    assert_eq!(flavor(p.workload("nlp", "ordered").await), Some(("h100".into(), "big".into())));
+    assert_eq!(flavor(p.workload("nlp", "best").await), Some(("l4".into(), "small".into())));
 }
