@@ -125,15 +125,17 @@ fn main() -> ExitCode {
             );
             if options.teams {
                 println!(
-                    "  per team: GPUs held on average while it had work waiting, against its fair share then (berth)"
+                    "  per team: GPUs held on average while it had work waiting, against its fair share then, and what its waiting jobs' sizes let it hold within that share (berth)"
                 );
                 for (t, name) in teams.iter().enumerate() {
                     let waiting = berth.waiting_seconds[t].max(1.0);
                     println!(
-                        "    {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  wait {:>7.2} h (fifo {:>7.2} h, las {:>7.2} h)",
+                        "    {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  its shapes allow {:>6.1} ({:>3.0} % held)  wait {:>7.2} h (fifo {:>7.2} h, las {:>7.2} h)",
                         guaranteed[t],
                         berth.team_gpu_seconds[t] / waiting,
                         berth.fair_gpu_seconds[t] / waiting,
+                        berth.usable_gpu_seconds[t] / waiting,
+                        100.0 * berth.team_gpu_seconds[t] / berth.usable_gpu_seconds[t].max(1.0),
                         mean(&berth.team_wait[t]) / 3600.0,
                         mean(&fifo.team_wait[t]) / 3600.0,
                         mean(&las.team_wait[t]) / 3600.0,
@@ -289,6 +291,9 @@ struct Outcome {
     team_gpu_seconds: Vec<f64>,
     /// …its fair share over the same time…
     fair_gpu_seconds: Vec<f64>,
+    /// …what it could have held within its fair share, given the sizes of its waiting jobs
+    /// (what it held, plus its smallest waiting jobs while they fit under the share)…
+    usable_gpu_seconds: Vec<f64>,
     /// …and that time.
     waiting_seconds: Vec<f64>,
     team_wait: Vec<Vec<f64>>,
@@ -348,6 +353,7 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
     let mut out = Outcome {
         team_gpu_seconds: vec![0.0; teams.len()],
         fair_gpu_seconds: vec![0.0; teams.len()],
+        usable_gpu_seconds: vec![0.0; teams.len()],
         waiting_seconds: vec![0.0; teams.len()],
         team_wait: vec![Vec::new(); teams.len()],
         ..Outcome::default()
@@ -371,12 +377,29 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
         let dt = (now - last) as f64;
         let mut has_waiting = vec![false; teams.len()];
         queue.iter().for_each(|&q| has_waiting[jobs[q].team] = true);
+        let mut held = vec![0.0; teams.len()];
         for a in &active {
             let gpus = f64::from(jobs[a.job].tasks * jobs[a.job].gpus_per_task);
+            held[jobs[a.job].team] += gpus;
             out.busy_gpu_seconds += gpus * dt;
             attained[a.job] += gpus * dt;
             if has_waiting[jobs[a.job].team] {
                 out.team_gpu_seconds[jobs[a.job].team] += gpus * dt;
+            }
+        }
+        if o.teams && dt > 0.0 {
+            let mut sizes: Vec<Vec<f64>> = vec![Vec::new(); teams.len()];
+            queue.iter().for_each(|&q| sizes[jobs[q].team].push(f64::from(jobs[q].tasks * jobs[q].gpus_per_task)));
+            for (t, sizes) in sizes.iter_mut().enumerate().filter(|(t, _)| has_waiting[*t]) {
+                sizes.sort_by(f64::total_cmp);
+                let mut usable = held[t];
+                for s in sizes.iter() {
+                    if usable + s > fair[t] + 1e-9 {
+                        break;
+                    }
+                    usable += s;
+                }
+                out.usable_gpu_seconds[t] += usable.min(fair[t]).max(held[t].min(fair[t])) * dt;
             }
         }
         for (t, f) in fair.iter().enumerate().filter(|&(t, _)| has_waiting[t]) {
