@@ -27,8 +27,9 @@
 //!
 //!   - FGD (harness) is the paper's fragmentation gradient descent, written here to see what
 //!     it would gain in this model: the node and GPU whose choice grows the expected
-//!     fragment least, for the list's own distribution of GPU requests (GPU dimension
-//!     only), with best fit breaking ties. It is not Berth's.
+//!     fragment least, for the list's own distribution of requests (its 40 most frequent
+//!     GPU, CPU and memory shapes; a node a shape cannot use for lack of CPU or memory is
+//!     all fragment to it), with best fit breaking ties. It is not Berth's.
 //!
 //! "Unallocated" is capacity minus allocated, counted when the arrivals' GPUs reach
 //! capacity (`--load 1.3`: 130 % of it). "Stranded" is the part of it on nodes whose CPU or
@@ -214,22 +215,31 @@ fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
     packed
 }
 
-/// How often each GPU request (hundredths) occurs among the pods that ask for GPUs.
-fn shapes(pods: &[Pod]) -> Vec<(u32, f64)> {
-    let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+/// The 40 most frequent requests (GPU hundredths, CPU, memory) among the pods that ask
+/// for GPUs (over 90 % of them), each with its frequency among those 40.
+fn shapes(pods: &[Pod]) -> Vec<(Pod, f64)> {
+    let mut counts: BTreeMap<(u32, u32, u64), usize> = BTreeMap::new();
     for p in pods.iter().filter(|p| p.gpus > 0) {
-        *counts.entry(p.gpus).or_default() += 1;
+        *counts.entry((p.gpus, p.cpus_milli, p.memory_mib)).or_default() += 1;
     }
-    let total = counts.values().sum::<usize>() as f64;
-    counts.into_iter().map(|(g, n)| (g, n as f64 / total)).collect()
+    let mut top: Vec<((u32, u32, u64), usize)> = counts.into_iter().collect();
+    top.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    top.truncate(40);
+    let total = top.iter().map(|(_, n)| n).sum::<usize>() as f64;
+    top.into_iter()
+        .map(|((gpus, cpus_milli, memory_mib), n)| (Pod { cpus_milli, memory_mib, gpus }, n as f64 / total))
+        .collect()
 }
 
-/// The GPU capacity of a node (free hundredths per GPU) that a task of `g` hundredths
-/// cannot use: all of it when the task does not fit, else what is free on GPUs it cannot
-/// take (FGD's fragment measure, GPU dimension only).
-fn fragment(free: &[u32], g: u32) -> u32 {
+/// The GPU capacity of a node (free hundredths per GPU, CPU and memory left) that a task
+/// `m` cannot use: all of it when the task does not fit (GPUs, CPU or memory), else what is
+/// free on GPUs it cannot take (FGD's fragment measure).
+fn fragment(free: &[u32], cpus: u32, memory: u64, m: &Pod) -> u32 {
     let total: u32 = free.iter().sum();
-    if g < ONE_GPU {
+    let g = m.gpus;
+    if cpus < m.cpus_milli || memory < m.memory_mib {
+        total
+    } else if g < ONE_GPU {
         if free.iter().any(|&f| f >= g) { free.iter().filter(|&&f| f < g).sum() } else { total }
     } else if free.iter().filter(|&&f| f == ONE_GPU).count() as u32 >= g / ONE_GPU {
         free.iter().filter(|&&f| f < ONE_GPU).sum()
@@ -238,14 +248,14 @@ fn fragment(free: &[u32], g: u32) -> u32 {
     }
 }
 
-fn expected_fragment(free: &[u32], shapes: &[(u32, f64)]) -> f64 {
-    shapes.iter().map(|&(g, p)| p * f64::from(fragment(free, g))).sum()
+fn expected_fragment(free: &[u32], cpus: u32, memory: u64, shapes: &[(Pod, f64)]) -> f64 {
+    shapes.iter().map(|(m, p)| p * f64::from(fragment(free, cpus, memory, m))).sum()
 }
 
 /// Fragmentation gradient descent (Weng et al., ATC'23) in this harness: the node and GPU
 /// whose choice grows the expected fragment least, for the pod list's own distribution of
-/// GPU requests; ties go to best fit.
-fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(u32, f64)]) -> Packed {
+/// requests ([`shapes`]); ties go to best fit.
+fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(Pod, f64)]) -> Packed {
     let mut free: Vec<(Vec<u32>, u32, u64)> =
         nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
     let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
@@ -267,13 +277,14 @@ fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(u32, f64)]) -> Packed {
                     vec![whole[..(pod.gpus / ONE_GPU) as usize].to_vec()]
                 }
             };
-            let before = expected_fragment(gpus, shapes);
+            let before = expected_fragment(gpus, *cpus, *memory, shapes);
             for take in choices {
                 let mut after = gpus.clone();
                 for &d in &take {
                     after[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
                 }
-                let score = (expected_fragment(&after, shapes) - before, after.iter().sum::<u32>());
+                let after_fragment = expected_fragment(&after, cpus - pod.cpus_milli, memory - pod.memory_mib, shapes);
+                let score = (after_fragment - before, after.iter().sum::<u32>());
                 if chosen
                     .as_ref()
                     .is_none_or(|c| score.0 < c.2.0 - 1e-9 || (score.0 - c.2.0).abs() <= 1e-9 && score.1 < c.2.1)
