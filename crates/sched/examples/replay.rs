@@ -125,17 +125,19 @@ fn main() -> ExitCode {
             );
             if options.teams {
                 println!(
-                    "  per team: GPUs held on average while it had work waiting, against its fair share then, and what its waiting jobs' sizes let it hold within that share (berth)"
+                    "  per team, while it had work waiting (berth): GPUs held, its fair share, what its waiting jobs' sizes let it hold within that share, the cluster's idle GPUs, its jobs preempted"
                 );
                 for (t, name) in teams.iter().enumerate() {
                     let waiting = berth.waiting_seconds[t].max(1.0);
                     println!(
-                        "    {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  its shapes allow {:>6.1} ({:>3.0} % held)  wait {:>7.2} h (fifo {:>7.2} h, las {:>7.2} h)",
+                        "    {name:<8} guaranteed {:>4}  held {:>6.1}  fair share {:>6.1}  its shapes allow {:>6.1} ({:>3.0} % held)  idle {:>5.1}  preempted {:>5}  wait {:>7.2} h (fifo {:>7.2} h, las {:>7.2} h)",
                         guaranteed[t],
                         berth.team_gpu_seconds[t] / waiting,
                         berth.fair_gpu_seconds[t] / waiting,
                         berth.usable_gpu_seconds[t] / waiting,
                         100.0 * berth.team_gpu_seconds[t] / berth.usable_gpu_seconds[t].max(1.0),
+                        berth.idle_gpu_seconds[t] / waiting,
+                        berth.team_preempted[t],
                         mean(&berth.team_wait[t]) / 3600.0,
                         mean(&fifo.team_wait[t]) / 3600.0,
                         mean(&las.team_wait[t]) / 3600.0,
@@ -297,6 +299,10 @@ struct Outcome {
     /// …and that time.
     waiting_seconds: Vec<f64>,
     team_wait: Vec<Vec<f64>>,
+    /// Each team's jobs preempted.
+    team_preempted: Vec<usize>,
+    /// GPU-seconds idle in the cluster while each team had work waiting.
+    idle_gpu_seconds: Vec<f64>,
     makespan: i64,
     preemptions: usize,
     cycles: usize,
@@ -354,6 +360,8 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
         team_gpu_seconds: vec![0.0; teams.len()],
         fair_gpu_seconds: vec![0.0; teams.len()],
         usable_gpu_seconds: vec![0.0; teams.len()],
+        team_preempted: vec![0; teams.len()],
+        idle_gpu_seconds: vec![0.0; teams.len()],
         waiting_seconds: vec![0.0; teams.len()],
         team_wait: vec![Vec::new(); teams.len()],
         ..Outcome::default()
@@ -402,8 +410,10 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
                 out.usable_gpu_seconds[t] += usable.min(fair[t]).max(held[t].min(fair[t])) * dt;
             }
         }
+        let idle = f64::from(nodes as u32 * 8) - held.iter().sum::<f64>();
         for (t, f) in fair.iter().enumerate().filter(|&(t, _)| has_waiting[t]) {
             out.fair_gpu_seconds[t] += f * dt;
+            out.idle_gpu_seconds[t] += idle * dt;
             out.waiting_seconds[t] += dt;
         }
         last = now;
@@ -538,6 +548,7 @@ fn berth_cycle(
     out.preemptions += stopped.len();
     for p in &plan.preemptions {
         preemptor_of.insert(active[p.victim].job.to_string(), queue[p.cause.workload()].to_string());
+        out.team_preempted[jobs[active[p.victim].job].team] += 1;
     }
     for &v in stopped.iter().rev() {
         let a = active.remove(v);

@@ -25,10 +25,10 @@ pub mod team;
 pub mod usage;
 pub mod workload;
 
-use berth_core::Error;
-use sqlx::migrate::Migrator;
 use std::sync::Arc;
 
+use berth_core::Error;
+use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 

@@ -9,7 +9,8 @@
 //!   recovery (a standby, or a demoted primary) is refused, and the watcher is woken.
 //! - The watcher asks the chosen server twice a second, on a connection of its own. When
 //!   that server stops answering or turns read-only, the watcher asks the hosts in order,
-//!   starting after it, and points the pool at the first writable one.
+//!   starting with that one (it may only have dropped the watcher's connection), and
+//!   points the pool at the first writable one.
 //! - Pooled connections made before a switch are closed when next taken out.
 //!
 //! Meanwhile requests fail as `Unavailable`, which the API answers 503 with Retry-After.
@@ -22,7 +23,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection, PgPool};
 
 /// How often the watcher asks the chosen server whether it is still the writable primary.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBE_EVERY: Duration = Duration::from_millis(500);
 
 /// What berthd logs when it follows the primary to another host (tests look for it).
 pub const PRIMARY_MOVED: &str = "the database primary moved; connecting to the new one";

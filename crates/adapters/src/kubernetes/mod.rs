@@ -302,7 +302,6 @@ impl NamespacedOrNot for k8s_openapi::ClusterResourceScope {
     }
 }
 
-/// One API call, bounded by [`TIMEOUT`], its error classified.
 /// The kubeconfig of a pod's service account, as the official clients read it: the token
 /// file (re-read as the kubelet rotates it), the cluster's CA when mounted, the namespace.
 /// Its server is a placeholder: the cluster's `endpoint` replaces it.
@@ -338,6 +337,7 @@ fn in_cluster(dir: &std::path::Path) -> Result<kube::config::Kubeconfig, Backend
     })
 }
 
+/// One API call, bounded by [`TIMEOUT`], its error classified.
 async fn call<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, BackendError> {
     match tokio::time::timeout(TIMEOUT, request).await {
         Ok(result) => result.map_err(classify),
