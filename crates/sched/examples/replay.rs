@@ -30,6 +30,7 @@ use berth_core::cluster::ClusterKind;
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::nodes::{NodeState, place};
+use berth_sched::plan::Reason;
 use berth_sched::schedule;
 use berth_sched::snapshot::{
     Cluster, Node, ONE_GPU, Pending, Quota, Resources, Running, Snapshot, TaskPlacement, Team,
@@ -142,6 +143,13 @@ fn main() -> ExitCode {
                         mean(&fifo.team_wait[t]) / 3600.0,
                         mean(&las.team_wait[t]) / 3600.0,
                     );
+                    let reasons = &berth.team_reasons[t];
+                    let total = reasons.values().sum::<usize>().max(1) as f64;
+                    let mut top: Vec<(&String, &usize)> = reasons.iter().collect();
+                    top.sort_by_key(|&(_, n)| std::cmp::Reverse(*n));
+                    let top: Vec<String> =
+                        top.iter().take(3).map(|(r, n)| format!("{r} {:.0} %", **n as f64 / total * 100.0)).collect();
+                    println!("             waited because: {}", top.join(", "));
                 }
             }
         }
@@ -303,6 +311,8 @@ struct Outcome {
     team_preempted: Vec<usize>,
     /// GPU-seconds idle in the cluster while each team had work waiting.
     idle_gpu_seconds: Vec<f64>,
+    /// Per team, how often each reason was given for one of its jobs waiting after a cycle.
+    team_reasons: Vec<BTreeMap<String, usize>>,
     makespan: i64,
     preemptions: usize,
     cycles: usize,
@@ -362,6 +372,7 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
         usable_gpu_seconds: vec![0.0; teams.len()],
         team_preempted: vec![0; teams.len()],
         idle_gpu_seconds: vec![0.0; teams.len()],
+        team_reasons: vec![BTreeMap::new(); teams.len()],
         waiting_seconds: vec![0.0; teams.len()],
         team_wait: vec![Vec::new(); teams.len()],
         ..Outcome::default()
@@ -541,6 +552,16 @@ fn berth_cycle(
     out.violations += broken.len();
     for share in &plan.shares {
         fair[share.team] = share.fair_share;
+    }
+    for w in &plan.waiting {
+        let reason = match &w.reason {
+            Reason::NoClusterFits { attempts } => {
+                let miss = attempts.first().and_then(|a| a.clusters.first()).map(|c| format!("{:?}", c.miss));
+                format!("no cluster fits: {}", miss.unwrap_or_default().split([' ', '{']).next().unwrap_or_default())
+            }
+            other => format!("{other:?}").split([' ', '{']).next().unwrap_or_default().to_owned(),
+        };
+        *out.team_reasons[jobs[queue[w.workload]].team].entry(reason).or_default() += 1;
     }
     // Preempted jobs stop now and wait again with the run time they have left.
     let mut stopped: Vec<usize> = plan.preemptions.iter().map(|p| p.victim).collect();
