@@ -138,7 +138,7 @@ struct Packed {
 
 /// The free GPU hundredths on nodes that no GPU pod of `pods` could use for lack of CPU or
 /// memory.
-fn stranded(free: &[(Vec<u32>, u32, u64)], pods: &[Pod]) -> u32 {
+fn stranded(free: &Free, pods: &[Pod]) -> u32 {
     let gpu_pods = || pods.iter().filter(|p| p.gpus > 0);
     let cpus = gpu_pods().map(|p| p.cpus_milli).min().unwrap_or(0);
     let memory = gpu_pods().map(|p| p.memory_mib).min().unwrap_or(0);
@@ -159,13 +159,40 @@ fn arrivals(pods: &[Pod], capacity: u32) -> Vec<Pod> {
     out
 }
 
-/// First-fit or best-fit over the same nodes.
-fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
-    // Per node: free hundredths of each GPU, CPU and memory.
-    let mut free: Vec<(Vec<u32>, u32, u64)> =
-        nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
+/// Per node: free hundredths of each GPU, CPU and memory.
+type Free = Vec<(Vec<u32>, u32, u64)>;
+
+/// Places the arrivals one by one where `choose` says (a node, and the GPUs it takes), on
+/// the nodes as the baselines see them.
+fn pack(
+    nodes: &[GpuNode],
+    arrivals: &[Pod],
+    mut choose: impl FnMut(&Free, &Pod) -> Option<(usize, Vec<usize>)>,
+) -> Packed {
+    let mut free: Free = nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
     let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
     for pod in arrivals {
+        match choose(&free, pod) {
+            Some((i, take)) => {
+                let (gpus, cpus, memory) = &mut free[i];
+                for d in take {
+                    gpus[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
+                }
+                *cpus -= pod.cpus_milli;
+                *memory -= pod.memory_mib;
+                packed.placed += 1;
+                packed.allocated += pod.gpus;
+            }
+            None => packed.refused += 1,
+        }
+    }
+    packed.stranded = Some(stranded(&free, arrivals));
+    packed
+}
+
+/// First-fit or best-fit over the same nodes.
+fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
+    pack(nodes, arrivals, |free, pod| {
         // For each node that fits: the GPUs it would take, and the best-fit score.
         let mut chosen: Option<(usize, Vec<usize>, (u32, u32))> = None;
         for (i, (gpus, cpus, memory)) in free.iter().enumerate() {
@@ -197,22 +224,8 @@ fn baseline(nodes: &[GpuNode], arrivals: &[Pod], best: bool) -> Packed {
                 }
             }
         }
-        match chosen {
-            Some((i, take, _)) => {
-                let (gpus, cpus, memory) = &mut free[i];
-                for d in take {
-                    gpus[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
-                }
-                *cpus -= pod.cpus_milli;
-                *memory -= pod.memory_mib;
-                packed.placed += 1;
-                packed.allocated += pod.gpus;
-            }
-            None => packed.refused += 1,
-        }
-    }
-    packed.stranded = Some(stranded(&free, arrivals));
-    packed
+        chosen.map(|(i, take, _)| (i, take))
+    })
 }
 
 /// The 40 most frequent requests (GPU hundredths, CPU, memory) among the pods that ask
@@ -256,10 +269,7 @@ fn expected_fragment(free: &[u32], cpus: u32, memory: u64, shapes: &[(Pod, f64)]
 /// whose choice grows the expected fragment least, for the pod list's own distribution of
 /// requests ([`shapes`]); ties go to best fit.
 fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(Pod, f64)]) -> Packed {
-    let mut free: Vec<(Vec<u32>, u32, u64)> =
-        nodes.iter().map(|n| (vec![ONE_GPU; n.gpus as usize], n.cpus_milli, n.memory_mib)).collect();
-    let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
-    for pod in arrivals {
+    pack(nodes, arrivals, |free, pod| {
         let mut chosen: Option<(usize, Vec<usize>, (f64, u32))> = None;
         for (i, (gpus, cpus, memory)) in free.iter().enumerate() {
             if *cpus < pod.cpus_milli || *memory < pod.memory_mib {
@@ -293,22 +303,8 @@ fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(Pod, f64)]) -> Packed {
                 }
             }
         }
-        match chosen {
-            Some((i, take, _)) => {
-                let (gpus, cpus, memory) = &mut free[i];
-                for d in take {
-                    gpus[d] -= if pod.is_fractional() { pod.gpus } else { ONE_GPU };
-                }
-                *cpus -= pod.cpus_milli;
-                *memory -= pod.memory_mib;
-                packed.placed += 1;
-                packed.allocated += pod.gpus;
-            }
-            None => packed.refused += 1,
-        }
-    }
-    packed.stranded = Some(stranded(&free, arrivals));
-    packed
+        chosen.map(|(i, take, _)| (i, take))
+    })
 }
 
 /// Berth's scheduler, one cycle per arrival.

@@ -1431,16 +1431,34 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             notify(&p.ctx.db, &Change::Table("flavors".into())).await.unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut steps = vec![counts()];
+        // The counts once no pass has run for 200 ms (a change that wakes nobody shows only
+        // as nothing happening, so some quiet time is the evidence).
+        let settled = || async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let before = counts();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if counts() == before {
+                    return before;
+                }
+                assert!(std::time::Instant::now() < deadline, "the passes never settled: {:?}", counts());
+            }
+        };
+        let mut steps = vec![settled().await];
         for change in [
             Change::WorkloadStatuses(vec![Phase::Dispatched, Phase::Running]),
             Change::Table("teams".into()),
             Change::WorkloadStatuses(vec![Phase::Succeeded]),
         ] {
+            let any_before = counts()[1];
             notify(&p.ctx.db, &change).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            steps.push(counts());
+            // "any" is woken by every change: its pass says the change arrived.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while counts()[1] == any_before {
+                assert!(std::time::Instant::now() < deadline, "{change:?} woke nobody: {:?}", counts());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            steps.push(settled().await);
         }
         running.shutdown().await;
         let deltas: Vec<Vec<usize>> =
