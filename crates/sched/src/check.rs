@@ -119,12 +119,11 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     let ancestors = ancestors(s);
     let zeros = vec![0u64; s.teams.len() * flavors];
     let (mut subtree, mut kept_running, mut in_quota_own) = (zeros.clone(), zeros.clone(), zeros.clone());
-    let (mut holding, mut holding_own, mut in_quota_admitted) = (zeros.clone(), zeros.clone(), zeros);
+    let (mut holding, mut in_quota_admitted) = (zeros.clone(), zeros);
     let mut admitted_into = vec![false; s.teams.len() * flavors];
     let mut admitted_now = admitted_into.clone();
     for (v, r) in s.running.iter().enumerate() {
         let amount = u64::from(r.tasks.total_gpus());
-        holding_own[r.team * flavors + r.flavor] += amount;
         if !gone(v) {
             kept_running[r.team * flavors + r.flavor] += amount;
         }
@@ -140,7 +139,6 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     for a in &plan.admissions {
         let p = &s.pending[a.workload];
         let amount = u64::from(p.tasks.total_gpus());
-        holding_own[p.team * flavors + a.flavor] += amount;
         if !a.borrowed {
             in_quota_admitted[p.team * flavors + a.flavor] += amount;
         }
@@ -208,14 +206,13 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     for w in &plan.waiting {
         if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
             let p = &s.pending[w.workload];
-            holding_own[p.team * flavors + flavor] += u64::from(p.tasks.total_gpus());
             for &a in &known.ancestors[p.team] {
                 holding[a * flavors + flavor] += u64::from(p.tasks.total_gpus());
             }
         }
     }
     out.extend(reclaim_violations(s, plan, &known, &states, &holding, &kept_running, &gone, &counted_on));
-    out.extend(idle_violations(s, plan, &known, &states, &holding, &holding_own));
+    out.extend(idle_violations(s, plan, &known, &states, &holding));
     out.extend(reason_violations(s, plan, &known));
     out
 }
@@ -290,22 +287,13 @@ fn reservation(s: &Snapshot, w: &Waiting) -> Option<(FlavorIx, u64)> {
 }
 
 /// No GPU idles while a waiting workload could run on it as things stand: within every
-/// limit, in-quota or (preemptible) within its team's fair share, on open nodes of a
-/// cluster it may use.
-fn idle_violations(
-    s: &Snapshot,
-    plan: &Plan,
-    known: &Known,
-    states: &[NodeState],
-    holding: &[u64],
-    holding_own: &[u64],
-) -> Vec<String> {
+/// limit, in-quota or (preemptible) borrowed, past its team's fair share too (what is
+/// left is lent), on open nodes of a cluster it may use.
+fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState], holding: &[u64]) -> Vec<String> {
     let flavors = s.flavors.len();
-    let Known { ancestors, impossible, share, pools, pool_at, .. } = known;
-    // Usage as the scheduler counts it, per subtree and the team's own (against the fair
-    // share): what holds GPUs now (stopping work too), what is admitted, what waits for
-    // reclaim, and reservations.
-    let mut own = holding_own.to_vec();
+    let Known { ancestors, impossible, pools, pool_at, .. } = known;
+    // Usage as the scheduler counts it, per subtree: what holds GPUs now (stopping work
+    // too), what is admitted, what waits for reclaim, and reservations.
     let mut subtree = holding.to_vec();
     let mut paused = vec![false; s.teams.len() * flavors];
     for (&w, &f) in &known.pausing {
@@ -314,7 +302,6 @@ fn idle_violations(
     for w in &plan.waiting {
         let p = &s.pending[w.workload];
         if let Some((f, amount)) = reservation(s, w) {
-            own[p.team * flavors + f] += amount;
             for &a in &ancestors[p.team] {
                 subtree[a * flavors + f] += amount;
             }
@@ -334,11 +321,7 @@ fn idle_violations(
                 .iter()
                 .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
             let in_quota = used(p.team) + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
-            let i = p.team * flavors + f;
-            let own_used = own[i] - back;
-            let may_borrow = p.preemptible
-                && gpus(own_used + requested) <= share[i] + 1e-9
-                && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
+            let may_borrow = p.preemptible && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
             if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
                 || budget_stop(s, &ancestors[p.team], f, in_quota).is_some()
                 || !within_limits

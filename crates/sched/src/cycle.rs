@@ -2,15 +2,18 @@
 //!
 //! 1. Fair share per flavor ([`crate::fair_share`]) from what each team runs and wants.
 //! 2. Visit order: team by team, always the team furthest below its fair share (used ÷
-//!    share, updated after every admission); inside a team by priority, then submission
-//!    time.
+//!    share, updated after every admission; when equally far, the one whose next
+//!    workload was submitted first); inside a team by priority, then submission time.
 //! 3. Each workload, flavor by flavor in its order: the whole gang on one cluster (best
 //!    fit on the nodes, preferring topology fit, then least room left over, then tier
 //!    (reservation → on-demand → spot), then the backend that suits the kind), then quota
 //!    (the team and every ancestor stay within their limits; within the team's guarantee
 //!    it is *in-quota*, beyond it *borrowed*, which non-preemptible work may not be, and
-//!    which may not take the team above its fair share — what it borrows is then never
-//!    what reclaim takes back, so work is not admitted only to be preempted next cycle).
+//!    which may not take the team above its fair share — what it borrows then is not what
+//!    reclaim takes back, so work is not admitted only to be preempted next cycle — until
+//!    every workload has had its turn: then what is still free is lent past the fair
+//!    shares ([`Cycle::lend`]), teams furthest below theirs first, and is what reclaim
+//!    takes back first).
 //!    Its reason names quota only where some flavor has room, and cordoned clusters
 //!    before anything else about room.
 //! 4. A workload that does not fit may preempt, only to run in-quota: first what is
@@ -202,6 +205,10 @@ struct Candidate {
     nodes: Vec<NodeIx>,
 }
 
+/// A team's place in the visit order: its used ÷ share as float bits, then when its next
+/// workload was submitted ([`Cycle::team_key`]).
+type TeamKey = (u64, i64);
+
 /// Victims that make room for a workload on one pool.
 struct Reclaim {
     key: (usize, u64, usize, ClusterIx),
@@ -265,6 +272,11 @@ struct Cycle<'a> {
     pending_subtree: Vec<u64>,
     /// Each team's child teams.
     children: Vec<Vec<TeamIx>>,
+    /// Lending what is left past the fair share ([`Self::lend`])…
+    lending: bool,
+    /// …to the pending workloads whose last visit found room in some flavor but not
+    /// within the team's fair share.
+    share_blocked: Vec<bool>,
     plan: Plan,
 }
 
@@ -368,6 +380,8 @@ impl<'a> Cycle<'a> {
             impossible,
             pending_subtree,
             children,
+            lending: false,
+            share_blocked: vec![false; s.pending.len()],
             plan: Plan::default(),
         }
     }
@@ -386,7 +400,7 @@ impl<'a> Cycle<'a> {
             q.sort_by_key(|&w| (Reverse(s.pending[w].priority), s.pending[w].submitted_at, w));
         }
         let mut next = vec![0; s.teams.len()];
-        let mut heap: BinaryHeap<Reverse<(u64, TeamIx)>> = (0..s.teams.len())
+        let mut heap: BinaryHeap<Reverse<(TeamKey, TeamIx)>> = (0..s.teams.len())
             .filter(|&t| !queues[t].is_empty())
             .map(|t| Reverse((self.team_key(t, &queues[t][0]), t)))
             .collect();
@@ -403,25 +417,12 @@ impl<'a> Cycle<'a> {
         // admitted after a workload preempted for it was visited lets that one come back:
         // visit the rest again, in the same order, until nothing changes. (Preemption frees
         // nothing within a plan: victims hold their GPUs until they are gone.)
-        let preemptor_started = |reason: &Option<Reason>, admitted: &[bool]| matches!(reason, Some(Reason::WaitingForPreemptor { workload }) if admitted[*workload]);
-        while !self.lowered.is_empty()
-            || self.reopened.contains(&true)
-            || waiting.iter().any(|(_, r)| preemptor_started(r, &self.admitted))
-        {
-            let lowered = std::mem::take(&mut self.lowered);
-            let reopened = std::mem::replace(&mut self.reopened, vec![false; self.flavors]);
-            for (w, reason) in &mut waiting {
-                let t = s.pending[*w].team;
-                // Quota depends on the team's own subtree and on its ancestors' limits.
-                let affected = lowered.contains(&t)
-                    || preemptor_started(reason, &self.admitted)
-                    || s.pending[*w].flavors.iter().any(|&f| reopened[f])
-                    || self.ancestors[t]
-                        .iter()
-                        .any(|&a| lowered.contains(&a) && s.teams[a].quotas.iter().any(|q| q.limit.is_some()));
-                if affected && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
-                    *reason = self.visit(*w, starving[*w]);
-                }
+        // Then what is still free is lent past the fair share, which may open held nodes
+        // in turn.
+        loop {
+            self.settle(&mut waiting, &starving);
+            if !self.lend(&mut waiting, &starving) {
+                break;
             }
         }
         let mut team_count = vec![0; s.teams.len()];
@@ -441,12 +442,79 @@ impl<'a> Cycle<'a> {
         self.plan
     }
 
+    /// Visits the waiting workloads again, in the same order, while a pass changed what they
+    /// could get.
+    fn settle(&mut self, waiting: &mut [(PendingIx, Option<Reason>)], starving: &[bool]) {
+        let s = self.s;
+        let preemptor_started = |reason: &Option<Reason>, admitted: &[bool]| matches!(reason, Some(Reason::WaitingForPreemptor { workload }) if admitted[*workload]);
+        while !self.lowered.is_empty()
+            || self.reopened.contains(&true)
+            || waiting.iter().any(|(_, r)| preemptor_started(r, &self.admitted))
+        {
+            let lowered = std::mem::take(&mut self.lowered);
+            let reopened = std::mem::replace(&mut self.reopened, vec![false; self.flavors]);
+            for (w, reason) in waiting.iter_mut() {
+                let t = s.pending[*w].team;
+                // Quota depends on the team's own subtree and on its ancestors' limits.
+                let affected = lowered.contains(&t)
+                    || preemptor_started(reason, &self.admitted)
+                    || s.pending[*w].flavors.iter().any(|&f| reopened[f])
+                    || self.ancestors[t]
+                        .iter()
+                        .any(|&a| lowered.contains(&a) && s.teams[a].quotas.iter().any(|q| q.limit.is_some()));
+                if affected && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. })) {
+                    *reason = self.visit(*w, starving[*w]);
+                }
+            }
+        }
+    }
+
     /// How far the team is from its fair share of its next workload's first flavor, as an
-    /// order key (used ÷ share; lower goes first).
-    fn team_key(&self, t: TeamIx, next: &PendingIx) -> u64 {
-        let i = t * self.flavors + self.s.pending[*next].flavors[0];
+    /// order key (used ÷ share; lower goes first); between teams equally far, the one whose
+    /// next workload was submitted first.
+    fn team_key(&self, t: TeamIx, next: &PendingIx) -> TeamKey {
+        let p = &self.s.pending[*next];
+        let i = t * self.flavors + p.flavors[0];
         let ratio = if self.share[i] > 0.0 { gpus(self.used[i]) / self.share[i] } else { f64::INFINITY };
-        ratio.to_bits() // Non-negative floats order like their bits.
+        (ratio.to_bits(), p.submitted_at) // Non-negative floats order like their bits.
+    }
+
+    /// Lends what is still free once every workload had its turn past the fair share:
+    /// work that waits only because its team reached its share runs on room that no other
+    /// team's work could use in this cycle (GPUs idle beside a team held at its share are
+    /// what made Berth's tail longer than FIFO's in the Philly replay). Teams furthest
+    /// below their share go first; no loan preempts anything or takes held nodes. A loan
+    /// is borrowed work of a team above its share, so the first in-quota workload of
+    /// another team that needs its GPUs reclaims it. Whether anything was lent.
+    fn lend(&mut self, waiting: &mut [(PendingIx, Option<Reason>)], starving: &[bool]) -> bool {
+        let s = self.s;
+        let mut queues: BTreeMap<TeamIx, Vec<usize>> = BTreeMap::new();
+        for (k, (w, reason)) in waiting.iter().enumerate() {
+            // Not one whose victims are being preempted for it.
+            if self.share_blocked[*w] && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. }))
+            {
+                queues.entry(s.pending[*w].team).or_default().push(k);
+            }
+        }
+        self.lending = true;
+        let mut lent = false;
+        let mut heap: BinaryHeap<Reverse<(TeamKey, TeamIx, usize)>> =
+            queues.iter().map(|(&t, q)| Reverse((self.team_key(t, &waiting[q[0]].0), t, 0))).collect();
+        while let Some(Reverse((_, t, next))) = heap.pop() {
+            let k = queues[&t][next];
+            let w = waiting[k].0;
+            // A visit, so that a starving one gives back the quota it holds first (and
+            // holds it again if it still waits, with the reason it had).
+            if self.visit(w, starving[w]).is_none() {
+                waiting[k].1 = None;
+                lent = true;
+            }
+            if let Some(&k) = queues[&t].get(next + 1) {
+                heap.push(Reverse((self.team_key(t, &waiting[k].0), t, next + 1)));
+            }
+        }
+        self.lending = false;
+        lent
     }
 
     /// Admits `w`, or says why it waits (holding nodes for it when it reclaims or starves).
@@ -464,6 +532,7 @@ impl<'a> Cycle<'a> {
                 pausing = Some(i);
             }
         }
+        self.share_blocked[w] = false;
         let reason = self.admit_or_wait(w, starving, reserved_in);
         // …and when it no longer holds them, the work it kept from borrowing is visited
         // again.
@@ -488,6 +557,28 @@ impl<'a> Cycle<'a> {
         {
             return Some(Reason::WaitingForPreemptor { workload: q });
         }
+        let Err((quota_reason, attempts)) = self.place(w) else {
+            return None;
+        };
+        if let Some(reason) = self.preempt_for(w) {
+            return Some(reason);
+        }
+        let protected = self.waits_for_min_runtime(w);
+        if starving {
+            match reserved_in {
+                // Its nodes are still held: hold the quota again.
+                Some(f) => self.hold_quota(w, f),
+                None => self.reserve(w),
+            }
+        }
+        Some(protected.unwrap_or_else(|| self.reason(p, quota_reason, attempts)))
+    }
+
+    /// Admits `w` in the first flavor (or with `best_fit`, the best) that has room and
+    /// quota for it without preempting anything; or why not: the first quota reason
+    /// where some flavor has room, and each flavor's misses.
+    fn place(&mut self, w: PendingIx) -> Result<(), (Option<Reason>, Vec<FlavorAttempt>)> {
+        let p = &self.s.pending[w];
         let mut quota_reason = None;
         let mut attempts = Vec::new();
         let possible: Vec<FlavorIx> =
@@ -509,11 +600,12 @@ impl<'a> Cycle<'a> {
                     }
                     Ok(c) => {
                         self.admit(w, f, in_quota, c);
-                        return None;
+                        return Ok(());
                     }
                     Err(misses) => Err(misses),
                 },
                 Err(reason) => self.room(w, f).map(|()| {
+                    self.share_blocked[w] |= matches!(reason, Reason::FairShareReached { .. });
                     quota_reason.get_or_insert(reason);
                 }),
             };
@@ -523,20 +615,9 @@ impl<'a> Cycle<'a> {
         }
         if let Some((in_quota, f, c)) = fitting {
             self.admit(w, f, in_quota, c);
-            return None;
+            return Ok(());
         }
-        if let Some(reason) = self.preempt_for(w) {
-            return Some(reason);
-        }
-        let protected = self.waits_for_min_runtime(w);
-        if starving {
-            match reserved_in {
-                // Its nodes are still held: hold the quota again.
-                Some(f) => self.hold_quota(w, f),
-                None => self.reserve(w),
-            }
-        }
-        Some(protected.unwrap_or_else(|| self.reason(p, quota_reason, attempts)))
+        Err((quota_reason, attempts))
     }
 
     /// Holds `nodes` for `w`: no other workload is placed on them in this cycle.
@@ -611,7 +692,7 @@ impl<'a> Cycle<'a> {
         {
             return Err(Reason::BorrowingPaused { flavor: f, workload: waiter });
         }
-        if !in_quota && gpus(self.used[i] + requested) > self.share[i] + 1e-9 {
+        if !in_quota && !self.lending && gpus(self.used[i] + requested) > self.share[i] + 1e-9 {
             return Err(Reason::FairShareReached {
                 team: p.team,
                 flavor: f,

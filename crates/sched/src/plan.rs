@@ -72,8 +72,8 @@ pub enum Reason {
     BudgetExhausted { team: TeamIx, flavor: FlavorIx, budget: String, stop_new: bool, resets_at: i64 },
     /// A non-preemptible workload may only run within its team's guarantee.
     GuaranteeExceeded { team: TeamIx, flavor: FlavorIx, used: f64, guaranteed: f64, requested: f64 },
-    /// It would borrow beyond the team's fair share (the rest of the idle capacity is other
-    /// teams' share).
+    /// It would borrow beyond the team's fair share, and what was still free once every
+    /// workload had its turn (lent past the shares) went to other work or does not fit it.
     FairShareReached { team: TeamIx, flavor: FlavorIx, used: f64, fair_share: f64, requested: f64 },
     /// It would borrow while `workload`, of its team (or a parent team), waits for reclaim
     /// to run in-quota, or starves with nodes held for it: borrowing now would use up the

@@ -536,26 +536,44 @@ fn what_if_shows_the_effect_of_a_quota_change_and_of_a_cluster() {
 }
 
 #[test]
-fn borrowing_stops_at_the_fair_share() {
+fn what_no_team_can_use_within_its_share_is_lent_past_it_and_reclaimed_by_a_guarantee() {
     // 24 GPUs, a and b without guarantees and equal weights, both wanting 16: shares 12
-    // and 12. Each team's first 8-GPU job runs; the second would take its team to 16,
-    // above its share, so it waits, though a node is free.
+    // and 12. Each team's first 8-GPU job runs within its share; the second would take its
+    // team to 16, above it. The last node would stay idle beside them: it is lent past the
+    // share, to b (both teams are equally far below their shares, and b2 was submitted
+    // before a2), and a's second waits at its share.
     let (mut w, _) = two_owners();
     w.nodes(0, "h100", 1, 8, None);
     w.s.teams[0].quotas[0].guaranteed = 0;
     w.s.teams[1].quotas[0].guaranteed = 0;
     w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
-    w.submit("a2", "a", 1, 8 * GPU, &["h100"]);
+    let a2 = w.submit("a2", "a", 1, 8 * GPU, &["h100"]);
+    w.pending(a2).submitted_at += 10;
     w.submit("b1", "b", 1, 8 * GPU, &["h100"]);
     w.submit("b2", "b", 1, 8 * GPU, &["h100"]);
     let plan = w.plan();
-    let mut ids = admitted(&w, &plan);
-    ids.sort();
-    assert_eq!(ids, ["a1", "b1"]);
+    assert_eq!(admitted(&w, &plan), ["a1", "b1", "b2"]);
+    assert!(plan.admissions[2].borrowed);
     assert!(matches!(
         reason(&w, &plan, "a2"),
         Reason::FairShareReached { used: 8.0, fair_share: 12.0, requested: 8.0, .. }
     ));
+    w.carry_out(&plan);
+    // Neither team may take the loan back: b is not within a guarantee.
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.admissions.is_empty() && plan.preemptions.is_empty(), "{plan:?}");
+        w.carry_out(&plan);
+    }
+
+    // c, guaranteed 8, asks for its 8: b is now above its share (16 of 8), and c takes back
+    // one of b's jobs (both borrowed, as b has no guarantee); a's, at its share, stays.
+    w.team("c", None, &[("h100", 8, None, 1)]);
+    w.submit("c1", "c", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(plan.preemptions.len(), 1);
+    assert_eq!(w.s.running[plan.preemptions[0].victim].team, w.team_ix("b"));
+    assert!(admitted(&w, &plan).is_empty());
 }
 
 #[test]
@@ -896,7 +914,9 @@ fn a_starving_parent_workload_does_not_reserve_what_its_child_team_is_guaranteed
     w.carry_out(&plan);
     w.finish_stopping(true);
     let plan = w.plan();
-    assert_eq!(admitted(&w, &plan), ["p1"]);
+    // r2 comes back beside it, lent n2's free GPU past t's fair share (no other work can
+    // use it), and is not preempted again below.
+    assert_eq!(admitted(&w, &plan), ["p1", "r2"]);
     assert_eq!(plan.admissions[0].placement[0].node, n0[0]);
     let held = &plan.waiting.iter().find(|x| w.s.pending[x.workload].id == "s").unwrap().reserved_nodes;
     assert!(held.is_empty(), "{held:?}");
