@@ -1021,6 +1021,13 @@ export interface components {
              * @example 900
              */
             max_checkpoint_grace_seconds?: number | null;
+            /**
+             * @description How Berth picks the nodes (and shared GPUs) a workload's tasks take here:
+             *     `best_fit` (the default) where each task leaves the least room unused;
+             *     `fragmentation` where it leaves the least room that the work Berth sees (its task
+             *     shapes) could not use, for clusters whose GPUs are shared by fractional tasks.
+             */
+            packing?: components["schemas"]["Packing"];
             sim?: null | components["schemas"]["SimSpec"];
             slurm?: null | components["schemas"]["SlurmSpec"];
             kubernetes?: null | components["schemas"]["KubernetesSpec"];
@@ -1573,6 +1580,11 @@ export interface components {
             /** @example https://login.example.org */
             issuer: string;
         };
+        /**
+         * @description How a cluster's nodes are chosen for each task of a workload.
+         * @enum {string}
+         */
+        Packing: "best_fit" | "fragmentation";
         /** @description Why a workload is still pending, as the scheduler explains it. */
         PendingReason: {
             /** @description Machine-readable, e.g. `QuotaLimitReached`, `NoClusterFits`. */

@@ -89,6 +89,7 @@ impl Facts {
                 labels,
                 cordoned: false,
                 fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
+                packing: c.spec.packing,
             });
         }
         let mut reported = vec![false; clusters.len()];

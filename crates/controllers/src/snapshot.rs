@@ -61,6 +61,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
             labels: c.metadata.labels.clone(),
             cordoned: c.spec.cordoned || c.status.health == ClusterHealth::Unreachable,
             fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
+            packing: c.spec.packing,
         })
         .collect();
     let mut nodes: Vec<s::Node> = Vec::with_capacity(world.nodes.len());
@@ -165,6 +166,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         nodes,
         running,
         pending,
+        recent_demand: Vec::new(),
     };
     // A requeued victim waits for the workload it was preempted for.
     let preemptor_of: HashMap<String, String> = pending_ix

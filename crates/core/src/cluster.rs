@@ -123,6 +123,12 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 900, maximum = 86_400)]
     pub max_checkpoint_grace_seconds: Option<u32>,
+    /// How Berth picks the nodes (and shared GPUs) a workload's tasks take here:
+    /// `best_fit` (the default) where each task leaves the least room unused;
+    /// `fragmentation` where it leaves the least room that the work Berth sees (its task
+    /// shapes) could not use, for clusters whose GPUs are shared by fractional tasks.
+    #[serde(default, skip_serializing_if = "Packing::is_best_fit")]
+    pub packing: Packing,
     /// Required for `sim` clusters: the simulated hardware.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimSpec>,
@@ -137,6 +143,28 @@ pub struct ClusterSpec {
 
 /// The longest any cluster may allow.
 pub const CHECKPOINT_GRACE_MAX: u32 = 86_400;
+
+/// How a cluster's nodes are chosen for each task of a workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Packing {
+    /// The node (and shared GPU) where the task leaves the least room unused: work packs
+    /// onto busy nodes and whole nodes stay free for large gangs.
+    #[default]
+    BestFit,
+    /// The node and GPU whose choice leaves the least capacity that the work Berth sees
+    /// (its running and pending task shapes) could not use: fragmentation gradient descent
+    /// (Weng et al., USENIX ATC'23). Worth it where GPUs are shared by fractional tasks; it
+    /// costs more per task than best fit. A gang that this way would not fit is placed by
+    /// best fit.
+    Fragmentation,
+}
+
+impl Packing {
+    pub fn is_best_fit(&self) -> bool {
+        *self == Self::BestFit
+    }
+}
 
 impl ClusterSpec {
     /// How long a workload asking for `asked` seconds to checkpoint gets here, where the
@@ -715,6 +743,7 @@ mod tests {
                 credentials_ref: None,
                 cordoned: false,
                 max_checkpoint_grace_seconds: None,
+                packing: Packing::BestFit,
                 sim: Some(SimSpec::new(groups)),
                 slurm: None,
                 kubernetes: None,

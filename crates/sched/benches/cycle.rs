@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::schedule;
 use berth_sched::snapshot::{
@@ -89,6 +89,7 @@ fn armada() -> Snapshot {
         labels: BTreeMap::new(),
         cordoned: false,
         fractional_gpus: None,
+        packing: Packing::BestFit,
     });
     for n in 0..1_000 {
         s.nodes.push(Node {
@@ -168,6 +169,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             labels,
             cordoned: false,
             fractional_gpus: None,
+            packing: Packing::BestFit,
         });
     }
     for n in 0..nodes {

@@ -16,7 +16,9 @@
 //!   cluster that shares GPUs, one flavor per GPU model, and every pod accepting every model
 //!   (no pod of these lists names one), in the flavors' name order: once as that order of
 //!   preference (`flavor_policy: ordered`), once leaving the choice to best fit
-//!   (`best_fit`).
+//!   (`best_fit`); and `best_fit` on a cluster with `packing: fragmentation` (Berth's FGD),
+//!   packing for the shapes of the pods placed and refused so far, and once more with the
+//!   pod list itself as the site's history (`recent_demand`) besides.
 //! - A pod's `gpu_milli` is rounded up to Berth's hundredths of a GPU, for all three
 //!   policies alike. CPU and memory count on every node.
 //! - The baselines:
@@ -38,7 +40,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind};
 use berth_sched::schedule;
 use berth_sched::snapshot::{
@@ -100,8 +102,16 @@ fn main() -> ExitCode {
         let results = [
             ("first-fit", baseline(&nodes, &arrivals, false)),
             ("best-fit", baseline(&nodes, &arrivals, true)),
-            ("berth, flavors ordered", berth(&nodes, &arrivals, FlavorPolicy::Ordered)),
-            ("berth, flavors best_fit", berth(&nodes, &arrivals, FlavorPolicy::BestFit)),
+            ("berth, flavors ordered", berth(&nodes, &arrivals, FlavorPolicy::Ordered, Packing::BestFit, &[])),
+            ("berth, flavors best_fit", berth(&nodes, &arrivals, FlavorPolicy::BestFit, Packing::BestFit, &[])),
+            (
+                "berth, best_fit, packing: fragmentation",
+                berth(&nodes, &arrivals, FlavorPolicy::BestFit, Packing::Fragmentation, &[]),
+            ),
+            (
+                "berth, best_fit, packing: fragmentation, history",
+                berth(&nodes, &arrivals, FlavorPolicy::BestFit, Packing::Fragmentation, &pods),
+            ),
             ("FGD (harness)", fgd(&nodes, &arrivals, &shapes(&pods))),
         ];
         let best_baseline = results[..2].iter().map(|(_, r)| capacity - r.allocated).min().unwrap_or(0);
@@ -307,8 +317,18 @@ fn fgd(nodes: &[GpuNode], arrivals: &[Pod], shapes: &[(Pod, f64)]) -> Packed {
     })
 }
 
-/// Berth's scheduler, one cycle per arrival.
-fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Packed {
+/// Berth's scheduler, one cycle per arrival. A refused pod is gone in this model, where
+/// Berth would keep it pending: it stays in the snapshot's `recent_demand`, so that
+/// `packing: fragmentation` packs for the shapes that arrived, as it would with the pod
+/// waiting. `history` is work the site ran before (also `recent_demand`): the pod list
+/// itself, for a site whose demand looks like yesterday's, as FGD assumes.
+fn berth(
+    nodes: &[GpuNode],
+    arrivals: &[Pod],
+    flavor_policy: FlavorPolicy,
+    packing: Packing,
+    history: &[Pod],
+) -> Packed {
     let mut models: Vec<String> = nodes.iter().map(|n| n.model.clone()).collect();
     models.sort();
     models.dedup();
@@ -330,6 +350,7 @@ fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Pa
         labels: BTreeMap::new(),
         cordoned: false,
         fractional_gpus: Some(true),
+        packing,
     });
     for (i, n) in nodes.iter().enumerate() {
         s.nodes.push(Node {
@@ -345,6 +366,10 @@ fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Pa
         });
     }
     let every_flavor: Vec<usize> = (0..models.len()).collect();
+    s.recent_demand = history
+        .iter()
+        .map(|p| Resources { count: 1, gpus: p.gpus, cpus_milli: p.cpus_milli, memory_mib: p.memory_mib })
+        .collect();
     let mut packed = Packed { placed: 0, refused: 0, allocated: 0, stranded: None };
     for (i, pod) in arrivals.iter().enumerate() {
         let tasks = Resources { count: 1, gpus: pod.gpus, cpus_milli: pod.cpus_milli, memory_mib: pod.memory_mib };
@@ -385,7 +410,10 @@ fn berth(nodes: &[GpuNode], arrivals: &[Pod], flavor_policy: FlavorPolicy) -> Pa
                 packed.placed += 1;
                 packed.allocated += pod.gpus;
             }
-            None => packed.refused += 1,
+            None => {
+                packed.refused += 1;
+                s.recent_demand.push(tasks);
+            }
         }
         s.now += 1;
     }

@@ -26,7 +26,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::process::ExitCode;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::nodes::{NodeState, place};
@@ -350,6 +350,7 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
             labels: BTreeMap::new(),
             cordoned: false,
             fractional_gpus: None,
+            packing: Packing::BestFit,
         }],
         nodes: (0..nodes)
             .map(|n| Node {
@@ -614,7 +615,7 @@ fn fifo_cycle(s: &Snapshot, now: i64, jobs: &[Job], queue: &mut Vec<usize>, acti
     let all: Vec<usize> = (0..s.nodes.len()).collect();
     let mut started = Vec::new();
     while let Some(&job) = queue.first() {
-        let Some(placed) = place(&mut states, &all, &resources(&jobs[job])) else { break };
+        let Some(placed) = place(&mut states, &all, &resources(&jobs[job]), None) else { break };
         queue.remove(0);
         let placement = placed.tasks.iter().map(|&(node, device)| TaskPlacement { node, device }).collect();
         started.push(Active { job, started: now, ends: now + jobs[job].duration, borrowed: false, placement });
@@ -681,7 +682,7 @@ fn las_cycle(
         if !chosen[job] {
             return true;
         }
-        let Some(placed) = place(&mut states, &all, &resources(&jobs[job])) else { return true };
+        let Some(placed) = place(&mut states, &all, &resources(&jobs[job]), None) else { return true };
         let placement = placed.tasks.iter().map(|&(node, device)| TaskPlacement { node, device }).collect();
         started.push(Active { job, started: now, ends: now + remaining[job], borrowed: false, placement });
         false

@@ -274,7 +274,7 @@ impl Known {
         } else {
             vec![open]
         };
-        node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks).is_some())
+        node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks, None).is_some())
     }
 }
 

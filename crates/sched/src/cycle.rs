@@ -36,10 +36,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
+use berth_core::cluster::Packing;
 use berth_core::workload::{FlavorPolicy, TopologyPolicy};
 
 use crate::fair_share::{TeamInput, fair_shares};
 use crate::feasible::Impossible;
+use crate::fragmentation::Shapes;
 use crate::nodes::{NodeState, Placed, node_states, place};
 use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
@@ -199,7 +201,8 @@ type ShapeOnPool = (usize, u32, u32, u32, u64, u8);
 
 /// A gang placed on a cluster, before it is chosen.
 struct Candidate {
-    key: (bool, u32, usize, usize, ClusterIx),
+    /// Topology missed, fragment growth, room left unused, tier, backend, cluster.
+    key: (bool, i64, u32, usize, usize, ClusterIx),
     pool: usize,
     placed: Placed,
     nodes: Vec<NodeIx>,
@@ -277,6 +280,8 @@ struct Cycle<'a> {
     /// …to the pending workloads whose last visit found room in some flavor but not
     /// within the team's fair share.
     share_blocked: Vec<bool>,
+    /// The snapshot's task shapes, when some cluster packs against fragmentation.
+    shapes: Option<Shapes>,
     plan: Plan,
 }
 
@@ -382,6 +387,7 @@ impl<'a> Cycle<'a> {
             children,
             lending: false,
             share_blocked: vec![false; s.pending.len()],
+            shapes: s.clusters.iter().any(|c| c.packing == Packing::Fragmentation).then(|| Shapes::of(s)),
             plan: Plan::default(),
         }
     }
@@ -503,9 +509,16 @@ impl<'a> Cycle<'a> {
         while let Some(Reverse((_, t, next))) = heap.pop() {
             let k = queues[&t][next];
             let w = waiting[k].0;
-            // A visit, so that a starving one gives back the quota it holds first (and
-            // holds it again if it still waits, with the reason it had).
-            if self.visit(w, starving[w]).is_none() {
+            // A starving one is visited, so that it gives back the quota it holds first (and
+            // holds it again if it still waits, with the reason it had); the others only
+            // try for room: what they could preempt, their first visit found.
+            let admitted = if self.reserved_quota.contains_key(&w) {
+                self.visit(w, starving[w]).is_none()
+            } else {
+                self.share_blocked[w] = false;
+                self.place(w).is_ok()
+            };
+            if admitted {
                 waiting[k].1 = None;
                 lent = true;
             }
@@ -737,7 +750,9 @@ impl<'a> Cycle<'a> {
             let outcome = if s.clusters[c].cordoned { Err(Miss::Cordoned) } else { self.try_pool(w, pool) };
             match outcome {
                 Ok(candidate) if best.as_ref().is_none_or(|b| candidate.key < b.key) => {
-                    let perfect = !candidate.key.0 && candidate.key.1 == 0;
+                    // (Unless some cluster packs against fragmentation: growth may be negative.)
+                    let perfect =
+                        !candidate.key.0 && candidate.key.1 == 0 && candidate.key.2 == 0 && self.shapes.is_none();
                     best = Some(candidate);
                     if perfect {
                         break;
@@ -785,6 +800,7 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         let p = &s.pending[w];
         let pool = &self.pools[pool_ix];
+        let shapes = self.shapes.as_ref().filter(|_| s.clusters[pool.cluster].packing == Packing::Fragmentation);
         let r = &p.tasks;
         let needed = u64::from(r.total_gpus());
         if pool.free < needed {
@@ -805,8 +821,8 @@ impl<'a> Cycle<'a> {
         if p.topology != TopologyPolicy::None {
             for group in &pool.groups {
                 let group = self.open_nodes(w, group);
-                if let Some(placed) = trial(&mut self.states, &group, r)
-                    && best.as_ref().is_none_or(|(b, _)| placed.leftover < b.leftover)
+                if let Some(placed) = trial(&mut self.states, &group, r, shapes)
+                    && best.as_ref().is_none_or(|(b, _)| (placed.growth, placed.leftover) < (b.growth, b.leftover))
                 {
                     best = Some((placed, group));
                 }
@@ -814,13 +830,13 @@ impl<'a> Cycle<'a> {
         }
         let topology_fit = best.is_some() || p.topology == TopologyPolicy::None;
         if best.is_none() && p.topology != TopologyPolicy::Required {
-            best = trial(&mut self.states, &open, r).map(|placed| (placed, open.clone()));
+            best = trial(&mut self.states, &open, r, shapes).map(|placed| (placed, open.clone()));
         }
         let Some((placed, nodes)) = best else {
             let open_free: u64 = open.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
-            let miss = if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r).is_some() {
+            let miss = if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r, None).is_some() {
                 Miss::Topology
-            } else if open.len() < pool.nodes.len() && trial(&mut self.states, &pool.nodes, r).is_some() {
+            } else if open.len() < pool.nodes.len() && trial(&mut self.states, &pool.nodes, r, None).is_some() {
                 Miss::Reserved
             } else if open_free < needed {
                 Miss::NotEnoughGpus { free: gpus(open_free), needed: gpus(needed) }
@@ -836,7 +852,14 @@ impl<'a> Cycle<'a> {
             self.fits.insert(key, pool.version);
         }
         let cluster = &self.s.clusters[pool.cluster];
-        let key = (!topology_fit, placed.leftover, cluster.tier_rank(), p.backend_rank(cluster.kind), pool.cluster);
+        let key = (
+            !topology_fit,
+            placed.growth,
+            placed.leftover,
+            cluster.tier_rank(),
+            p.backend_rank(cluster.kind),
+            pool.cluster,
+        );
         Ok(Candidate { key, pool: pool_ix, placed, nodes })
     }
 
@@ -883,7 +906,9 @@ impl<'a> Cycle<'a> {
         for &n in &released {
             self.reopened[s.nodes[n].flavor] = true;
         }
-        let placed = place(&mut self.states, &c.nodes, &p.tasks).expect("the chosen placement still fits");
+        let fragmentation = s.clusters[self.pools[c.pool].cluster].packing == Packing::Fragmentation;
+        let shapes = self.shapes.as_ref().filter(|_| fragmentation);
+        let placed = place(&mut self.states, &c.nodes, &p.tasks, shapes).expect("the chosen placement still fits");
         debug_assert_eq!(placed, c.placed);
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
         self.pools[c.pool].version += 1;
@@ -1077,7 +1102,7 @@ impl<'a> Cycle<'a> {
             }
             let mut states = base.clone();
             release(&mut states, victims);
-            node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks))
+            node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks, None))
         };
         let mut taken: BTreeMap<TeamIx, u64> = BTreeMap::new();
         let mut chosen = Vec::new();
@@ -1268,8 +1293,13 @@ pub(crate) fn could_preempt(p: &Pending, r: &Running, in_quota: bool) -> bool {
 }
 
 /// Places without keeping the placement.
-fn trial(states: &mut [NodeState], nodes: &[NodeIx], r: &crate::snapshot::Resources) -> Option<Placed> {
-    let placed = place(states, nodes, r)?;
+fn trial(
+    states: &mut [NodeState],
+    nodes: &[NodeIx],
+    r: &crate::snapshot::Resources,
+    shapes: Option<&Shapes>,
+) -> Option<Placed> {
+    let placed = place(states, nodes, r, shapes)?;
     for &(n, d) in placed.tasks.iter().rev() {
         states[n].give(r, d);
     }

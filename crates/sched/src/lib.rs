@@ -6,6 +6,7 @@
 //! - [`fair_share`]: hierarchical fair share per flavor;
 //! - [`feasible`]: what can never run as submitted (it claims no fair share);
 //! - [`nodes`]: per-GPU bookkeeping and gang bin packing;
+//! - [`fragmentation`]: packing against fragmentation, for clusters that choose it;
 //! - [`check`]: the invariants every plan must hold, for tests and trace replay;
 //! - [`what_if`]: a change applied to a snapshot, and how the plan differs;
 //! - [`estimate`]: when pending work should start, the scheduler run forward in time.
@@ -15,6 +16,7 @@ pub mod cycle;
 pub mod estimate;
 pub mod fair_share;
 pub mod feasible;
+pub mod fragmentation;
 pub mod nodes;
 pub mod plan;
 pub mod snapshot;

@@ -4,8 +4,10 @@
 //! Fractional tasks share one GPU, named by its index, with other fractional tasks up to
 //! 100 hundredths; a shared GPU takes no whole-GPU task. Placement is best fit: each task
 //! goes where it leaves the least room unused, so work packs onto busy nodes and whole
-//! nodes stay free for large gangs.
+//! nodes stay free for large gangs (or, on a cluster with `packing: fragmentation`, where
+//! it leaves the least room the work in sight could not use: [`crate::fragmentation`]).
 
+use crate::fragmentation::Shapes;
 use crate::snapshot::{MAX_GPUS_PER_NODE, Node, ONE_GPU, Resources, Snapshot};
 
 const DEVICES: usize = MAX_GPUS_PER_NODE as usize;
@@ -118,6 +120,53 @@ impl NodeState {
     }
 
     /// The shared GPU with the least room that still holds `gpus` hundredths.
+    /// Hundredths of GPU free here that a task of shape `m` could not use (the fragment
+    /// measure of fragmentation gradient descent): everything free when `m` fits nowhere
+    /// on the node (GPUs, CPU or memory), else what is free on shared GPUs too full for it.
+    pub(crate) fn fragment(&self, m: &Resources) -> u32 {
+        if self.cpus_free < m.cpus_milli || self.memory_free < m.memory_mib {
+            return self.free_gpus();
+        }
+        let (fits, unusable) = if m.is_fractional() {
+            let fits = self.whole_free > 0 || self.best_shared(m.gpus).is_some();
+            (fits, self.shared_devices().map(|d| u32::from(self.shared_free[d])).filter(|&f| f < m.gpus).sum())
+        } else {
+            // Shared GPUs take no whole-GPU task.
+            (self.whole_free >= m.gpus / ONE_GPU, self.shared_devices().map(|d| u32::from(self.shared_free[d])).sum())
+        };
+        if fits { unusable } else { self.free_gpus() }
+    }
+
+    /// Where on this node a task of `r` could go: for a fraction of a GPU, each shared GPU
+    /// with room (fullest first) and the first whole free one; for whole GPUs, `None` (any
+    /// of them).
+    pub(crate) fn choices(&self, r: &Resources) -> Vec<Option<u8>> {
+        if self.fit_cost(r).is_none() {
+            return Vec::new();
+        }
+        if !r.is_fractional() {
+            return vec![None];
+        }
+        let mut shared: Vec<usize> =
+            self.shared_devices().filter(|&d| u32::from(self.shared_free[d]) >= r.gpus).collect();
+        shared.sort_by_key(|&d| self.shared_free[d]);
+        let mut out: Vec<Option<u8>> = shared.into_iter().map(|d| Some(d as u8)).collect();
+        if self.whole_free > 0 {
+            out.push(Some(self.first_unshared() as u8));
+        }
+        out
+    }
+
+    /// Takes one task of `r` at `choice` (one of [`Self::choices`]).
+    pub(crate) fn take_choice(&mut self, r: &Resources, choice: Option<u8>) {
+        match choice {
+            Some(d) => self.take_at(r, d).expect("a choice has room"),
+            None => {
+                self.take(r);
+            }
+        }
+    }
+
     fn best_shared(&self, gpus: u32) -> Option<usize> {
         self.shared_devices().filter(|&d| u32::from(self.shared_free[d]) >= gpus).min_by_key(|&d| self.shared_free[d])
     }
@@ -219,11 +268,32 @@ pub struct Placed {
     pub tasks: Vec<(usize, Option<u8>)>,
     /// Room left unused on the nodes the gang touches, in hundredths; lower packs better.
     pub leftover: u32,
+    /// How much it grows the expected fragment of the nodes it takes
+    /// ([`crate::fragmentation`]), in thousandths of a hundredth of a GPU (negative: it
+    /// shrinks); 0 when placed by best fit.
+    pub growth: i64,
 }
 
-/// Places all `r.count` tasks on the nodes at `candidates` (positions into `states`), best
-/// fit task by task, updating `states`; on failure `states` is left as it was.
-pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Placed> {
+/// Places all `r.count` tasks on the nodes at `candidates` (positions into `states`), task
+/// by task, updating `states`; on failure `states` is left as it was. Best fit, or with
+/// `shapes` (a cluster that packs against fragmentation) by [`crate::fragmentation`],
+/// falling back to best fit for a gang that does not fit that way, so the two agree on
+/// whether a gang fits.
+pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources, shapes: Option<&Shapes>) -> Option<Placed> {
+    let (tasks, growth) = match shapes.and_then(|shapes| crate::fragmentation::place(states, candidates, r, shapes)) {
+        Some(placed) => placed,
+        None => (best_fit(states, candidates, r)?, 0),
+    };
+    let mut touched: Vec<usize> = tasks.iter().map(|&(p, _)| p).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let leftover = touched.iter().map(|&p| states[p].free_gpus()).sum();
+    Some(Placed { tasks, leftover, growth })
+}
+
+/// Each task where it leaves the least room unused; `None` (and nothing taken) when the
+/// gang does not fit so.
+fn best_fit(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Vec<(usize, Option<u8>)>> {
     let mut tasks: Vec<(usize, Option<u8>)> = Vec::with_capacity(r.count as usize);
     for _ in 0..r.count {
         let mut best: Option<(u32, usize)> = None;
@@ -245,11 +315,7 @@ pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> O
         };
         tasks.push((p, states[p].take(r)));
     }
-    let mut touched: Vec<usize> = tasks.iter().map(|&(p, _)| p).collect();
-    touched.sort_unstable();
-    touched.dedup();
-    let leftover = touched.iter().map(|&p| states[p].free_gpus()).sum();
-    Some(Placed { tasks, leftover })
+    Some(tasks)
 }
 
 #[cfg(test)]
@@ -272,6 +338,21 @@ mod tests {
 
     fn tasks(count: u32, gpus: u32) -> Resources {
         Resources { count, gpus, cpus_milli: 1000, memory_mib: 1024 }
+    }
+
+    #[test]
+    fn the_fragment_is_what_a_task_shape_cannot_use() {
+        // 2 GPUs, one shared with 0.6 free, one whole.
+        let mut n = NodeState::new(&node(2));
+        n.take(&tasks(1, 40));
+        assert_eq!(n.fragment(&tasks(1, 50)), 0, "0.5 fits on either GPU");
+        assert_eq!(n.fragment(&tasks(1, 70)), 60, "0.7 fits only the whole GPU");
+        assert_eq!(n.fragment(&tasks(1, 100)), 60, "a whole GPU cannot use a shared one");
+        assert_eq!(n.fragment(&tasks(1, 200)), 160, "two whole GPUs do not fit: all of it");
+        let hungry = Resources { count: 1, gpus: 50, cpus_milli: 65_000, memory_mib: 1024 };
+        assert_eq!(n.fragment(&hungry), 160, "short of CPU: all of it");
+        assert_eq!(n.choices(&tasks(1, 50)), [Some(0), Some(1)]);
+        assert_eq!(n.choices(&tasks(1, 100)), [None]);
     }
 
     #[test]
@@ -311,7 +392,7 @@ mod tests {
         // Nodes with 2, 8 and 4 free GPUs; a 2-GPU task goes to the first (nothing left
         // over), the next to the one with 4 free, keeping the 8-GPU node whole.
         let mut states = vec![NodeState::new(&node(2)), NodeState::new(&node(8)), NodeState::new(&node(4))];
-        let placed = place(&mut states, &[0, 1, 2], &tasks(2, 200)).unwrap();
+        let placed = place(&mut states, &[0, 1, 2], &tasks(2, 200), None).unwrap();
         assert_eq!(placed.tasks, [(0, None), (2, None)]);
         assert_eq!(placed.leftover, 200);
         assert_eq!(states[1].whole_free(), 8);
@@ -323,7 +404,7 @@ mod tests {
         // first is given back.
         let mut states = vec![NodeState::new(&node(4)), NodeState::new(&node(3))];
         let before = states.clone();
-        assert_eq!(place(&mut states, &[0, 1], &tasks(2, 400)), None);
+        assert_eq!(place(&mut states, &[0, 1], &tasks(2, 400), None), None);
         assert_eq!(states, before);
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use berth_core::cluster::{Capabilities, ClusterKind, TIER_LABEL, TIERS};
+use berth_core::cluster::{Capabilities, ClusterKind, Packing, TIER_LABEL, TIERS};
 use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,12 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub running: Vec<Running>,
     pub pending: Vec<Pending>,
+    /// Tasks of recent work no longer in the snapshot (finished, or turned away), which
+    /// [`crate::fragmentation`] counts with the running and pending work as the demand to
+    /// pack for; `count` is the number of tasks. The controllers leave it empty: their
+    /// work waits in `pending` until it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_demand: Vec<Resources>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,6 +181,9 @@ pub struct Cluster {
     /// does (`ClusterSpec::capabilities` says, e.g. a Slurm cluster with shards).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fractional_gpus: Option<bool>,
+    /// How its nodes are chosen for each task ([`crate::fragmentation`]).
+    #[serde(default, skip_serializing_if = "Packing::is_best_fit")]
+    pub packing: Packing,
 }
 
 impl Cluster {

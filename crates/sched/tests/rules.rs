@@ -4,7 +4,7 @@
 
 mod support;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::feasible::Impossible;
@@ -268,6 +268,33 @@ fn fractional_tasks_share_a_gpu_and_pack() {
     let devices: Vec<Option<u8>> = plan.admissions.iter().map(|a| a.placement[0].device).collect();
     assert_eq!(devices, [Some(0), Some(0), Some(1)]);
     assert!(matches!(reason(&w, &plan, "whole"), Reason::NoClusterFits { .. }));
+}
+
+#[test]
+fn packing_against_fragmentation_keeps_room_the_work_in_sight_can_use() {
+    // Four 1-GPU nodes. n0's GPU holds a 0.4 task (0.6 free); n1 is free; n2 and n3 each
+    // hold two 0.5 tasks. A 0.3 task: best fit puts it on n0's shared GPU (least room left,
+    // 0.3), where the 0.3 left is of no use to the 0.5 and 0.4 tasks that make up most of
+    // the work in sight. With `packing: fragmentation` it goes to n1, whose 0.7 left still
+    // takes any of them.
+    let plan_on = |packing: Packing| {
+        let mut w = World::new(&["l4"]);
+        w.team("a", None, &[("l4", 4, None, 1)]);
+        let c = w.cluster("c1", ClusterKind::Sim, &[]);
+        w.s.clusters[c].packing = packing;
+        let n = w.nodes(c, "l4", 4, 1, None);
+        w.run("r0", "a", &n[0..1], 1, 40, false, 0, 0);
+        w.run("r2", "a", &n[2..3], 2, GPU / 2, false, 0, 0);
+        w.run("r3", "a", &n[3..4], 2, GPU / 2, false, 0, 0);
+        w.submit("small", "a", 1, 30, &["l4"]);
+        let plan = w.plan();
+        assert_eq!(admitted(&w, &plan), ["small"]);
+        (plan.admissions[0].placement[0].node, n)
+    };
+    let (node, n) = plan_on(Packing::BestFit);
+    assert_eq!(node, n[0]);
+    let (node, n) = plan_on(Packing::Fragmentation);
+    assert_eq!(node, n[1]);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{FlavorPolicy, TopologyPolicy, WorkloadKind};
 use berth_sched::nodes::{node_states, place};
 use berth_sched::snapshot::{
@@ -98,11 +98,15 @@ fn node() -> impl Strategy<Value = NodeSpec> {
         })
 }
 
-fn cluster() -> impl Strategy<Value = (ClusterKind, Option<&'static str>, bool, Vec<NodeSpec>)> {
+/// A cluster: kind, tier label, cordoned, packing, nodes.
+type ClusterSpec = (ClusterKind, Option<&'static str>, bool, Packing, Vec<NodeSpec>);
+
+fn cluster() -> impl Strategy<Value = ClusterSpec> {
     (
         select(vec![ClusterKind::Slurm, ClusterKind::Kubernetes, ClusterKind::Sim]),
         select(vec![None, Some("reservation"), Some("on-demand"), Some("spot")]),
         prop::bool::weighted(0.1),
+        select(vec![Packing::BestFit, Packing::BestFit, Packing::Fragmentation]),
         proptest::collection::vec(node(), 1..6),
     )
 }
@@ -207,7 +211,7 @@ pub fn snapshots() -> impl Strategy<Value = Snapshot> {
 fn build(
     flavors: usize,
     teams: &[(Parent, Vec<Quota>, Stop)],
-    clusters: &[(ClusterKind, Option<&'static str>, bool, Vec<NodeSpec>)],
+    clusters: &[ClusterSpec],
     running: &[RunningSpec],
     pending: &[PendingSpec],
 ) -> Snapshot {
@@ -242,7 +246,7 @@ fn build(
             min_runtime_seconds: None,
         });
     }
-    for (c, (kind, tier, cordoned, nodes)) in clusters.iter().enumerate() {
+    for (c, (kind, tier, cordoned, packing, nodes)) in clusters.iter().enumerate() {
         let labels: BTreeMap<String, String> = tier.iter().map(|t| ("tier".to_string(), t.to_string())).collect();
         s.clusters.push(Cluster {
             name: format!("c{c}"),
@@ -250,6 +254,7 @@ fn build(
             labels,
             cordoned: *cordoned,
             fractional_gpus: None,
+            packing: *packing,
         });
         for n in nodes {
             s.nodes.push(Node {
@@ -271,7 +276,7 @@ fn build(
         let (cluster, flavor) = (s.nodes[node].cluster, s.nodes[node].flavor);
         let pool: Vec<usize> =
             (0..s.nodes.len()).filter(|&n| s.nodes[n].cluster == cluster && s.nodes[n].flavor == flavor).collect();
-        let Some(placed) = place(&mut states, &pool, &r.tasks) else { continue };
+        let Some(placed) = place(&mut states, &pool, &r.tasks, None) else { continue };
         s.running.push(Running {
             id: format!("r{i}"),
             team: r.team.index(s.teams.len()),

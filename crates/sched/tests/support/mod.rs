@@ -6,7 +6,7 @@ pub mod rng;
 
 use std::collections::BTreeMap;
 
-use berth_core::cluster::ClusterKind;
+use berth_core::cluster::{ClusterKind, Packing};
 use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::nodes::{node_states, place};
@@ -71,6 +71,7 @@ impl World {
             labels: labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
             cordoned: false,
             fractional_gpus: None,
+            packing: Packing::BestFit,
         });
         self.s.clusters.len() - 1
     }
@@ -114,7 +115,7 @@ impl World {
         let (cluster, flavor) = (node.cluster, node.flavor);
         let tasks = Resources { count, gpus, cpus_milli: 1000, memory_mib: 1024 };
         let mut states = node_states(&self.s).unwrap();
-        let placed = place(&mut states, nodes, &tasks).expect("running work fits where the test puts it");
+        let placed = place(&mut states, nodes, &tasks, None).expect("running work fits where the test puts it");
         self.s.running.push(Running {
             id: id.into(),
             team: self.team_ix(team),
