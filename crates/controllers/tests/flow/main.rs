@@ -1493,3 +1493,36 @@ async fn a_best_fit_workload_takes_the_flavor_it_fragments_least(db: berth_store
     assert_eq!(flavor(p.workload("nlp", "ordered").await), Some(("h100".into(), "big".into())));
     assert_eq!(flavor(p.workload("nlp", "best").await), Some(("l4".into(), "small".into())));
 }
+
+/// A cluster's `spec.packing` reaches the scheduler. Four 1-GPU nodes: a 0.4 task, then
+/// two gangs of two 0.5 tasks, each filling a node. A 0.3 task on `fragmentation` goes to
+/// the empty node, where the 0.7 left still takes the 0.5 and 0.4 tasks in sight; on
+/// `best_fit` (the same cluster, changed) the next one goes beside the 0.4, where it
+/// leaves the least room.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_cluster_that_packs_against_fragmentation_keeps_usable_room(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 4, None).await;
+    let spec = |packing: &str| {
+        let nodes = json!([{"name": "n", "count": 4, "flavor": "h100", "gpus_per_node": 1}]);
+        json!({"spec": {"kind": "sim", "packing": packing, "sim": {"node_groups": nodes}}})
+    };
+    p.apply_cluster("shared", spec("fragmentation")).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    let node_of = |w: Workload| w.status.admission.expect("admitted").placement[0].node.clone();
+    for (name, count, gpus) in [("r0", 1, 0.4), ("r1", 2, 0.5), ("r2", 2, 0.5), ("small", 1, 0.3)] {
+        p.submit("a", name, count, gpus, json!({})).await;
+        scheduler::reconcile(&p.ctx).await.unwrap();
+    }
+    let beside_r0 = node_of(p.workload("a", "r0").await);
+    let small = node_of(p.workload("a", "small").await);
+    assert_ne!(small, beside_r0);
+    for r in ["r1", "r2"] {
+        assert_ne!(node_of(p.workload("a", r).await), small);
+    }
+
+    p.apply_cluster("shared", spec("best_fit")).await;
+    p.submit("a", "small2", 1, 0.3, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(node_of(p.workload("a", "small2").await), beside_r0);
+}
