@@ -48,10 +48,6 @@ impl Shapes {
     pub fn expected_fragment(&self, node: &NodeState) -> f64 {
         self.0.iter().map(|(m, p)| p * f64::from(node.fragment(m))).sum()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// Each task's node and, for a fraction of a GPU, its GPU.

@@ -119,7 +119,6 @@ impl NodeState {
         shared_fit.or_else(|| (self.whole_free > 0).then(|| self.whole_free * ONE_GPU - r.gpus + ONE_GPU))
     }
 
-    /// The shared GPU with the least room that still holds `gpus` hundredths.
     /// Hundredths of GPU free here that a task of shape `m` could not use (the fragment
     /// measure of fragmentation gradient descent): everything free when `m` fits nowhere
     /// on the node (GPUs, CPU or memory), else what is free on shared GPUs too full for it.
@@ -167,6 +166,7 @@ impl NodeState {
         }
     }
 
+    /// The shared GPU with the least room that still holds `gpus` hundredths.
     fn best_shared(&self, gpus: u32) -> Option<usize> {
         self.shared_devices().filter(|&d| u32::from(self.shared_free[d]) >= gpus).min_by_key(|&d| self.shared_free[d])
     }
