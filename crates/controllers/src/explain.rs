@@ -56,7 +56,8 @@ pub fn pending_reason(
         Reason::FairShareReached { team: t, flavor: f, used, fair_share, requested } => (
             "FairShareReached",
             format!(
-                "team {} would borrow beyond its fair share of {}: uses {used}, fair share {fair_share}, requests {requested}",
+                "team {} would borrow beyond its fair share of {}: uses {used}, fair share {fair_share}, requests \
+                 {requested}; the room left went to other work first",
                 team(*t),
                 flavor(*f)
             ),

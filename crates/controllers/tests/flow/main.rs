@@ -1526,3 +1526,32 @@ async fn a_cluster_that_packs_against_fragmentation_keeps_usable_room(db: berth_
     scheduler::reconcile(&p.ctx).await.unwrap();
     assert_eq!(node_of(p.workload("a", "small2").await), beside_r0);
 }
+
+/// What no team can use within its fair share is lent past it, and the workload left
+/// waiting is told why. Teams a and b, no guarantees, shares 12 and 12 of 24 GPUs, each
+/// wanting 16: a1 and b1 run within the shares, a2 (submitted before b2) gets the last
+/// node lent, borrowed, and b2 waits with the share and where the room went.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_room_no_team_can_use_within_its_share_is_lent(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 0, None).await;
+    p.team("b", None, 0, None).await;
+    p.cluster("c", 3, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    for (team, name) in [("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")] {
+        p.submit(team, name, 1, 8.0, json!({})).await;
+    }
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let a2 = p.workload("a", "a2").await;
+    assert!(a2.status.admission.expect("a2 is lent the last node").borrowed);
+    for (team, name) in [("a", "a1"), ("b", "b1")] {
+        assert!(p.workload(team, name).await.status.admission.is_some(), "{name}");
+    }
+    let reason = p.workload("b", "b2").await.status.pending_reason.expect("b2 waits");
+    assert_eq!(reason.code, "FairShareReached");
+    assert!(
+        reason.message.contains("fair share 12") && reason.message.contains("went to other work"),
+        "{}",
+        reason.message
+    );
+}
