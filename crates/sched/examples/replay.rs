@@ -560,7 +560,7 @@ fn berth_cycle(
                 let miss = attempts.first().and_then(|a| a.clusters.first()).map(|c| format!("{:?}", c.miss));
                 format!("no cluster fits: {}", miss.unwrap_or_default().split([' ', '{']).next().unwrap_or_default())
             }
-            other => format!("{other:?}").split([' ', '{']).next().unwrap_or_default().to_owned(),
+            other => other.code().to_owned(),
         };
         *out.team_reasons[jobs[queue[w.workload]].team].entry(reason).or_default() += 1;
     }

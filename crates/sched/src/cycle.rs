@@ -47,8 +47,8 @@ use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
 };
 use crate::snapshot::{
-    ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, Running, RunningIx, Snapshot,
-    TaskPlacement, TeamIx,
+    Cluster, ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, Running, RunningIx,
+    Snapshot, TaskPlacement, TeamIx,
 };
 
 /// Computes the plan for `s`. The same snapshot always yields the same plan.
@@ -800,7 +800,7 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         let p = &s.pending[w];
         let pool = &self.pools[pool_ix];
-        let shapes = self.shapes.as_ref().filter(|_| s.clusters[pool.cluster].packing == Packing::Fragmentation);
+        let shapes = shapes_on(&self.shapes, &s.clusters[pool.cluster]);
         let r = &p.tasks;
         let needed = u64::from(r.total_gpus());
         if pool.free < needed {
@@ -906,8 +906,7 @@ impl<'a> Cycle<'a> {
         for &n in &released {
             self.reopened[s.nodes[n].flavor] = true;
         }
-        let fragmentation = s.clusters[self.pools[c.pool].cluster].packing == Packing::Fragmentation;
-        let shapes = self.shapes.as_ref().filter(|_| fragmentation);
+        let shapes = shapes_on(&self.shapes, &s.clusters[self.pools[c.pool].cluster]);
         let placed = place(&mut self.states, &c.nodes, &p.tasks, shapes).expect("the chosen placement still fits");
         debug_assert_eq!(placed, c.placed);
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
@@ -1293,6 +1292,11 @@ pub(crate) fn could_preempt(p: &Pending, r: &Running, in_quota: bool) -> bool {
 }
 
 /// Places without keeping the placement.
+/// The shapes to pack against on `cluster`: the cycle's, if it packs against fragmentation.
+fn shapes_on<'a>(shapes: &'a Option<Shapes>, cluster: &Cluster) -> Option<&'a Shapes> {
+    shapes.as_ref().filter(|_| cluster.packing == Packing::Fragmentation)
+}
+
 fn trial(
     states: &mut [NodeState],
     nodes: &[NodeIx],
