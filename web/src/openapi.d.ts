@@ -369,8 +369,9 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Preview a change of a team's quotas: what the scheduler would do differently with the
-         *     body applied — workloads admitted or preempted, fair shares — without saving it.
+         * Preview a change of a team's quotas or fair sharing: what the scheduler would do
+         *     differently with the body applied — workloads admitted or preempted, fair shares —
+         *     without saving it.
          * @description The body is a replacement of the team as for `PUT`, checked by the same rules (422
          *     naming the field) and allowed to the same callers. Workloads of teams the caller may
          *     not read are counted but not named.
@@ -1145,6 +1146,25 @@ export interface components {
             /** Format: double */
             after: number;
         };
+        /**
+         * @description Fairness over time (as Slurm's fair-share factor and KAI's time-based fair share): the
+         *     weight a team divides idle capacity with among its siblings is multiplied by
+         *     `2^(−U/S)`, where `U` is the team's part of the siblings' recent GPU-hours and `S` its
+         *     part of their weights. Guarantees are never touched. Recent use counts every GPU-hour
+         *     of the subtree, halved for each `usage_half_life_seconds` since it was used. It applies
+         *     inside the tree, and among top-level teams when every top-level team sets it.
+         * @example {
+         *       "usage_half_life_seconds": 604800
+         *     }
+         */
+        FairSharing: {
+            /**
+             * Format: int32
+             * @description How fast past use is forgotten: a GPU-hour counts half after this long, a quarter
+             *     after twice as long (1 hour to 90 days).
+             */
+            usage_half_life_seconds: number;
+        };
         /** @description One broken rule, naming the field at fault. */
         FieldError: {
             /**
@@ -1781,6 +1801,25 @@ export interface components {
             /** @description Fair shares that change, in GPUs. */
             fair_shares: components["schemas"]["FairShareChange"][];
         };
+        /**
+         * @description A team's recent use of one flavor: GPU-hours, each counted less the longer ago it was
+         *     used (see `spec.fair_sharing`).
+         */
+        RecentUsage: {
+            flavor: string;
+            /**
+             * Format: double
+             * @description Of the team's own workloads.
+             */
+            gpu_hours: number;
+            /**
+             * Format: double
+             * @description Of the team and every team below it.
+             */
+            subtree_gpu_hours: number;
+            /** Format: date-time */
+            updated_at: string;
+        };
         /** @description The replicas of an autoscaled inference service. */
         Replicas: {
             /**
@@ -2132,6 +2171,7 @@ export interface components {
              */
             budgets?: components["schemas"]["Budget"][];
             preemption?: null | components["schemas"]["PreemptionPolicy"];
+            fair_sharing?: null | components["schemas"]["FairSharing"];
         };
         /** @description Observed state of a team, written by the controllers. */
         TeamStatus: {
@@ -2146,6 +2186,12 @@ export interface components {
              * @default []
              */
             budgets: components["schemas"]["BudgetStatus"][];
+            /**
+             * @description Per flavor, when the team's tree sets `spec.fair_sharing`: its recent use, decayed
+             *     by the tree's half-life.
+             * @default []
+             */
+            recent_usage: components["schemas"]["RecentUsage"][];
         };
         /** @description A team's (or department's) totals in a report. */
         TeamUsage: {

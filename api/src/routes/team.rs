@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use berth_app::team as app;
 use berth_core::page::PageRequest;
-use berth_core::team::{Quota, QuotaPreview, Team, TeamApply};
+use berth_core::team::{QuotaPreview, Team, TeamApply, TeamSpec};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -89,8 +89,9 @@ async fn put_team(
     Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
 }
 
-/// Preview a change of a team's quotas: what the scheduler would do differently with the
-/// body applied — workloads admitted or preempted, fair shares — without saving it.
+/// Preview a change of a team's quotas or fair sharing: what the scheduler would do
+/// differently with the body applied — workloads admitted or preempted, fair shares —
+/// without saving it.
 ///
 /// The body is a replacement of the team as for `PUT`, checked by the same rules (422
 /// naming the field) and allowed to the same callers. Workloads of teams the caller may
@@ -105,8 +106,8 @@ async fn preview_team(
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
-    let what_if = async |quotas: &[Quota]| {
-        berth_controllers::preview::quota_preview(&s.db, &s.scheduling, &name, quotas, s.clock.now()).await
+    let what_if = async |spec: &TeamSpec| {
+        berth_controllers::preview::quota_preview(&s.db, &s.scheduling, &name, spec, s.clock.now()).await
     };
     Ok(Json(app::team_preview(&s.db, &opctx, &name, &body, what_if).await?).into_response())
 }

@@ -186,3 +186,32 @@ async fn usage_history_follows_the_schedulers_allocations(db: berth_store::PgPoo
         sqlx::query_scalar("SELECT allocated FROM usage_history ORDER BY at").fetch_all(&s.db).await.unwrap();
     assert_eq!(kept, [40.0, 6.0]);
 }
+
+/// `spec.fair_sharing` belongs to a top-level team, with a half-life of an hour to 90
+/// days; only a platform admin sets it (a top-level team's admin may not change its own).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn fair_sharing_over_time_is_set_on_a_top_level_team_by_a_platform_admin(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let with = |parent: Option<&str>, seconds: u32| {
+        let mut body = TeamBody::new().quota("h100", if parent.is_some() { 8 } else { 16 }, None, 1).json();
+        if let Some(p) = parent {
+            body["spec"]["parent"] = json!(p);
+        }
+        body["spec"]["fair_sharing"] = json!({"usage_half_life_seconds": seconds});
+        body
+    };
+    s.put_ok("/api/v1/teams/research", &with(None, 604_800), 200).await;
+    let research = s.get("/api/v1/teams/research").await;
+    assert_eq!(research.body["spec"]["fair_sharing"], json!({"usage_half_life_seconds": 604_800}));
+
+    s.put("/api/v1/teams/nlp", &with(Some("research"), 604_800)).await.assert_problem(422, Some("/spec/fair_sharing"));
+    s.put("/api/v1/teams/research", &with(None, 60))
+        .await
+        .assert_problem(422, Some("/spec/fair_sharing/usage_half_life_seconds"));
+    let admin = token("carol", &[(Role::TeamAdmin, Some("research"))]);
+    let plain = TeamBody::new().quota("h100", 16, None, 1).json();
+    let refused = s.send_as(Some(&admin), Method::PUT, "/api/v1/teams/research", Some(&plain)).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert_eq!(s.get("/api/v1/teams/research").await.body["spec"], research.body["spec"]);
+}

@@ -4,7 +4,7 @@
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::event::AuditVerb;
 use berth_core::page::{Page, PageRequest};
-use berth_core::team::{Quota, QuotaPreview, Team, TeamApply, check_guarantees_nest};
+use berth_core::team::{QuotaPreview, Team, TeamApply, TeamSpec, check_guarantees_nest};
 use berth_core::{Error, TeamId};
 use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
@@ -63,7 +63,7 @@ pub async fn team_apply(
     Err(lost_create_race(KIND, name))
 }
 
-/// What replacing an existing team's quotas with `input`'s would do: the change is checked
+/// What replacing an existing team's quotas (and fair sharing) with `input`'s would do: the change is checked
 /// as [`team_apply`] would check it, `preview` works out its effect (the scheduler's
 /// what-if, which lives with the controllers), and the answer is redacted for the caller.
 /// Nothing is written.
@@ -75,7 +75,7 @@ pub async fn team_preview(
     opctx: &OpContext,
     name: &str,
     input: &TeamApply,
-    preview: impl AsyncFnOnce(&[Quota]) -> Result<QuotaPreview, Error>,
+    preview: impl AsyncFnOnce(&TeamSpec) -> Result<QuotaPreview, Error>,
 ) -> Result<QuotaPreview, Error> {
     opctx.access().apply_team(name, input.spec.parent.as_deref())?;
     check_body(db, name, input).await?;
@@ -83,7 +83,7 @@ pub async fn team_preview(
     let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
     check_tree(&mut tx, name, TeamId(team.metadata.uid), true, input).await?;
     tx.rollback().await.map_err(berth_store::db_error)?;
-    Ok(opctx.redactor().preview(preview(&input.spec.quotas).await?))
+    Ok(opctx.redactor().preview(preview(&input.spec).await?))
 }
 
 /// The body's own rules and its flavors.

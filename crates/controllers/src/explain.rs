@@ -53,16 +53,26 @@ pub fn pending_reason(
             ),
             json!({"team": team(*t), "flavor": flavor(*f), "used": used, "guaranteed": guaranteed, "requested": requested}),
         ),
-        Reason::FairShareReached { team: t, flavor: f, used, fair_share, requested } => (
-            "FairShareReached",
-            format!(
-                "team {} would borrow beyond its fair share of {}: uses {used}, fair share {fair_share}, requests \
-                 {requested}; the room left went to other work first",
-                team(*t),
-                flavor(*f)
-            ),
-            json!({"team": team(*t), "flavor": flavor(*f), "used": used, "fair_share": fair_share, "requested": requested}),
-        ),
+        Reason::FairShareReached { team: t, flavor: f, used, fair_share, requested } => {
+            let mut details = json!({"team": team(*t), "flavor": flavor(*f), "used": used, "fair_share": fair_share, "requested": requested});
+            let recent = match recent_use(s, *t, *f) {
+                Some(h) => {
+                    details["recent_gpu_hours"] = json!(h);
+                    format!(" (weighed by the team's recent use: {h:.1} GPU-hours, decayed)")
+                }
+                None => String::new(),
+            };
+            (
+                "FairShareReached",
+                format!(
+                    "team {} would borrow beyond its fair share of {}: uses {used}, fair share {fair_share}{recent}, \
+                     requests {requested}; the room left went to other work first",
+                    team(*t),
+                    flavor(*f)
+                ),
+                details,
+            )
+        }
         Reason::BorrowingPaused { flavor: f, workload } => (
             "BorrowingPaused",
             format!(
@@ -206,4 +216,65 @@ pub fn pending_reason(
         ),
     };
     PendingReason { code: code.into(), message, details: Some(details) }
+}
+
+/// The recent GPU-hours of `team`'s subtree on `flavor`, where its tree shares over time.
+fn recent_use(s: &Snapshot, team: usize, flavor: usize) -> Option<f64> {
+    s.teams[team].recent_usage.as_ref()?;
+    let below = |mut t: usize| loop {
+        if t == team {
+            return true;
+        }
+        match s.teams[t].parent {
+            Some(p) => t = p,
+            None => return false,
+        }
+    };
+    let used = (0..s.teams.len())
+        .filter(|&t| below(t))
+        .filter_map(|t| s.teams[t].recent_usage.as_ref().map(|r| r[flavor]))
+        .sum::<f64>();
+    Some(used)
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_sched::snapshot::{Quota, Team};
+
+    use super::*;
+
+    fn team(name: &str, parent: Option<usize>, recent: Option<f64>) -> Team {
+        Team {
+            name: name.into(),
+            parent,
+            quotas: vec![Quota::default()],
+            budget_stops: Vec::new(),
+            min_runtime_seconds: None,
+            recent_usage: recent.map(|r| vec![r]),
+        }
+    }
+
+    fn message(s: &Snapshot) -> PendingReason {
+        let reason = Reason::FairShareReached { team: 0, flavor: 0, used: 4.0, fair_share: 3.2, requested: 1.0 };
+        pending_reason(s, &reason, |_| String::new(), |_| DateTime::UNIX_EPOCH, |_| String::new())
+    }
+
+    #[test]
+    fn a_fair_share_weighed_by_recent_use_says_the_subtrees_recent_gpu_hours() {
+        let mut s = Snapshot { flavors: vec!["h100".into()], ..Snapshot::default() };
+        s.teams =
+            vec![team("dept", None, Some(10.0)), team("nlp", Some(0), Some(21.25)), team("other", None, Some(99.0))];
+        let r = message(&s);
+        assert!(
+            r.message.contains("fair share 3.2 (weighed by the team's recent use: 31.2 GPU-hours, decayed)"),
+            "{}",
+            r.message
+        );
+        assert_eq!(r.details.expect("details")["recent_gpu_hours"], 31.25);
+        // A tree that does not share over time: no word of it.
+        s.teams = vec![team("dept", None, None)];
+        let r = message(&s);
+        assert!(r.message.contains("fair share 3.2, requests 1"), "{}", r.message);
+        assert!(r.details.expect("details").get("recent_gpu_hours").is_none());
+    }
 }

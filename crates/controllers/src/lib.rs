@@ -14,6 +14,7 @@
 //!   workload or ends it `Cancelled`;
 //! - [`estimates`]: when each pending workload should start (the scheduler run forward);
 //! - [`budgets`]: each team's GPU-hours this week or month against its budgets;
+//! - [`fair_sharing`]: each team's recent GPU-hours, where its tree shares over time;
 //! - [`retention`]: removes workloads that ended longer ago than the retention period;
 //! - [`orphans`]: cancels backend jobs carrying Berth's key that no workload owns;
 //! - [`cluster_health`]: inventory refresh, unreachable clusters, re-placement.
@@ -31,6 +32,7 @@ pub mod deletion;
 pub mod dispatcher;
 pub mod estimates;
 mod explain;
+pub mod fair_sharing;
 pub mod idle;
 pub mod leader;
 pub mod orphans;

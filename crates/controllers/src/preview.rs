@@ -1,4 +1,5 @@
-//! Quota preview: what the scheduler would do if one team's quotas were replaced, worked
+//! Quota preview: what the scheduler would do if one team's quotas (and, for a top-level
+//! team, its fair sharing over time) were replaced, worked
 //! out by `berth_sched::what_if` on the snapshot the scheduler loop reads. Nothing is
 //! written; the answer names every workload until its reader's redactor
 //! (`berth_core::redact`) leaves out what the reader may not see.
@@ -6,15 +7,16 @@
 use std::collections::HashMap;
 
 use berth_core::Error;
-use berth_core::team::{FairShareChange, PreviewWorkload, Quota, QuotaPreview};
+use berth_core::team::{FairShareChange, PreviewWorkload, QuotaPreview, TeamSpec};
 use berth_core::workload::Workload;
 use berth_sched::what_if::{Change, what_if};
 
 use crate::Config;
 use crate::snapshot;
 
-/// The scheduler's next plan with `team`'s quotas replaced by `quotas` (a flavor without an
-/// entry: nothing guaranteed, no limit, weight 1), against its next plan as things are.
+/// The scheduler's next plan with `team`'s quotas replaced by `spec`'s (a flavor without an
+/// entry: nothing guaranteed, no limit, weight 1), and its tree's recent use weighed as
+/// `spec.fair_sharing` says, against its next plan as things are.
 ///
 /// # Errors
 /// Store errors; `Internal` when the team is not in the snapshot.
@@ -22,20 +24,26 @@ pub async fn quota_preview(
     db: &berth_store::PgPool,
     config: &Config,
     team: &str,
-    quotas: &[Quota],
+    spec: &TeamSpec,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<QuotaPreview, Error> {
     let world = crate::world::read_full(db, now).await?;
     let built = snapshot::build(&world, config.starvation_after.as_secs() as i64);
-    let changes: Vec<Change> = world
+    let mut changes: Vec<Change> = world
         .flavors
         .iter()
         .map(|f| Change::SetQuota {
             team: team.to_owned(),
             flavor: f.clone(),
-            quota: quotas.iter().find(|q| &q.flavor == f).map(berth_sched::snapshot::Quota::from).unwrap_or_default(),
+            quota: (spec.quotas.iter().find(|q| &q.flavor == f))
+                .map(berth_sched::snapshot::Quota::from)
+                .unwrap_or_default(),
         })
         .collect();
+    let current = world.teams.iter().find(|t| t.metadata.name == team).and_then(|t| t.spec.fair_sharing);
+    if spec.fair_sharing != current {
+        changes.extend(recent_usage_with(db, &world, team, spec, now).await?);
+    }
     let result = what_if(&built.snapshot, &changes).map_err(|e| Error::Internal(e.to_string()))?;
     let by_id: HashMap<String, &Workload> =
         world.workloads.iter().map(|w| (w.metadata.uid.to_string(), &**w)).collect();
@@ -69,4 +77,43 @@ pub async fn quota_preview(
     };
     preview.summary = preview.summarize();
     Ok(preview)
+}
+
+/// The recent use of every team of `top`'s tree as `spec.fair_sharing` would weigh it:
+/// decayed by its half-life, or not weighed at all.
+async fn recent_usage_with(
+    db: &berth_store::PgPool,
+    world: &snapshot::World,
+    top: &str,
+    spec: &TeamSpec,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<Change>, Error> {
+    let parent: HashMap<&str, Option<&str>> =
+        world.teams.iter().map(|t| (t.metadata.name.as_str(), t.spec.parent.as_deref())).collect();
+    let in_tree = |name: &str| {
+        std::iter::successors(Some(name), |n| parent.get(n).copied().flatten()).take(parent.len()).any(|n| n == top)
+    };
+    let tree: Vec<&berth_core::team::Team> = world.teams.iter().filter(|t| in_tree(&t.metadata.name)).collect();
+    let Some(f) = spec.fair_sharing else {
+        return Ok(tree
+            .iter()
+            .map(|t| Change::SetRecentUsage { team: t.metadata.name.clone(), gpu_hours: None })
+            .collect());
+    };
+    let uids: Vec<uuid::Uuid> = tree.iter().map(|t| t.metadata.uid).collect();
+    let mut used: HashMap<uuid::Uuid, std::collections::BTreeMap<String, f64>> = HashMap::new();
+    for (uid, flavor, own, _) in
+        berth_store::ledger::ledger_decayed_use(db, now, f.usage_half_life_seconds, &uids).await?
+    {
+        if world.flavors.contains(&flavor) {
+            used.entry(uid).or_default().insert(flavor, own);
+        }
+    }
+    Ok(tree
+        .iter()
+        .map(|t| Change::SetRecentUsage {
+            team: t.metadata.name.clone(),
+            gpu_hours: Some(used.remove(&t.metadata.uid).unwrap_or_default()),
+        })
+        .collect())
 }

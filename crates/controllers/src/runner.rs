@@ -22,8 +22,8 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::{
-    Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, estimates, idle, orphans, preemption,
-    retention, scheduler, status_sync,
+    Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, estimates, fair_sharing, idle, orphans,
+    preemption, retention, scheduler, status_sync,
 };
 
 /// A reconciler's typed status; each module implements it for its own.
@@ -120,6 +120,10 @@ const ESTIMATE_PERIOD: Duration = Duration::from_secs(10);
 /// least gap between two passes when changes wake them.
 const BUDGET_PERIOD: Duration = Duration::from_secs(30);
 const BUDGET_GAP: Duration = Duration::from_secs(10);
+
+/// How often recent use is added up again for fairness over time (it moves slowly: half-lives
+/// are an hour or more).
+const FAIR_SHARING_PERIOD: Duration = Duration::from_secs(60);
 
 /// How often retention looks for workloads to remove (it counts in days).
 const RETENTION_PERIOD: Duration = Duration::from_secs(300);
@@ -245,6 +249,14 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
             period: |_| BUDGET_PERIOD,
             min_gap: |_| BUDGET_GAP,
             pass: pass!(budgets),
+        },
+        Task {
+            name: "fair_sharing",
+            description: "adds up each team's recent GPU-hours where its tree shares fairly over time",
+            woken_by: WokenBy::Period,
+            period: |_| FAIR_SHARING_PERIOD,
+            min_gap: zero,
+            pass: pass!(fair_sharing),
         },
         Task {
             name: "idle",

@@ -240,7 +240,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let mut team_writes = Vec::new();
     let mut usage_changes = Vec::new();
     for (i, t) in world.teams.iter().enumerate() {
-        let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default(), budgets: Vec::new() };
+        let next = TeamStatus { usage: usage.remove(&i).unwrap_or_default(), ..TeamStatus::default() };
         if t.status.usage != next.usage {
             let uid = snapshot::team_uid(&world, i);
             usage_changes.extend(changed_usage(&t.status, &next).map(|(f, a, b)| (uid.0, f, a, b)));

@@ -46,7 +46,32 @@ pub struct TeamSpec {
     /// without one on the top-level team nothing in its tree is protected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<crate::workload::PreemptionPolicy>,
+    /// Fairness over time, for the team's whole tree (top-level teams only): what each team
+    /// of the tree gets above its guarantee is weighted down by its recent use. Without it
+    /// (the default) only quotas and demand divide the GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_sharing: Option<FairSharing>,
 }
+
+/// Fairness over time (as Slurm's fair-share factor and KAI's time-based fair share): the
+/// weight a team divides idle capacity with among its siblings is multiplied by
+/// `2^(−U/S)`, where `U` is the team's part of the siblings' recent GPU-hours and `S` its
+/// part of their weights. Guarantees are never touched. Recent use counts every GPU-hour
+/// of the subtree, halved for each `usage_half_life_seconds` since it was used. It applies
+/// inside the tree, and among top-level teams when every top-level team sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"usage_half_life_seconds": 604800}))]
+pub struct FairSharing {
+    /// How fast past use is forgotten: a GPU-hour counts half after this long, a quarter
+    /// after twice as long (1 hour to 90 days).
+    #[schema(minimum = 3600, maximum = 7_776_000)]
+    pub usage_half_life_seconds: u32,
+}
+
+/// Bounds of [`FairSharing::usage_half_life_seconds`].
+pub const HALF_LIFE_MIN: u32 = 3600;
+pub const HALF_LIFE_MAX: u32 = 7_776_000;
 
 /// A team's quota for one flavor, in GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -83,6 +108,22 @@ pub struct TeamStatus {
     /// Per `spec.budgets` entry, in the same order: GPU-hours used in the current period.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<crate::usage::BudgetStatus>,
+    /// Per flavor, when the team's tree sets `spec.fair_sharing`: its recent use, decayed
+    /// by the tree's half-life.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_usage: Vec<RecentUsage>,
+}
+
+/// A team's recent use of one flavor: GPU-hours, each counted less the longer ago it was
+/// used (see `spec.fair_sharing`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RecentUsage {
+    pub flavor: String,
+    /// Of the team's own workloads.
+    pub gpu_hours: f64,
+    /// Of the team and every team below it.
+    pub subtree_gpu_hours: f64,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A team's use of one flavor. The plain fields count the team's own workloads; the
@@ -252,6 +293,16 @@ impl TeamApply {
         if let Some(p) = &s.preemption {
             p.validate(&mut v, "/spec/preemption");
         }
+        if let Some(f) = &s.fair_sharing {
+            v.check(s.parent.is_none(), "/spec/fair_sharing", || {
+                "set only on a top-level team: it applies to the team's whole tree".into()
+            });
+            v.check(
+                (HALF_LIFE_MIN..=HALF_LIFE_MAX).contains(&f.usage_half_life_seconds),
+                "/spec/fair_sharing/usage_half_life_seconds",
+                || format!("must be from {HALF_LIFE_MIN} (an hour) to {HALF_LIFE_MAX} (90 days)"),
+            );
+        }
         v.check(s.budgets.len() <= BUDGETS_MAX, "/spec/budgets", || format!("at most {BUDGETS_MAX} budgets"));
         let mut seen = BTreeMap::new();
         for (i, b) in s.budgets.iter().enumerate() {
@@ -368,6 +419,27 @@ mod tests {
         assert!(check_guarantees_nest(&spec(&[("h100", 16)]), None, &[], &kids).is_empty());
         assert_eq!(check_guarantees_nest(&spec(&[("h100", 15)]), None, &[], &kids).len(), 1);
         assert_eq!(check_guarantees_nest(&spec(&[]), None, &[], &kids)[0].field, "/spec/quotas");
+    }
+
+    #[test]
+    fn fair_sharing_is_set_on_a_top_level_team_with_a_half_life_of_an_hour_to_90_days() {
+        let apply = |parent: Option<&str>, seconds: u32| TeamApply {
+            metadata: ApplyMeta::default(),
+            spec: TeamSpec {
+                parent: parent.map(Into::into),
+                fair_sharing: Some(FairSharing { usage_half_life_seconds: seconds }),
+                ..TeamSpec::default()
+            },
+            status: None,
+        };
+        assert!(apply(None, 604_800).validate("research").is_ok());
+        let fields = |a: TeamApply| match a.validate("nlp") {
+            Err(Error::Invalid(errors)) => errors.into_iter().map(|e| e.field).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(fields(apply(Some("research"), 604_800)), ["/spec/fair_sharing"]);
+        assert_eq!(fields(apply(None, 3599)), ["/spec/fair_sharing/usage_half_life_seconds"]);
+        assert_eq!(fields(apply(None, HALF_LIFE_MAX + 1)), ["/spec/fair_sharing/usage_half_life_seconds"]);
     }
 
     #[test]

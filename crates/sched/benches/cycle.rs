@@ -80,6 +80,7 @@ fn armada() -> Snapshot {
             parent: None,
             quotas: vec![Quota { guaranteed: 800, limit: None, weight: 1 }],
             budget_stops: Vec::new(),
+            recent_usage: None,
             min_runtime_seconds: None,
         });
     }
@@ -156,6 +157,7 @@ fn synthetic(pending: usize, nodes: usize, teams: usize, clusters: usize, seed: 
             parent,
             quotas,
             budget_stops: Vec::new(),
+            recent_usage: None,
             min_runtime_seconds: None,
         });
     }

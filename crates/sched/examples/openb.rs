@@ -342,6 +342,7 @@ fn berth(
         parent: None,
         quotas: per_flavor.iter().map(|&g| Quota { guaranteed: g, limit: None, weight: 1 }).collect(),
         budget_stops: Vec::new(),
+        recent_usage: None,
         min_runtime_seconds: None,
     });
     s.clusters.push(Cluster {

@@ -9,11 +9,14 @@
 //! cargo run --release -p berth-sched --example replay -- \
 //!     [--trace ../shared/traces/philly/philly-2017-09-10.csv] [--nodes 64[,96,...]]
 //!     [--windows 2017-09-01..2017-10-01[,...]] [--jobs N] [--tick 60] [--teams]
+//!     [--half-life HOURS]
 //! ```
 //!
 //! A window takes the jobs submitted in it (UTC days, end exclusive; default the whole
 //! trace), at most `--jobs` of them; `--teams` prints, per setting, each team's held GPUs
-//! against its fair share while it had work waiting.
+//! against its fair share while it had work waiting. `--half-life` has Berth share fairly
+//! over time (every team's `spec.fair_sharing`), with recent use decayed by that
+//! half-life.
 //!
 //! Model: each virtual cluster of the trace is a team; guarantees are proportional to each
 //! team's share of the trace's GPU time (together 100 % of the cluster), weights equal, no
@@ -53,15 +56,18 @@ struct Options {
     jobs: usize,
     tick: i64,
     teams: bool,
+    /// Fairness over time, in seconds (`None`: off).
+    half_life: Option<f64>,
 }
 
 fn main() -> ExitCode {
     let options = options();
     let trace = load(&options.trace);
     println!(
-        "Philly replay: tick {} s; policies berth, fifo (strict, no preemption) and las (Tiresias 2D-LAS, \
+        "Philly replay: tick {} s; policies berth{}, fifo (strict, no preemption) and las (Tiresias 2D-LAS, \
          queues at {} GPU-hours attained)",
         options.tick,
+        options.half_life.map_or(String::new(), |h| format!(" (fair sharing over time, half-life {} h)", h / 3600.0)),
         LAS_THRESHOLDS.map(|s| format!("{}", s / 3600.0)).join(", ")
     );
     println!(
@@ -169,6 +175,7 @@ fn options() -> Options {
         jobs: usize::MAX,
         tick: 60,
         teams: false,
+        half_life: None,
     };
     let mut args = std::env::args().skip(1).peekable();
     while let Some(option) = args.next() {
@@ -191,6 +198,7 @@ fn options() -> Options {
             }
             "--jobs" => o.jobs = value.parse().expect("--jobs N"),
             "--tick" => o.tick = value.parse().expect("--tick SECONDS"),
+            "--half-life" => o.half_life = Some(3600.0 * value.parse::<f64>().expect("--half-life HOURS")),
             other => panic!("unknown option {other}"),
         }
     }
@@ -341,6 +349,7 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
                 parent: None,
                 quotas: vec![Quota { guaranteed: g, limit: None, weight: 1 }],
                 budget_stops: Vec::new(),
+                recent_usage: None,
                 min_runtime_seconds: None,
             })
             .collect(),
@@ -390,6 +399,8 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
     let mut now = origin;
     let mut last = origin;
     let mut fair: Vec<f64> = vec![0.0; teams.len()];
+    // Each team's recent GPU-hours, decayed by the half-life, when Berth shares over time.
+    let mut recent: Vec<f64> = vec![0.0; teams.len()];
     let mut preemptor_of = HashMap::new();
     let mut changed;
     while next_arrival < jobs.len() || !queue.is_empty() || !active.is_empty() {
@@ -420,6 +431,16 @@ fn simulate(o: &Options, nodes: usize, jobs: &[Job], teams: &[String], guarantee
                     usable += s;
                 }
                 out.usable_gpu_seconds[t] += usable.min(fair[t]).max(held[t].min(fair[t])) * dt;
+            }
+        }
+        if let Some(h) = o.half_life.filter(|_| matches!(policy, Policy::Berth)) {
+            // What was held through dt, each second counted 2^(−age / h), in GPU-hours.
+            let kept = (-dt / h).exp2();
+            for (r, held) in recent.iter_mut().zip(&held) {
+                *r = *r * kept + held * h / std::f64::consts::LN_2 * (1.0 - kept) / 3600.0;
+            }
+            for (team, r) in s.teams.iter_mut().zip(&recent) {
+                team.recent_usage = Some(vec![*r]);
             }
         }
         let idle = f64::from(nodes as u32 * 8) - held.iter().sum::<f64>();

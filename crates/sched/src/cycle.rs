@@ -181,6 +181,7 @@ pub(crate) fn own_shares(s: &Snapshot, impossible: &[Vec<Impossible>]) -> (Vec<f
                     limit: q.limit.map(f64::from),
                     weight: f64::from(q.weight),
                     own_demand: demand[t * flavors + f],
+                    recent: team.recent_usage.as_ref().map(|r| r[f]),
                 }
             })
             .collect();

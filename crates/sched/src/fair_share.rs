@@ -18,9 +18,21 @@
 //! Shares never exceed demand or limit; siblings' shares never add up to more than their
 //! parent's; the division is work-conserving (capacity stays unshared only when every
 //! claimant with positive weight has all it demands); the result depends only on the input.
+//!
+//! # Fairness over time
+//! Where every claimant of a division has a recent use (its tree sets `spec.fair_sharing`),
+//! step 2 weighs each claimant by `weight × 2^(−U/S)` instead (Slurm's fair-share factor):
+//! `U` is the claimant's part of the claimants' recent use, `S` its part of their weights.
+//! A claimant that used nothing lately keeps its weight; one that used its part of the
+//! weights keeps half; one that used everything is left `2^(−1/S)`. Step 1 is untouched, so
+//! guarantees hold whatever was used. The factor never falls below [`FACTOR_MIN`], so the
+//! division stays work-conserving.
 
 /// Numbers closer than this are equal (shares are GPUs, possibly fractional).
 pub const EPSILON: f64 = 1e-9;
+
+/// The least a claimant's weight is multiplied by for its recent use (2^−30).
+pub const FACTOR_MIN: f64 = 1.0 / 1_073_741_824.0;
 
 /// One team, for one flavor.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +47,9 @@ pub struct TeamInput {
     pub weight: f64,
     /// GPUs the team's own workloads want (running and pending), children excluded.
     pub own_demand: f64,
+    /// GPU-hours the team's own workloads used lately, decayed; `None` where its tree does
+    /// not share fairly over time.
+    pub recent: Option<f64>,
 }
 
 /// A team's fair share, for one flavor.
@@ -56,12 +71,23 @@ pub fn fair_shares(teams: &[TeamInput], capacity: f64) -> Vec<FairShare> {
     let children = children_of(teams);
     let order = post_order(teams, &children);
     let mut shares = vec![FairShare::default(); teams.len()];
+    // The subtree's recent use, where the team has one.
+    let mut recent: Vec<Option<f64>> = vec![None; teams.len()];
     for &i in &order {
         let below: f64 = children[i].iter().map(|&c| shares[c].demand).sum();
         shares[i].demand = cap(teams[i].own_demand.max(0.0) + below, teams[i].limit);
+        recent[i] =
+            teams[i].recent.map(|own| own.max(0.0) + children[i].iter().filter_map(|&c| recent[c]).sum::<f64>());
     }
+    let demand: Vec<f64> = shares.iter().map(|s| s.demand).collect();
+    let claim_of = |i: usize| Claim {
+        guaranteed: teams[i].guaranteed.max(0.0),
+        weight: teams[i].weight.max(0.0),
+        demand: demand[i],
+        recent: recent[i],
+    };
     let roots: Vec<usize> = (0..teams.len()).filter(|&i| teams[i].parent.is_none()).collect();
-    let claims: Vec<Claim> = roots.iter().map(|&r| claim_of(&teams[r], shares[r].demand)).collect();
+    let claims: Vec<Claim> = roots.iter().map(|&r| claim_of(r)).collect();
     for (&r, amount) in roots.iter().zip(divide(&claims, capacity.max(0.0))) {
         shares[r].subtree = amount;
     }
@@ -69,11 +95,12 @@ pub fn fair_shares(teams: &[TeamInput], capacity: f64) -> Vec<FairShare> {
     for &i in order.iter().rev() {
         let kids = &children[i];
         let child_guarantees: f64 = kids.iter().map(|&c| teams[c].guaranteed.max(0.0)).sum();
-        let mut claims: Vec<Claim> = kids.iter().map(|&c| claim_of(&teams[c], shares[c].demand)).collect();
+        let mut claims: Vec<Claim> = kids.iter().map(|&c| claim_of(c)).collect();
         claims.push(Claim {
             guaranteed: (teams[i].guaranteed - child_guarantees).max(0.0),
             weight: 1.0,
             demand: cap(teams[i].own_demand.max(0.0), teams[i].limit),
+            recent: teams[i].recent.map(|own| own.max(0.0)),
         });
         let amounts = divide(&claims, shares[i].subtree);
         for (&c, &amount) in kids.iter().zip(&amounts) {
@@ -89,10 +116,7 @@ struct Claim {
     guaranteed: f64,
     weight: f64,
     demand: f64,
-}
-
-fn claim_of(team: &TeamInput, demand: f64) -> Claim {
-    Claim { guaranteed: team.guaranteed.max(0.0), weight: team.weight.max(0.0), demand }
+    recent: Option<f64>,
 }
 
 fn cap(value: f64, limit: Option<f64>) -> f64 {
@@ -107,10 +131,30 @@ fn divide(claims: &[Claim], total: f64) -> Vec<f64> {
         let weights: Vec<f64> = claims.iter().map(|c| c.guaranteed).collect();
         return water_fill(total, &weights, &base);
     }
-    let weights: Vec<f64> = claims.iter().map(|c| c.weight).collect();
+    let weights = weights_over_time(claims);
     let room: Vec<f64> = claims.iter().zip(&base).map(|(c, b)| c.demand - b).collect();
     let extra = water_fill(total - base_sum, &weights, &room);
     base.iter().zip(extra).map(|(b, e)| b + e).collect()
+}
+
+/// The weights idle capacity is divided by: each claim's, times `2^(−U/S)` when every claim
+/// has a recent use (see the module's doc). `U` and `S` are parts of what the claims that
+/// want GPUs or used some lately add up to (a parent's own part that neither wants nor used
+/// any does not dilute its children's).
+fn weights_over_time(claims: &[Claim]) -> Vec<f64> {
+    let plain: Vec<f64> = claims.iter().map(|c| c.weight).collect();
+    let Some(recent) = claims.iter().map(|c| c.recent).collect::<Option<Vec<f64>>>() else { return plain };
+    let active = |(c, &r): (&Claim, &f64)| c.demand > EPSILON || r > EPSILON;
+    let used: f64 = claims.iter().zip(&recent).filter(|x| active(*x)).map(|(_, r)| r).sum();
+    let total_weight: f64 = claims.iter().zip(&recent).filter(|x| active(*x)).map(|(c, _)| c.weight).sum();
+    if used <= EPSILON || total_weight <= EPSILON {
+        return plain;
+    }
+    plain
+        .iter()
+        .zip(recent)
+        .map(|(&w, r)| if w > 0.0 { w * 2f64.powf(-(r / used) / (w / total_weight)).max(FACTOR_MIN) } else { 0.0 })
+        .collect()
 }
 
 /// Progressive filling: pours `amount` into slots in proportion to `weights`, each up to
@@ -171,7 +215,7 @@ mod tests {
     use super::*;
 
     fn team(parent: Option<usize>, guaranteed: f64, weight: f64, own_demand: f64) -> TeamInput {
-        TeamInput { parent, guaranteed, limit: None, weight, own_demand }
+        TeamInput { parent, guaranteed, limit: None, weight, own_demand, recent: None }
     }
 
     fn subtree(shares: &[FairShare]) -> Vec<f64> {
@@ -245,6 +289,49 @@ mod tests {
         // Capacity fell to 12 while guarantees are 8 and 16, all wanted: 4 and 8.
         let teams = [team(None, 8.0, 1.0, 8.0), team(None, 16.0, 1.0, 16.0)];
         assert_eq!(subtree(&fair_shares(&teams, 12.0)), [4.0, 8.0]);
+    }
+
+    #[test]
+    fn recent_use_weighs_down_what_a_team_borrows_never_its_guarantee() {
+        // 40 GPUs, a and b guaranteed 10 each, weight 1, both want 40. a used 300 GPU-hours
+        // lately, b 100: U = 0.75 and 0.25, S = 0.5, so the 20 idle GPUs split
+        // 2^−1.5 : 2^−0.5 = 1 : 2 → a = 10 + 6.67, b = 10 + 13.33.
+        let mut teams = [team(None, 10.0, 1.0, 40.0), team(None, 10.0, 1.0, 40.0)];
+        teams[0].recent = Some(300.0);
+        teams[1].recent = Some(100.0);
+        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [16.666667, 23.333333]);
+        // Only 20 GPUs: the guarantees, whatever was used.
+        assert_eq!(subtree(&fair_shares(&teams, 20.0)), [10.0, 10.0]);
+        // Equal use relative to weight changes nothing: weights 1 and 3 used 100 and 300.
+        teams[1].weight = 3.0;
+        teams[1].recent = Some(300.0);
+        teams[0].recent = Some(100.0);
+        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [15.0, 25.0]);
+        // A sibling that does not share over time turns the factor off for the division.
+        teams[1].weight = 1.0;
+        teams[0].recent = Some(300.0);
+        teams[1].recent = None;
+        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [20.0, 20.0]);
+    }
+
+    #[test]
+    fn inside_a_tree_children_are_weighed_by_their_subtrees_recent_use() {
+        // Root r (one tree, 30 GPUs) has children c1 and c2 (no guarantees, both want 30);
+        // c1's own child g used 200 GPU-hours and c1 itself nothing, c2 used 0: c1's
+        // subtree counts g's use, so c1 is left 2^−2 of its weight: 30 split 1:4.
+        let mut teams = [
+            team(None, 0.0, 1.0, 0.0),
+            team(Some(0), 0.0, 1.0, 0.0),
+            team(Some(0), 0.0, 1.0, 30.0),
+            team(Some(1), 0.0, 1.0, 30.0),
+        ];
+        for (t, used) in teams.iter_mut().zip([0.0, 0.0, 0.0, 200.0]) {
+            t.recent = Some(used);
+        }
+        assert_eq!(subtree(&fair_shares(&teams, 30.0)), [30.0, 6.0, 24.0, 6.0]);
+        // The one that used everything still gets what nobody else wants.
+        teams[2].own_demand = 10.0;
+        assert_eq!(subtree(&fair_shares(&teams, 30.0)), [30.0, 20.0, 10.0, 20.0]);
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct Team {
     /// [`min_runtime`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_runtime_seconds: Option<u32>,
+    /// When its tree shares fairly over time (`spec.fair_sharing`): the recent GPU-hours
+    /// of its own workloads, one entry per flavor; see [`crate::fair_share`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_usage: Option<Vec<f64>>,
 }
 
 /// How long work of `team` is protected from preemption once it runs: what the workload
@@ -111,12 +115,29 @@ impl Team {
                     }
                 }
                 let parent = t.spec.parent.as_deref().and_then(|p| team_ix.get(p).copied());
+                // The tree's setting is its top-level team's.
+                let top = std::iter::successors(Some(t), |t| {
+                    t.spec.parent.as_deref().and_then(|p| team_ix.get(p)).map(|&p| &teams[p])
+                })
+                .take(teams.len())
+                .last()
+                .unwrap_or(t);
+                let recent_usage = top.spec.fair_sharing.map(|_| {
+                    let mut used = vec![0.0; flavors.len()];
+                    for u in &t.status.recent_usage {
+                        if let Some(&f) = flavor_ix.get(u.flavor.as_str()) {
+                            used[f] = u.gpu_hours;
+                        }
+                    }
+                    used
+                });
                 Self {
                     name: t.metadata.name.clone(),
                     parent,
                     quotas,
                     budget_stops: budget_stops(t, &flavor_ix),
                     min_runtime_seconds: t.spec.preemption.map(|p| p.min_runtime_seconds),
+                    recent_usage,
                 }
             })
             .collect()
@@ -451,6 +472,11 @@ impl Snapshot {
         for (i, t) in self.teams.iter().enumerate() {
             if t.quotas.len() != flavors {
                 return bad(format!("team {i} has {} quotas for {flavors} flavors", t.quotas.len()));
+            }
+            if let Some(r) = &t.recent_usage
+                && (r.len() != flavors || r.iter().any(|u| !u.is_finite() || *u < 0.0))
+            {
+                return bad(format!("team {i}'s recent usage is not one number of 0 or more per flavor"));
             }
             if t.parent.is_some_and(|p| p >= self.teams.len()) {
                 return bad(format!("team {i} has an unknown parent"));

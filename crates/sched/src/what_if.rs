@@ -16,6 +16,9 @@ use crate::snapshot::{Cluster, InvalidSnapshot, Node, Pending, Quota, Snapshot};
 pub enum Change {
     /// Replace a team's quota for a flavor.
     SetQuota { team: String, flavor: String, quota: Quota },
+    /// Replace a team's recent use (GPU-hours by flavor; a flavor left out: none), or with
+    /// `None` stop weighing it ([`crate::snapshot::Team::recent_usage`]).
+    SetRecentUsage { team: String, gpu_hours: Option<BTreeMap<String, f64>> },
     /// Register a cluster with its nodes (their `cluster` field is ignored).
     AddCluster { cluster: Cluster, nodes: Vec<Node> },
     /// Remove a cluster: its running work is requeued (it shows as `displaced`).
@@ -67,6 +70,15 @@ pub fn apply(s: &Snapshot, changes: &[Change]) -> Result<(Snapshot, Vec<String>)
                 let t = s.teams.iter().position(|t| &t.name == team).ok_or_else(|| unknown("team", team))?;
                 let f = s.flavors.iter().position(|f| f == flavor).ok_or_else(|| unknown("flavor", flavor))?;
                 s.teams[t].quotas[f] = *quota;
+            }
+            Change::SetRecentUsage { team, gpu_hours } => {
+                let t = s.teams.iter().position(|t| &t.name == team).ok_or_else(|| unknown("team", team))?;
+                let mut used = gpu_hours.as_ref().map(|_| vec![0.0; s.flavors.len()]);
+                for (flavor, h) in gpu_hours.iter().flatten() {
+                    let f = s.flavors.iter().position(|x| x == flavor).ok_or_else(|| unknown("flavor", flavor))?;
+                    used.as_mut().expect("some")[f] = *h;
+                }
+                s.teams[t].recent_usage = used;
             }
             Change::AddCluster { cluster, nodes } => {
                 let c = s.clusters.len();

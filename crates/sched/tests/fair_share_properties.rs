@@ -7,18 +7,24 @@ const TOLERANCE: f64 = 1e-6;
 
 fn forest() -> impl Strategy<Value = (Vec<TeamInput>, f64)> {
     (1usize..12).prop_flat_map(|n| {
-        let team = (0u32..17, proptest::option::of(0u32..25), 0u32..5, 0u32..41, any::<u32>());
-        (proptest::collection::vec(team, n), 0u32..120).prop_map(|(raw, capacity)| {
+        let team = (0u32..17, proptest::option::of(0u32..25), 0u32..5, 0u32..41, any::<u32>(), 0u32..500);
+        // Recent use: none, every team's (the whole forest shares over time), or mixed.
+        (proptest::collection::vec(team, n), 0u32..120, 0u8..3).prop_map(|(raw, capacity, over_time)| {
             let teams = raw
                 .iter()
                 .enumerate()
-                .map(|(i, &(g, extra, w, d, p))| TeamInput {
+                .map(|(i, &(g, extra, w, d, p, used))| TeamInput {
                     // A parent is always an earlier team (or none), so there is no cycle.
                     parent: if i == 0 || p % 3 == 0 { None } else { Some(p as usize % i) },
                     guaranteed: f64::from(g),
                     limit: extra.map(|e| f64::from(g + e)),
                     weight: f64::from(w),
                     own_demand: f64::from(d),
+                    recent: match over_time {
+                        0 => None,
+                        1 => Some(f64::from(used)),
+                        _ => (used % 2 == 0).then_some(f64::from(used)),
+                    },
                 })
                 .collect();
             (teams, f64::from(capacity))
@@ -105,6 +111,20 @@ proptest! {
                     "team {i} gets {} of its {}", shares[i].subtree, shares[i].demand);
             }
         }
+    }
+
+    /// Using more lately never gets a top-level team more of what is idle, when every team
+    /// shares over time.
+    #[test]
+    fn more_recent_use_never_raises_a_share((teams, capacity) in forest(), more in 1u32..1000) {
+        let mut teams: Vec<TeamInput> = teams;
+        for t in &mut teams {
+            t.recent.get_or_insert(0.0);
+        }
+        let before = fair_shares(&teams, capacity)[0].subtree;
+        teams[0].recent = teams[0].recent.map(|r| r + f64::from(more));
+        let after = fair_shares(&teams, capacity)[0].subtree;
+        prop_assert!(after <= before + TOLERANCE, "team 0's share rose from {before} to {after}");
     }
 
     #[test]

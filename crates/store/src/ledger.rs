@@ -254,3 +254,50 @@ pub async fn ledger_use(
     .map_err(db_error)?;
     Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.gpu_hours)).collect())
 }
+
+/// Recent GPU-hours of each of `teams` (by uid) per flavor, each hour counted
+/// `2^(−age / half_life)` (age: how long before `now` it was used): `(team, flavor, of
+/// its own workloads, of its subtree)`. Ended attempts and those running now; what ended
+/// more than 30 half-lives ago counts nothing.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn ledger_decayed_use(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+    half_life_seconds: u32,
+    teams: &[Uuid],
+) -> Result<Vec<(Uuid, String, f64, f64)>, Error> {
+    let half_life = f64::from(half_life_seconds);
+    let rows = sqlx::query!(
+        // ∫ 2^(−(now − t)/H) dt from start to end = H/ln 2 · (2^(−(now − end)/H) −
+        // 2^(−(now − start)/H)); exponents stop at −300 (exp would underflow: an error).
+        // Summed per team chain first, then spread over the teams of each chain.
+        r#"SELECT t AS "team!", g.flavor AS "flavor!",
+                  coalesce(sum(g.gpu_hours) FILTER (WHERE g.team_uids[1] = t), 0)::float8 AS "own!",
+                  sum(g.gpu_hours)::float8 AS "subtree!"
+           FROM (
+               SELECT i.team_uids, i.flavor,
+                      sum(i.gpus * $3 / ln(2) / 3600 * greatest(
+                          exp(greatest(-ln(2) * extract(epoch FROM $1 - least(i.ended_at, $1)) / $3, -300))
+                          - exp(greatest(-ln(2) * extract(epoch FROM $1 - least(i.started_at, $1)) / $3, -300)),
+                          0)) AS gpu_hours
+               FROM (
+                   SELECT l.team_uids, l.flavor, l.gpus, l.started_at, l.ended_at FROM usage_ledger l
+                   WHERE l.started_at IS NOT NULL AND l.ended_at > $1::timestamptz - make_interval(secs => 30 * $3::float8)
+                   UNION ALL
+                   SELECT r.team_uids, r.flavor, r.gpus, r.started_at, $1 FROM running_attempts r
+               ) i
+               GROUP BY 1, 2
+           ) g, unnest(g.team_uids) t
+           WHERE t = ANY($2)
+           GROUP BY 1, 2"#,
+        now,
+        teams,
+        half_life,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.own, r.subtree)).collect())
+}

@@ -2,7 +2,7 @@
 
 use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
-use berth_core::team::{FlavorUsage, Team, TeamSpec, TeamStatus};
+use berth_core::team::{FlavorUsage, RecentUsage, Team, TeamSpec, TeamStatus};
 use berth_core::usage::BudgetStatus;
 use berth_core::{Error, TeamId};
 use sqlx::types::Json;
@@ -265,6 +265,17 @@ pub async fn team_write_usage(tx: &mut PgConnection, writes: &[(TeamId, Vec<Flav
 /// As [`db_error`].
 pub async fn team_write_budgets(tx: &mut PgConnection, writes: &[(TeamId, Vec<BudgetStatus>)]) -> Result<(), Error> {
     team_write_status_key(tx, "budgets", writes).await
+}
+
+/// Writes teams' `status.recent_usage` (the fair-sharing controller is its only writer).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn team_write_recent_usage(
+    tx: &mut PgConnection,
+    writes: &[(TeamId, Vec<RecentUsage>)],
+) -> Result<(), Error> {
+    team_write_status_key(tx, "recent_usage", writes).await
 }
 
 /// Sets one key of teams' statuses: each writer owns its key, so neither overwrites what

@@ -133,6 +133,8 @@ export function Teams({ me }: { me: Me }) {
             return rows.map((flavor, i) => {
               const q = t.spec.quotas?.find((q) => q.flavor === flavor);
               const u = t.status.usage.find((u) => u.flavor === flavor);
+              // Where the tree shares over time, the fair share counts the subtree's recent use.
+              const recent = t.status.recent_usage?.find((r) => r.flavor === flavor);
               // A department's guarantee covers its whole subtree: show the subtree's totals.
               const over = u && u.subtree_borrowed > 0;
               const spent = month?.teams.find((m) => m.team === t.metadata.name)?.subtree;
@@ -157,7 +159,9 @@ export function Teams({ me }: { me: Me }) {
                       ""
                     )}
                   </td>
-                  <td class="num">{u ? fmt(u.subtree_fair_share) : ""}</td>
+                  <td class="num" title={recent ? `weighed by recent use: ${hours(recent.subtree_gpu_hours)} GPU-hours, decayed` : undefined}>
+                    {u ? fmt(u.subtree_fair_share) : ""}
+                  </td>
                   <td>{flavor && standing(u?.subtree_allocated ?? 0, q?.guaranteed ?? 0)}</td>
                   <td class="num" data-testid={i === 0 ? `month-gpu-hours-${t.metadata.name}` : undefined}>
                     {i === 0 && month && hours(spent?.gpu_hours ?? 0)}

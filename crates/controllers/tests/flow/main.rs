@@ -1555,3 +1555,76 @@ async fn the_room_no_team_can_use_within_its_share_is_lent(db: berth_store::PgPo
         reason.message
     );
 }
+
+/// Fairness over time (`spec.fair_sharing`): team a ran the whole cluster for two hours
+/// while b was idle. When both want all of it, a's recent use (from the ledger, decayed by
+/// the half-life) weighs down what a borrows: 16 idle GPUs split 1:4, not 1:1. The quota
+/// preview of b without the setting shows the shares going back to 8 and 8.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_team_that_used_much_lately_borrows_less_when_its_tree_shares_over_time(db: berth_store::PgPool) {
+    const DAY: u32 = 86_400;
+    let p = Plane::new(db).await;
+    let fair =
+        json!({"quotas": [{"flavor": "h100", "guaranteed": 0}], "fair_sharing": {"usage_half_life_seconds": DAY}});
+    for team in ["a", "b"] {
+        let input = serde_json::from_value(json!({ "spec": fair })).unwrap();
+        berth_app::team::team_apply(&p.ctx.db, &p.actor, team, &input, None).await.unwrap();
+    }
+    p.cluster("sim-a", 2, json!({})).await;
+    let two_hours = json!({"sim": {"duration_seconds": 7200}});
+    for name in ["a1", "a2"] {
+        p.submit("a", name, 1, 8.0, two_hours.clone()).await;
+    }
+    p.settle().await;
+    p.advance(7200);
+    p.settle().await;
+    assert_eq!(p.phase("a", "a1").await, Phase::Succeeded);
+
+    // 16 GPUs for 2 hours, each hour counted 2^(−age / 1 day): H/ln 2 · (1 − 2^(−2/24)).
+    let p = &p;
+    let team = async |name: &str| berth_app::team::team_get(&p.ctx.db, &p.actor, name).await.unwrap();
+    let recent = team("a").await.status.recent_usage;
+    let h = f64::from(DAY) / 3600.0;
+    let expected = 16.0 * h / std::f64::consts::LN_2 * (1.0 - 2f64.powf(-2.0 / 24.0));
+    assert_eq!(recent.len(), 1, "{recent:?}");
+    assert!((recent[0].gpu_hours - expected).abs() < 0.05, "{recent:?} against {expected}");
+    assert_eq!(recent[0].gpu_hours, recent[0].subtree_gpu_hours);
+    assert!(team("b").await.status.recent_usage.is_empty());
+
+    // Both want the whole cluster. U = 1 and 0, S = ½: a's weight × 2^−2, b's × 1.
+    for i in 0..16 {
+        p.submit("a", &format!("a-more-{i}"), 1, 1.0, json!({})).await;
+        p.submit("b", &format!("b-more-{i}"), 1, 1.0, json!({})).await;
+    }
+    p.settle().await;
+    let share = |t: berth_core::team::Team| t.status.usage[0].fair_share;
+    let (share_a, share_b) = (share(team("a").await), share(team("b").await));
+    assert!((share_a - 3.2).abs() < 0.01 && (share_b - 12.8).abs() < 0.01, "{share_a} {share_b}");
+    let mut running = [0, 0];
+    for i in 0..16 {
+        running[0] += usize::from(p.phase("a", &format!("a-more-{i}")).await == Phase::Running);
+        running[1] += usize::from(p.phase("b", &format!("b-more-{i}")).await == Phase::Running);
+    }
+    assert_eq!(running.iter().sum::<usize>(), 16, "{running:?}");
+    assert!(running[0] <= 4 && running[1] >= 12, "{running:?}");
+
+    // Without it on b, the top-level teams no longer all share over time: 8 and 8.
+    let spec: berth_core::team::TeamSpec =
+        serde_json::from_value(json!({"quotas": [{"flavor": "h100", "guaranteed": 0}]})).unwrap();
+    let preview = berth_controllers::preview::quota_preview(&p.ctx.db, &p.ctx.config, "b", &spec, p.ctx.clock.now())
+        .await
+        .unwrap();
+    let shares: Vec<(&str, f64, f64)> =
+        preview.fair_shares.iter().map(|c| (c.team.as_str(), c.before, c.after)).collect();
+    assert_eq!(shares.len(), 2, "{:?}", preview.summary);
+    for (team, before, after) in shares {
+        let was = if team == "a" { 3.2 } else { 12.8 };
+        assert!((before - was).abs() < 0.01 && (after - 8.0).abs() < 0.01, "{team}: {before} → {after}");
+    }
+    // The same spec as now changes nothing.
+    let same: berth_core::team::TeamSpec = serde_json::from_value(fair).unwrap();
+    let preview = berth_controllers::preview::quota_preview(&p.ctx.db, &p.ctx.config, "b", &same, p.ctx.clock.now())
+        .await
+        .unwrap();
+    assert!(preview.fair_shares.is_empty(), "{:?}", preview.summary);
+}

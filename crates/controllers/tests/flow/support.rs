@@ -9,8 +9,8 @@ use berth_adapters::sim::Clock;
 use berth_adapters::{JobStatus, Registry};
 use berth_app::context::OpContext;
 use berth_controllers::{
-    Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, idle, orphans, preemption, scheduler,
-    status_sync,
+    Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, fair_sharing, idle, orphans,
+    preemption, scheduler, status_sync,
 };
 use berth_core::workload::{Phase, Workload};
 use berth_store::PgPool;
@@ -104,6 +104,7 @@ impl Plane {
         let c = &self.ctx;
         cluster_health::reconcile(c).await.unwrap();
         budgets::reconcile(c).await.unwrap();
+        fair_sharing::reconcile(c).await.unwrap();
         autoscaler::reconcile(c).await.unwrap();
         self.assert_kept_world_is_current().await;
         scheduler::reconcile(c).await.unwrap();

@@ -51,10 +51,14 @@ fn quota() -> impl Strategy<Value = Quota> {
 /// borrowing; already reset).
 type Stop = Option<(Option<usize>, bool, bool)>;
 
-fn team() -> impl Strategy<Value = (Parent, Vec<Quota>, Stop)> {
+/// Recent GPU-hours per flavor, for a team whose tree shares over time (1 in 3).
+type Recent = Option<Vec<f64>>;
+
+fn team() -> impl Strategy<Value = (Parent, Vec<Quota>, Stop, Recent)> {
     let parent = prop_oneof![4 => Just(Parent::Root), 3 => Just(Parent::Previous), 3 => any::<Index>().prop_map(Parent::Earlier)];
     let stop = prop_oneof![6 => Just(None), 1 => (proptest::option::of(0usize..2), any::<bool>(), any::<bool>()).prop_map(Some)];
-    (parent, proptest::collection::vec(quota(), 2), stop)
+    let recent = prop_oneof![2 => Just(None), 1 => proptest::collection::vec(0u32..400, 2).prop_map(|h| Some(h.into_iter().map(f64::from).collect()))];
+    (parent, proptest::collection::vec(quota(), 2), stop, recent)
 }
 
 /// What each task needs: mostly ordinary, sometimes more than any node has.
@@ -210,7 +214,7 @@ pub fn snapshots() -> impl Strategy<Value = Snapshot> {
 
 fn build(
     flavors: usize,
-    teams: &[(Parent, Vec<Quota>, Stop)],
+    teams: &[(Parent, Vec<Quota>, Stop, Recent)],
     clusters: &[ClusterSpec],
     running: &[RunningSpec],
     pending: &[PendingSpec],
@@ -221,7 +225,7 @@ fn build(
         flavors: (0..flavors).map(|f| format!("f{f}")).collect(),
         ..Snapshot::default()
     };
-    for (t, (parent, quotas, stop)) in teams.iter().enumerate() {
+    for (t, (parent, quotas, stop, recent)) in teams.iter().enumerate() {
         let parent = match parent {
             _ if t == 0 => None,
             Parent::Root => None,
@@ -244,6 +248,7 @@ fn build(
             quotas: quotas[..flavors].to_vec(),
             budget_stops,
             min_runtime_seconds: None,
+            recent_usage: recent.as_ref().map(|r| r[..flavors].to_vec()),
         });
     }
     for (c, (kind, tier, cordoned, packing, nodes)) in clusters.iter().enumerate() {

@@ -59,6 +59,7 @@ impl World {
             parent,
             quotas: q,
             budget_stops: Vec::new(),
+            recent_usage: None,
             min_runtime_seconds: None,
         });
         self.s.teams.len() - 1
