@@ -1628,3 +1628,40 @@ async fn a_team_that_used_much_lately_borrows_less_when_its_tree_shares_over_tim
         .unwrap();
     assert!(preview.fair_shares.is_empty(), "{:?}", preview.summary);
 }
+
+/// Inside a tree that shares over time (the setting on its top-level team only), children
+/// are weighed by their subtrees' recent use: in dept, x ran 16 GPUs for two hours, so when
+/// x and y both want all of dept's 16, y's fair share is 12.8 and x's 3.2. dept's status
+/// counts x's use in its subtree, none as its own.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_more(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    let dept = json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 16}],
+        "fair_sharing": {"usage_half_life_seconds": 86_400}}});
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "dept", &serde_json::from_value(dept).unwrap(), None)
+        .await
+        .unwrap();
+    p.team("x", Some("dept"), 0, None).await;
+    p.team("y", Some("dept"), 0, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    for name in ["x1", "x2"] {
+        p.submit("x", name, 1, 8.0, json!({"sim": {"duration_seconds": 7200}})).await;
+    }
+    p.settle().await;
+    p.advance(7200);
+    p.settle().await;
+    let team = async |name: &str| berth_app::team::team_get(&p.ctx.db, &p.actor, name).await.unwrap();
+    let (x, d) = (team("x").await.status.recent_usage, team("dept").await.status.recent_usage);
+    assert!(x[0].gpu_hours > 30.0 && x[0].gpu_hours == x[0].subtree_gpu_hours, "{x:?}");
+    assert_eq!((d[0].gpu_hours, d[0].subtree_gpu_hours), (0.0, x[0].gpu_hours), "{d:?}");
+    assert!(team("y").await.status.recent_usage.is_empty(), "y used nothing");
+
+    for i in 0..16 {
+        p.submit("x", &format!("x-more-{i}"), 1, 1.0, json!({})).await;
+        p.submit("y", &format!("y-more-{i}"), 1, 1.0, json!({})).await;
+    }
+    p.settle().await;
+    let share = |t: berth_core::team::Team| t.status.usage[0].fair_share;
+    let (share_x, share_y) = (share(team("x").await), share(team("y").await));
+    assert!((share_x - 3.2).abs() < 0.01 && (share_y - 12.8).abs() < 0.01, "{share_x} {share_y}");
+}
