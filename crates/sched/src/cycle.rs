@@ -399,26 +399,14 @@ impl<'a> Cycle<'a> {
             s.pending.iter().map(|p| s.now - p.submitted_at >= s.starvation_after_seconds).collect();
         // (workload, reason) in visit order; `None` once admitted.
         let mut waiting: Vec<(PendingIx, Option<Reason>)> = Vec::new();
-        let mut queues = vec![Vec::new(); s.teams.len()];
+        let mut queues: Vec<(TeamIx, Vec<PendingIx>)> = (0..s.teams.len()).map(|t| (t, Vec::new())).collect();
         for w in 0..s.pending.len() {
-            queues[s.pending[w].team].push(w);
+            queues[s.pending[w].team].1.push(w);
         }
-        for q in &mut queues {
+        for (_, q) in &mut queues {
             q.sort_by_key(|&w| (Reverse(s.pending[w].priority), s.pending[w].submitted_at, w));
         }
-        let mut next = vec![0; s.teams.len()];
-        let mut heap: BinaryHeap<Reverse<(TeamKey, TeamIx)>> = (0..s.teams.len())
-            .filter(|&t| !queues[t].is_empty())
-            .map(|t| Reverse((self.team_key(t, &queues[t][0]), t)))
-            .collect();
-        while let Some(Reverse((_, t))) = heap.pop() {
-            let w = queues[t][next[t]];
-            waiting.push((w, self.visit(w, starving[w])));
-            next[t] += 1;
-            if let Some(w) = queues[t].get(next[t]) {
-                heap.push(Reverse((self.team_key(t, w), t)));
-            }
-        }
+        self.in_share_order(&queues, |w| w, |c, w| waiting.push((w, c.visit(w, starving[w]))));
         // A workload admitted on a later pass opens the nodes it held; one that no longer
         // starves with nodes held gives back its quota and lets its team borrow; and one
         // admitted after a workload preempted for it was visited lets that one come back:
@@ -495,40 +483,61 @@ impl<'a> Cycle<'a> {
     /// another team that needs its GPUs reclaims it. Whether anything was lent.
     fn lend(&mut self, waiting: &mut [(PendingIx, Option<Reason>)], starving: &[bool]) -> bool {
         let s = self.s;
-        let mut queues: BTreeMap<TeamIx, Vec<usize>> = BTreeMap::new();
+        // (index in `waiting`, workload) per team, in visit order.
+        let mut queues: BTreeMap<TeamIx, Vec<(usize, PendingIx)>> = BTreeMap::new();
         for (k, (w, reason)) in waiting.iter().enumerate() {
             // Not one whose victims are being preempted for it.
             if self.share_blocked[*w] && reason.as_ref().is_some_and(|r| !matches!(r, Reason::WaitingForReclaim { .. }))
             {
-                queues.entry(s.pending[*w].team).or_default().push(k);
+                queues.entry(s.pending[*w].team).or_default().push((k, *w));
             }
         }
+        let queues: Vec<(TeamIx, Vec<(usize, PendingIx)>)> = queues.into_iter().collect();
         self.lending = true;
         let mut lent = false;
-        let mut heap: BinaryHeap<Reverse<(TeamKey, TeamIx, usize)>> =
-            queues.iter().map(|(&t, q)| Reverse((self.team_key(t, &waiting[q[0]].0), t, 0))).collect();
-        while let Some(Reverse((_, t, next))) = heap.pop() {
-            let k = queues[&t][next];
-            let w = waiting[k].0;
-            // A starving one is visited, so that it gives back the quota it holds first (and
-            // holds it again if it still waits, with the reason it had); the others only
-            // try for room: what they could preempt, their first visit found.
-            let admitted = if self.reserved_quota.contains_key(&w) {
-                self.visit(w, starving[w]).is_none()
-            } else {
-                self.share_blocked[w] = false;
-                self.place(w).is_ok()
-            };
-            if admitted {
-                waiting[k].1 = None;
-                lent = true;
-            }
-            if let Some(&k) = queues[&t].get(next + 1) {
-                heap.push(Reverse((self.team_key(t, &waiting[k].0), t, next + 1)));
-            }
-        }
+        self.in_share_order(
+            &queues,
+            |(_, w)| w,
+            |c, (k, w)| {
+                // A starving one is visited, so that it gives back the quota it holds first (and
+                // holds it again if it still waits, with the reason it had); the others only
+                // try for room: what they could preempt, their first visit found.
+                let admitted = if c.reserved_quota.contains_key(&w) {
+                    c.visit(w, starving[w]).is_none()
+                } else {
+                    c.share_blocked[w] = false;
+                    c.place(w).is_ok()
+                };
+                if admitted {
+                    waiting[k].1 = None;
+                    lent = true;
+                }
+            },
+        );
         self.lending = false;
         lent
+    }
+
+    /// Takes the teams' queues in turn, one workload at a time: next, the team furthest
+    /// below its fair share for its next workload ([`Self::team_key`], taken again after
+    /// each visit, so an admission moves its team back); between equal keys, the team
+    /// first in `queues`.
+    fn in_share_order<T: Copy>(
+        &mut self,
+        queues: &[(TeamIx, Vec<T>)],
+        workload: impl Fn(T) -> PendingIx,
+        mut visit: impl FnMut(&mut Self, T),
+    ) {
+        let mut heap: BinaryHeap<Reverse<(TeamKey, usize, usize)>> = (queues.iter().enumerate())
+            .filter_map(|(i, (t, q))| Some(Reverse((self.team_key(*t, &workload(*q.first()?)), i, 0))))
+            .collect();
+        while let Some(Reverse((_, i, next))) = heap.pop() {
+            let (t, q) = &queues[i];
+            visit(self, q[next]);
+            if let Some(&item) = q.get(next + 1) {
+                heap.push(Reverse((self.team_key(*t, &workload(item)), i, next + 1)));
+            }
+        }
     }
 
     /// Admits `w`, or says why it waits (holding nodes for it when it reclaims or starves).
