@@ -1201,6 +1201,20 @@ export interface components {
          * @enum {string}
          */
         FlavorPolicy: "ordered" | "best_fit";
+        /** @description A team's recent use of one flavor, in decayed GPU-hours. */
+        FlavorRecentUsage: {
+            flavor: string;
+            /**
+             * Format: double
+             * @description Of the team's own workloads.
+             */
+            gpu_hours: number;
+            /**
+             * Format: double
+             * @description Of the team and every team below it.
+             */
+            subtree_gpu_hours: number;
+        };
         /**
          * @description Desired state of a flavor.
          * @example {
@@ -1802,23 +1816,22 @@ export interface components {
             fair_shares: components["schemas"]["FairShareChange"][];
         };
         /**
-         * @description A team's recent use of one flavor: GPU-hours, each counted less the longer ago it was
-         *     used (see `spec.fair_sharing`).
+         * @description A team's recent use: GPU-hours, each counted `2^(−age / half-life)`. The use of a team
+         *     that was deleted counts as its nearest remaining ancestor's own; a team's subtree is the
+         *     teams below it now.
          */
         RecentUsage: {
-            flavor: string;
             /**
-             * Format: double
-             * @description Of the team's own workloads.
+             * Format: int32
+             * @description The half-life it was added up with: the tree's `spec.fair_sharing` then (a minute at
+             *     most after a change). Until the top-level team's use has been added up once, its
+             *     tree is divided as without fairness over time.
              */
-            gpu_hours: number;
-            /**
-             * Format: double
-             * @description Of the team and every team below it.
-             */
-            subtree_gpu_hours: number;
+            usage_half_life_seconds: number;
             /** Format: date-time */
             updated_at: string;
+            /** @description The flavors used lately (a flavor left out: none). */
+            flavors: components["schemas"]["FlavorRecentUsage"][];
         };
         /** @description The replicas of an autoscaled inference service. */
         Replicas: {
@@ -2186,12 +2199,8 @@ export interface components {
              * @default []
              */
             budgets: components["schemas"]["BudgetStatus"][];
-            /**
-             * @description Per flavor, when the team's tree sets `spec.fair_sharing`: its recent use, decayed
-             *     by the tree's half-life.
-             * @default []
-             */
-            recent_usage: components["schemas"]["RecentUsage"][];
+            /** @default null */
+            recent_usage: null | components["schemas"]["RecentUsage"];
         };
         /** @description A team's (or department's) totals in a report. */
         TeamUsage: {

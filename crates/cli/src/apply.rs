@@ -406,19 +406,9 @@ pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError
     for step in steps.iter_mut().filter(|s| s.kind == Kind::Team && matches!(s.action, Action::Change)) {
         let Some(doc) = &step.doc else { continue };
         let answer = client.post(&format!("{}/preview", step.path), Some(&doc.body())).await?;
+        // The server's summary says it all in words, fair shares included.
         let mut lines: Vec<String> =
             answer["summary"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
-        for f in answer["fair_shares"].as_array().into_iter().flatten() {
-            if f["before"] != f["after"] {
-                let share = |v: &Value| crate::output::gpus(v.as_f64().unwrap_or(0.0));
-                let (team, flavor) = (f["team"].as_str().unwrap_or(""), f["flavor"].as_str().unwrap_or(""));
-                lines.push(format!(
-                    "fair share of {team} on {flavor}: {} → {} GPUs",
-                    share(&f["before"]),
-                    share(&f["after"])
-                ));
-            }
-        }
         if lines.is_empty() {
             lines.push("no running or waiting work would change".into());
         }

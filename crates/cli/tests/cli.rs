@@ -189,7 +189,13 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     assert_eq!(w.berth(&["diff", "-f", &org]).status.code(), Some(0));
 
     // One quota changes in the file: diff names the field, the plan adds what the
-    // scheduler would do.
+    // scheduler would do. nlp and vision both want the whole 16 GPUs: nlp's fair share is
+    // 8 + 2 of research's other 4 now, 12 with the change.
+    for team in ["nlp", "vision"] {
+        let all = w.write(&format!("{team}.sh"), "#!/bin/sh\n#SBATCH -N 2 --gpus-per-node=8\nsleep 1000\n");
+        w.ok(&["submit", "--team", team, "--sim-seconds", "36000", &all]);
+    }
+    w.wait_for("one runs", &["get", "workloads", "--team", "nlp"], |l| l["items"][0]["status"]["phase"] == "Running");
     let teams = w.dir.join("org/teams.yaml");
     let changed = std::fs::read_to_string(&teams).unwrap().replace("guaranteed: 8}", "guaranteed: 12}");
     std::fs::write(&teams, changed).unwrap();
@@ -198,6 +204,10 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     assert!(text(&diff.stdout).contains("~ team/nlp\n    spec.quotas[0].guaranteed: 8 → 12"), "{}", text(&diff.stdout));
     let dry = w.ok(&["apply", "-f", &org, "--dry-run"]);
     assert!(dry.contains("~ team/nlp would change") && dry.contains("    preview: "), "{dry}");
+    assert!(dry.contains("fair share of nlp on h100: 10 → 12 GPUs"), "{dry}");
+    let mut lines: Vec<&str> = dry.lines().collect();
+    lines.sort_unstable();
+    assert!(lines.windows(2).all(|l| l[0] != l[1]), "each line once: {dry}");
     assert_eq!(w.json(&["get", "team", "nlp"])["spec"]["quotas"][0]["guaranteed"], 8, "a dry run writes nothing");
     w.ok(&["apply", "-f", &org]);
     assert_eq!(w.json(&["get", "team", "nlp"])["spec"]["quotas"][0]["guaranteed"], 12);

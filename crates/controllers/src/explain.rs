@@ -58,10 +58,12 @@ pub fn pending_reason(
             let recent = match recent_use(s, *t, *f) {
                 Some(h) => {
                     details["recent_gpu_hours"] = json!(h);
-                    format!(" (weighed by the team's recent use: {h:.1} GPU-hours, decayed)")
+                    let h = if h >= 1.0 { format!("{h:.1}") } else { format!("{h:.3}") };
+                    format!(" (weighed by the team's recent use: {h} GPU-hours, decayed)")
                 }
                 None => String::new(),
             };
+            let (used, fair_share, requested) = (round(*used), round(*fair_share), round(*requested));
             (
                 "FairShareReached",
                 format!(
@@ -218,6 +220,11 @@ pub fn pending_reason(
     PendingReason { code: code.into(), message, details: Some(details) }
 }
 
+/// GPUs to at most two decimals (a fair share is any real number).
+fn round(gpus: f64) -> f64 {
+    (gpus * 100.0).round() / 100.0
+}
+
 /// The recent GPU-hours of `team`'s subtree on `flavor`, where its tree shares over time.
 fn recent_use(s: &Snapshot, team: usize, flavor: usize) -> Option<f64> {
     s.teams[team].recent_usage.as_ref()?;
@@ -255,7 +262,8 @@ mod tests {
     }
 
     fn message(s: &Snapshot) -> PendingReason {
-        let reason = Reason::FairShareReached { team: 0, flavor: 0, used: 4.0, fair_share: 3.2, requested: 1.0 };
+        let reason =
+            Reason::FairShareReached { team: 0, flavor: 0, used: 4.0, fair_share: 3.200_000_000_1, requested: 1.0 };
         pending_reason(s, &reason, |_| String::new(), |_| DateTime::UNIX_EPOCH, |_| String::new())
     }
 

@@ -1,14 +1,20 @@
 //! Fairness over time: each team's recent GPU-hours, decayed by its tree's
 //! `spec.fair_sharing.usage_half_life_seconds`, from the ledger and the work running now,
 //! written to `status.recent_usage`. The scheduler reads it there and weighs what each
-//! team borrows by it (`berth_sched::fair_share`). Teams of trees without the setting have
-//! none (a stale one is cleared).
+//! team borrows by it (`berth_sched::fair_share`), once the top-level team's was added up
+//! with the tree's half-life. Teams of trees without the setting have none (a stale one is
+//! cleared).
+//!
+//! A team's own use is that of the attempts of its workloads, and of the teams below it
+//! that were deleted since (an attempt counts for the first team of its chain, as recorded,
+//! that still exists); its subtree's is added up over the teams below it now. So deleting a
+//! team that used much does not give its parent a clean slate, and moving one takes its
+//! use along.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use berth_core::team::{RecentUsage, Team};
+use berth_core::team::{FlavorRecentUsage, RecentUsage, Team};
 use berth_core::{Error, TeamId};
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -33,33 +39,50 @@ impl crate::runner::Report for FairSharingStatus {
 pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
     let now = ctx.clock.now();
     let teams = berth_store::team::team_list_all(&ctx.db).await?;
-    let half_lives = half_lives(&teams);
-    let mut status = FairSharingStatus { teams: half_lives.iter().flatten().count(), updated: 0 };
-    let mut by_half_life: HashMap<u32, Vec<Uuid>> = HashMap::new();
-    for (t, h) in teams.iter().zip(&half_lives) {
-        if let Some(h) = h {
-            by_half_life.entry(*h).or_default().push(t.metadata.uid);
+    let tops = tops(&teams);
+    let half_life = |t: usize| teams[tops[t]].spec.fair_sharing.map(|f| f.usage_half_life_seconds);
+    let mut by_half_life: BTreeMap<u32, Vec<Uuid>> = BTreeMap::new();
+    for (t, team) in teams.iter().enumerate() {
+        if let Some(h) = half_life(t) {
+            by_half_life.entry(h).or_default().push(team.metadata.uid);
         }
     }
-    let mut used: HashMap<Uuid, Vec<RecentUsage>> = HashMap::new();
-    for (half_life, uids) in by_half_life {
-        for (team, flavor, own, subtree) in
-            berth_store::ledger::ledger_decayed_use(&ctx.db, now, half_life, &uids).await?
-        {
-            used.entry(team).or_default().push(RecentUsage {
-                flavor,
-                gpu_hours: own,
-                subtree_gpu_hours: subtree,
-                updated_at: now,
-            });
+    let mut own: HashMap<Uuid, BTreeMap<String, f64>> = HashMap::new();
+    for (h, uids) in &by_half_life {
+        for (team, flavor, gpu_hours) in berth_store::ledger::ledger_decayed_use(&ctx.db, now, *h, uids).await? {
+            own.entry(team).or_default().insert(flavor, gpu_hours);
         }
     }
+    // Each team's own use, added to itself and every team above it now.
+    let index: HashMap<&str, usize> = teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+    let mut subtree: Vec<BTreeMap<&str, f64>> = vec![BTreeMap::new(); teams.len()];
+    for (t, team) in teams.iter().enumerate() {
+        for (flavor, h) in own.get(&team.metadata.uid).into_iter().flatten() {
+            for a in chain(&teams, &index, t) {
+                *subtree[a].entry(flavor.as_str()).or_default() += h;
+            }
+        }
+    }
+    let mut status = FairSharingStatus::default();
     let mut writes = Vec::new();
-    for t in &teams {
-        let mut next = used.remove(&t.metadata.uid).unwrap_or_default();
-        next.sort_by(|a, b| a.flavor.cmp(&b.flavor));
-        if changed(&t.status.recent_usage, &next, now) {
-            writes.push((TeamId(t.metadata.uid), next));
+    for (t, team) in teams.iter().enumerate() {
+        let next = half_life(t).map(|usage_half_life_seconds| {
+            status.teams += 1;
+            let mine = own.get(&team.metadata.uid);
+            RecentUsage {
+                usage_half_life_seconds,
+                updated_at: now,
+                flavors: (subtree[t].iter())
+                    .map(|(&flavor, &subtree_gpu_hours)| FlavorRecentUsage {
+                        flavor: flavor.to_owned(),
+                        gpu_hours: mine.and_then(|m| m.get(flavor)).copied().unwrap_or_default(),
+                        subtree_gpu_hours,
+                    })
+                    .collect(),
+            }
+        });
+        if changed(team.status.recent_usage.as_ref(), next.as_ref()) {
+            writes.push((TeamId(team.metadata.uid), next));
         }
     }
     if writes.is_empty() {
@@ -72,55 +95,61 @@ pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
     Ok(status)
 }
 
-/// Each team's tree's half-life (its top-level team's setting).
-fn half_lives(teams: &[Team]) -> Vec<Option<u32>> {
-    let by_name: HashMap<&str, &Team> = teams.iter().map(|t| (t.metadata.name.as_str(), t)).collect();
-    teams
-        .iter()
-        .map(|t| {
-            let top =
-                std::iter::successors(Some(t), |t| t.spec.parent.as_deref().and_then(|p| by_name.get(p).copied()))
-                    .take(teams.len())
-                    .last()
-                    .unwrap_or(t);
-            top.spec.fair_sharing.map(|f| f.usage_half_life_seconds)
-        })
-        .collect()
+/// The team and the teams above it, nearest first (a parent not found ends the chain).
+fn chain<'a>(teams: &'a [Team], index: &'a HashMap<&str, usize>, t: usize) -> impl Iterator<Item = usize> + 'a {
+    std::iter::successors(Some(t), |&t| teams[t].spec.parent.as_deref().and_then(|p| index.get(p).copied()))
+        .take(teams.len())
 }
 
-/// Whether `next` is worth a write: another set of flavors, or a value moved by 1 % (and
-/// at least a thousandth of a GPU-hour) with the status a minute old. Running work moves
+/// Each team's top-level team.
+fn tops(teams: &[Team]) -> Vec<usize> {
+    let index: HashMap<&str, usize> = teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+    (0..teams.len()).map(|t| chain(teams, &index, t).last().unwrap_or(t)).collect()
+}
+
+/// Whether `next` is worth a write: set or cleared, another half-life or set of flavors,
+/// or a value moved by 1 % (and at least a thousandth of a GPU-hour). Running work moves
 /// the numbers all the time: they are not written every pass (each write wakes the
 /// controllers).
-fn changed(before: &[RecentUsage], next: &[RecentUsage], now: DateTime<Utc>) -> bool {
+fn changed(before: Option<&RecentUsage>, next: Option<&RecentUsage>) -> bool {
     let moved = |a: f64, b: f64| (a - b).abs() >= (0.01 * b.abs()).max(1e-3);
-    before.len() != next.len()
-        || before.iter().zip(next).any(|(a, b)| {
-            a.flavor != b.flavor
-                || ((moved(a.gpu_hours, b.gpu_hours) || moved(a.subtree_gpu_hours, b.subtree_gpu_hours))
-                    && now - a.updated_at >= chrono::TimeDelta::minutes(1))
-        })
+    match (before, next) {
+        (None, None) => false,
+        (Some(a), Some(b)) => {
+            a.usage_half_life_seconds != b.usage_half_life_seconds
+                || a.flavors.len() != b.flavors.len()
+                || a.flavors.iter().zip(&b.flavors).any(|(x, y)| {
+                    x.flavor != y.flavor
+                        || moved(x.gpu_hours, y.gpu_hours)
+                        || moved(x.subtree_gpu_hours, y.subtree_gpu_hours)
+                })
+        }
+        _ => true,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn usage(flavor: &str, h: f64, at: DateTime<Utc>) -> RecentUsage {
-        RecentUsage { flavor: flavor.into(), gpu_hours: h, subtree_gpu_hours: h, updated_at: at }
+    fn usage(half_life: u32, flavor: &str, h: f64) -> RecentUsage {
+        RecentUsage {
+            usage_half_life_seconds: half_life,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+            flavors: vec![FlavorRecentUsage { flavor: flavor.into(), gpu_hours: h, subtree_gpu_hours: h }],
+        }
     }
 
     #[test]
-    fn recent_usage_is_rewritten_when_it_moved_and_is_a_minute_old_or_its_flavors_changed() {
-        let t0 = DateTime::<Utc>::UNIX_EPOCH;
-        let later = t0 + chrono::TimeDelta::seconds(61);
-        let before = [usage("h100", 100.0, t0)];
-        assert!(!changed(&before, &[usage("h100", 100.5, later)], later), "moved under 1 %");
-        let soon = t0 + chrono::TimeDelta::seconds(30);
-        assert!(!changed(&before, &[usage("h100", 110.0, soon)], soon), "written under a minute ago");
-        assert!(changed(&before, &[usage("h100", 110.0, later)], later));
-        assert!(changed(&before, &[usage("a100", 100.0, t0)], t0), "another flavor");
-        assert!(changed(&before, &[], t0), "cleared");
-        assert!(!changed(&[], &[], later));
+    fn recent_usage_is_rewritten_when_it_moved_by_1_percent_or_what_it_covers_changed() {
+        let before = usage(3600, "h100", 100.0);
+        let changed = |next: Option<RecentUsage>| changed(Some(&before), next.as_ref());
+        assert!(!changed(Some(usage(3600, "h100", 100.5))), "moved under 1 %");
+        assert!(changed(Some(usage(3600, "h100", 110.0))));
+        assert!(changed(Some(usage(3600, "a100", 100.0))), "another flavor");
+        assert!(changed(Some(usage(7200, "h100", 100.0))), "another half-life");
+        assert!(changed(None), "cleared");
+        assert!(super::changed(None, Some(&before)), "set");
+        assert!(!super::changed(None, None));
     }
 }

@@ -102,8 +102,7 @@ async fn recent_usage_with(
     };
     let uids: Vec<uuid::Uuid> = tree.iter().map(|t| t.metadata.uid).collect();
     let mut used: HashMap<uuid::Uuid, std::collections::BTreeMap<String, f64>> = HashMap::new();
-    for (uid, flavor, own, _) in
-        berth_store::ledger::ledger_decayed_use(db, now, f.usage_half_life_seconds, &uids).await?
+    for (uid, flavor, own) in berth_store::ledger::ledger_decayed_use(db, now, f.usage_half_life_seconds, &uids).await?
     {
         if world.flavors.contains(&flavor) {
             used.entry(uid).or_default().insert(flavor, own);

@@ -108,22 +108,34 @@ pub struct TeamStatus {
     /// Per `spec.budgets` entry, in the same order: GPU-hours used in the current period.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<crate::usage::BudgetStatus>,
-    /// Per flavor, when the team's tree sets `spec.fair_sharing`: its recent use, decayed
-    /// by the tree's half-life.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub recent_usage: Vec<RecentUsage>,
+    /// When the team's tree sets `spec.fair_sharing`: its recent use, as the scheduler
+    /// weighs it (added up every minute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_usage: Option<RecentUsage>,
 }
 
-/// A team's recent use of one flavor: GPU-hours, each counted less the longer ago it was
-/// used (see `spec.fair_sharing`).
+/// A team's recent use: GPU-hours, each counted `2^(−age / half-life)`. The use of a team
+/// that was deleted counts as its nearest remaining ancestor's own; a team's subtree is the
+/// teams below it now.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RecentUsage {
+    /// The half-life it was added up with: the tree's `spec.fair_sharing` then (a minute at
+    /// most after a change). Until the top-level team's use has been added up once, its
+    /// tree is divided as without fairness over time.
+    pub usage_half_life_seconds: u32,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// The flavors used lately (a flavor left out: none).
+    pub flavors: Vec<FlavorRecentUsage>,
+}
+
+/// A team's recent use of one flavor, in decayed GPU-hours.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FlavorRecentUsage {
     pub flavor: String,
     /// Of the team's own workloads.
     pub gpu_hours: f64,
     /// Of the team and every team below it.
     pub subtree_gpu_hours: f64,
-    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A team's use of one flavor. The plain fields count the team's own workloads; the

@@ -122,9 +122,12 @@ impl Team {
                 .take(teams.len())
                 .last()
                 .unwrap_or(t);
-                let recent_usage = top.spec.fair_sharing.map(|_| {
+                // It counts once the tree's use has been added up (before, a tree that just
+                // set it would count as having used nothing).
+                let on = top.spec.fair_sharing.is_some() && top.status.recent_usage.is_some();
+                let recent_usage = on.then(|| {
                     let mut used = vec![0.0; flavors.len()];
-                    for u in &t.status.recent_usage {
+                    for u in t.status.recent_usage.iter().flat_map(|r| &r.flavors) {
                         if let Some(&f) = flavor_ix.get(u.flavor.as_str()) {
                             used[f] = u.gpu_hours;
                         }

@@ -255,10 +255,11 @@ pub async fn ledger_use(
     Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.gpu_hours)).collect())
 }
 
-/// Recent GPU-hours of each of `teams` (by uid) per flavor, each hour counted
-/// `2^(−age / half_life)` (age: how long before `now` it was used): `(team, flavor, of
-/// its own workloads, of its subtree)`. Ended attempts and those running now; what ended
-/// more than 30 half-lives ago counts nothing.
+/// Recent GPU-hours of the own workloads of each of `teams` (by uid) per flavor, each
+/// hour counted `2^(−age / half_life)` (age: how long before `now` it was used). Ended
+/// attempts and those running now; what ended more than 30 half-lives ago counts nothing.
+/// An attempt counts for the first team of its chain (its team, then the ancestors it had)
+/// that still exists: a deleted team's use stays with its parent.
 ///
 /// # Errors
 /// As [`db_error`].
@@ -267,15 +268,13 @@ pub async fn ledger_decayed_use(
     now: DateTime<Utc>,
     half_life_seconds: u32,
     teams: &[Uuid],
-) -> Result<Vec<(Uuid, String, f64, f64)>, Error> {
+) -> Result<Vec<(Uuid, String, f64)>, Error> {
     let half_life = f64::from(half_life_seconds);
     let rows = sqlx::query!(
         // ∫ 2^(−(now − t)/H) dt from start to end = H/ln 2 · (2^(−(now − end)/H) −
         // 2^(−(now − start)/H)); exponents stop at −300 (exp would underflow: an error).
-        // Summed per team chain first, then spread over the teams of each chain.
-        r#"SELECT t AS "team!", g.flavor AS "flavor!",
-                  coalesce(sum(g.gpu_hours) FILTER (WHERE g.team_uids[1] = t), 0)::float8 AS "own!",
-                  sum(g.gpu_hours)::float8 AS "subtree!"
+        // Summed per team chain first, then given to the chain's first remaining team.
+        r#"SELECT o.team AS "team!", g.flavor AS "flavor!", sum(g.gpu_hours)::float8 AS "gpu_hours!"
            FROM (
                SELECT i.team_uids, i.flavor,
                       sum(i.gpus * $3 / ln(2) / 3600 * greatest(
@@ -289,8 +288,13 @@ pub async fn ledger_decayed_use(
                    SELECT r.team_uids, r.flavor, r.gpus, r.started_at, $1 FROM running_attempts r
                ) i
                GROUP BY 1, 2
-           ) g, unnest(g.team_uids) t
-           WHERE t = ANY($2)
+           ) g
+           CROSS JOIN LATERAL (
+               SELECT c.uid AS team FROM unnest(g.team_uids) WITH ORDINALITY AS c (uid, n)
+               WHERE EXISTS (SELECT 1 FROM teams t WHERE t.uid = c.uid)
+               ORDER BY c.n LIMIT 1
+           ) o
+           WHERE o.team = ANY($2)
            GROUP BY 1, 2"#,
         now,
         teams,
@@ -299,5 +303,5 @@ pub async fn ledger_decayed_use(
     .fetch_all(db)
     .await
     .map_err(db_error)?;
-    Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.own, r.subtree)).collect())
+    Ok(rows.into_iter().map(|r| (r.team, r.flavor, r.gpu_hours)).collect())
 }

@@ -273,7 +273,7 @@ pub async fn team_write_budgets(tx: &mut PgConnection, writes: &[(TeamId, Vec<Bu
 /// As [`db_error`].
 pub async fn team_write_recent_usage(
     tx: &mut PgConnection,
-    writes: &[(TeamId, Vec<RecentUsage>)],
+    writes: &[(TeamId, Option<RecentUsage>)],
 ) -> Result<(), Error> {
     team_write_status_key(tx, "recent_usage", writes).await
 }

@@ -134,7 +134,7 @@ export function Teams({ me }: { me: Me }) {
               const q = t.spec.quotas?.find((q) => q.flavor === flavor);
               const u = t.status.usage.find((u) => u.flavor === flavor);
               // Where the tree shares over time, the fair share counts the subtree's recent use.
-              const recent = t.status.recent_usage?.find((r) => r.flavor === flavor);
+              const recent = t.status.recent_usage?.flavors.find((r) => r.flavor === flavor);
               // A department's guarantee covers its whole subtree: show the subtree's totals.
               const over = u && u.subtree_borrowed > 0;
               const spent = month?.teams.find((m) => m.team === t.metadata.name)?.subtree;

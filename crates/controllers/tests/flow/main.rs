@@ -1583,13 +1583,15 @@ async fn a_team_that_used_much_lately_borrows_less_when_its_tree_shares_over_tim
     // 16 GPUs for 2 hours, each hour counted 2^(−age / 1 day): H/ln 2 · (1 − 2^(−2/24)).
     let p = &p;
     let team = async |name: &str| berth_app::team::team_get(&p.ctx.db, &p.actor, name).await.unwrap();
-    let recent = team("a").await.status.recent_usage;
+    let recent = team("a").await.status.recent_usage.expect("a's recent use");
+    assert_eq!(recent.usage_half_life_seconds, DAY);
+    let recent = recent.flavors;
     let h = f64::from(DAY) / 3600.0;
     let expected = 16.0 * h / std::f64::consts::LN_2 * (1.0 - 2f64.powf(-2.0 / 24.0));
     assert_eq!(recent.len(), 1, "{recent:?}");
     assert!((recent[0].gpu_hours - expected).abs() < 0.05, "{recent:?} against {expected}");
     assert_eq!(recent[0].gpu_hours, recent[0].subtree_gpu_hours);
-    assert!(team("b").await.status.recent_usage.is_empty());
+    assert_eq!(team("b").await.status.recent_usage.expect("b's, added up").flavors, []);
 
     // Both want the whole cluster. U = 1 and 0, S = ½: a's weight × 2^−2, b's × 1.
     for i in 0..16 {
@@ -1622,16 +1624,37 @@ async fn a_team_that_used_much_lately_borrows_less_when_its_tree_shares_over_tim
         assert!((before - was).abs() < 0.01 && (after - 8.0).abs() < 0.01, "{team}: {before} → {after}");
     }
     // The same spec as now changes nothing.
-    let same: berth_core::team::TeamSpec = serde_json::from_value(fair).unwrap();
+    let same: berth_core::team::TeamSpec = serde_json::from_value(fair.clone()).unwrap();
     let preview = berth_controllers::preview::quota_preview(&p.ctx.db, &p.ctx.config, "b", &same, p.ctx.clock.now())
         .await
         .unwrap();
     assert!(preview.fair_shares.is_empty(), "{:?}", preview.summary);
+
+    // Turned off on b (its status is cleared), then on again: until b's use has been
+    // added up, the top-level teams are divided as without fairness over time (not as if b
+    // had used nothing, which would give it more than a); then by it.
+    let apply = async |spec: &serde_json::Value| {
+        let input = serde_json::from_value(json!({ "spec": spec })).unwrap();
+        berth_app::team::team_apply(&p.ctx.db, &p.actor, "b", &input, None).await.unwrap();
+    };
+    apply(&json!({"quotas": [{"flavor": "h100", "guaranteed": 0}]})).await;
+    p.settle().await;
+    assert!(team("b").await.status.recent_usage.is_none());
+    let mut longer = fair;
+    longer["fair_sharing"]["usage_half_life_seconds"] = json!(2 * DAY);
+    apply(&longer).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((share(team("a").await), share(team("b").await)), (8.0, 8.0));
+    p.settle().await;
+    assert_eq!(team("b").await.status.recent_usage.expect("added up").usage_half_life_seconds, 2 * DAY);
+    let (share_a, share_b) = (share(team("a").await), share(team("b").await));
+    assert!(share_a < 8.0 && share_b > 8.0, "{share_a} {share_b}");
 }
 
 /// Inside a tree that shares over time (the setting on its top-level team only), children
-/// are weighed by their subtrees' recent use: in dept, x ran 16 GPUs for two hours, so when
-/// x and y both want all of dept's 16, y's fair share is 12.8 and x's 3.2. dept's status
+/// are weighed by their subtrees' recent use. In dept, xc (under x) ran 16 GPUs for two
+/// hours and was then deleted: its use stays with x (its nearest remaining team), so when x
+/// and y both want all of dept's 16, y's fair share is 12.8 and x's 3.2. dept's status
 /// counts x's use in its subtree, none as its own.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_more(db: berth_store::PgPool) {
@@ -1642,19 +1665,29 @@ async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_mo
         .await
         .unwrap();
     p.team("x", Some("dept"), 0, None).await;
+    p.team("xc", Some("x"), 0, None).await;
     p.team("y", Some("dept"), 0, None).await;
     p.cluster("sim-a", 2, json!({})).await;
     for name in ["x1", "x2"] {
-        p.submit("x", name, 1, 8.0, json!({"sim": {"duration_seconds": 7200}})).await;
+        p.submit("xc", name, 1, 8.0, json!({"sim": {"duration_seconds": 7200}})).await;
     }
     p.settle().await;
     p.advance(7200);
     p.settle().await;
     let team = async |name: &str| berth_app::team::team_get(&p.ctx.db, &p.actor, name).await.unwrap();
-    let (x, d) = (team("x").await.status.recent_usage, team("dept").await.status.recent_usage);
-    assert!(x[0].gpu_hours > 30.0 && x[0].gpu_hours == x[0].subtree_gpu_hours, "{x:?}");
-    assert_eq!((d[0].gpu_hours, d[0].subtree_gpu_hours), (0.0, x[0].gpu_hours), "{d:?}");
-    assert!(team("y").await.status.recent_usage.is_empty(), "y used nothing");
+    let recent = async |name: &str| team(name).await.status.recent_usage.expect("added up").flavors;
+    let used = recent("xc").await[0].gpu_hours;
+    assert!(used > 30.0, "{used}");
+    for w in ["x1", "x2"] {
+        berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "xc", w, None).await.unwrap();
+    }
+    p.settle().await;
+    berth_app::team::team_delete(&p.ctx.db, &p.actor, "xc", None).await.unwrap();
+    p.settle().await;
+    let (x, d) = (recent("x").await, recent("dept").await);
+    assert!((x[0].gpu_hours - used).abs() < 0.01 && x[0].gpu_hours == x[0].subtree_gpu_hours, "{x:?}");
+    assert!(d[0].gpu_hours == 0.0 && (d[0].subtree_gpu_hours - used).abs() < 0.01, "{d:?}");
+    assert_eq!(recent("y").await, [], "y used nothing");
 
     for i in 0..16 {
         p.submit("x", &format!("x-more-{i}"), 1, 1.0, json!({})).await;
