@@ -40,8 +40,11 @@ pub async fn quota_preview(
                 .unwrap_or_default(),
         })
         .collect();
-    let current = world.teams.iter().find(|t| t.metadata.name == team).and_then(|t| t.spec.fair_sharing);
-    if spec.fair_sharing != current {
+    let current = world.teams.iter().find(|t| t.metadata.name == team).map(|t| &t.spec);
+    if current.is_some_and(|c| c.parent != spec.parent) {
+        changes.push(Change::SetParent { team: team.to_owned(), parent: spec.parent.clone() });
+    }
+    if spec.fair_sharing != current.and_then(|c| c.fair_sharing) {
         changes.extend(recent_usage_with(db, &world, team, spec, now).await?);
     }
     let result = what_if(&built.snapshot, &changes).map_err(|e| Error::Internal(e.to_string()))?;

@@ -16,6 +16,8 @@ use crate::snapshot::{Cluster, InvalidSnapshot, Node, Pending, Quota, Snapshot};
 pub enum Change {
     /// Replace a team's quota for a flavor.
     SetQuota { team: String, flavor: String, quota: Quota },
+    /// Move a team under another parent (`None`: to the top level).
+    SetParent { team: String, parent: Option<String> },
     /// Replace a team's recent use (GPU-hours by flavor; a flavor left out: none), or with
     /// `None` stop weighing it ([`crate::snapshot::Team::recent_usage`]).
     SetRecentUsage { team: String, gpu_hours: Option<BTreeMap<String, f64>> },
@@ -70,6 +72,12 @@ pub fn apply(s: &Snapshot, changes: &[Change]) -> Result<(Snapshot, Vec<String>)
                 let t = s.teams.iter().position(|t| &t.name == team).ok_or_else(|| unknown("team", team))?;
                 let f = s.flavors.iter().position(|f| f == flavor).ok_or_else(|| unknown("flavor", flavor))?;
                 s.teams[t].quotas[f] = *quota;
+            }
+            Change::SetParent { team, parent } => {
+                let find =
+                    |name: &String| s.teams.iter().position(|t| &t.name == name).ok_or_else(|| unknown("team", name));
+                let (t, p) = (find(team)?, parent.as_ref().map(find).transpose()?);
+                s.teams[t].parent = p;
             }
             Change::SetRecentUsage { team, gpu_hours } => {
                 let t = s.teams.iter().position(|t| &t.name == team).ok_or_else(|| unknown("team", team))?;

@@ -1698,3 +1698,27 @@ async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_mo
     let (share_x, share_y) = (share(team("x").await), share(team("y").await));
     assert!((share_x - 3.2).abs() < 0.01 && (share_y - 12.8).abs() < 0.01, "{share_x} {share_y}");
 }
+
+/// The quota preview of a team moved to another parent plans with the tree as it would be:
+/// c, under dept (guaranteed 8), has dept's 8 while o (guaranteed 8) and c both want all
+/// 16; moved to the top level with no guarantee of its own, c would share only what dept
+/// leaves idle with o: 4.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_quota_preview_of_a_team_moved_plans_with_its_new_parent(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("dept", None, 8, None).await;
+    p.team("c", Some("dept"), 0, None).await;
+    p.team("o", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    for team in ["c", "o"] {
+        p.submit(team, "all", 2, 8.0, json!({})).await;
+    }
+    p.settle().await;
+    let spec: berth_core::team::TeamSpec =
+        serde_json::from_value(json!({"quotas": [{"flavor": "h100", "guaranteed": 0}]})).unwrap();
+    let preview = berth_controllers::preview::quota_preview(&p.ctx.db, &p.ctx.config, "c", &spec, p.ctx.clock.now())
+        .await
+        .unwrap();
+    let c = preview.fair_shares.iter().find(|s| s.team == "c").expect("c's share changes");
+    assert_eq!((c.before, c.after), (8.0, 4.0), "{:?}", preview.summary);
+}
