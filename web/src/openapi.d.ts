@@ -1152,7 +1152,7 @@ export interface components {
          *     `2^(−U/S)`, where `U` is the team's part of the siblings' recent GPU-hours and `S` its
          *     part of their weights. Guarantees are never touched. Recent use counts every GPU-hour
          *     of the subtree, halved for each `usage_half_life_seconds` since it was used. It applies
-         *     inside the tree, and among top-level teams when every top-level team sets it.
+         *     inside the tree, and among top-level teams when every one that wants GPUs sets it.
          * @example {
          *       "usage_half_life_seconds": 604800
          *     }

@@ -58,7 +58,7 @@ pub struct TeamSpec {
 /// `2^(−U/S)`, where `U` is the team's part of the siblings' recent GPU-hours and `S` its
 /// part of their weights. Guarantees are never touched. Recent use counts every GPU-hour
 /// of the subtree, halved for each `usage_half_life_seconds` since it was used. It applies
-/// inside the tree, and among top-level teams when every top-level team sets it.
+/// inside the tree, and among top-level teams when every one that wants GPUs sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"usage_half_life_seconds": 604800}))]

@@ -20,13 +20,13 @@
 //! claimant with positive weight has all it demands); the result depends only on the input.
 //!
 //! # Fairness over time
-//! Where every claimant of a division has a recent use (its tree sets `spec.fair_sharing`),
-//! step 2 weighs each claimant by `weight × 2^(−U/S)` instead (Slurm's fair-share factor):
-//! `U` is the claimant's part of the claimants' recent use, `S` its part of their weights.
-//! A claimant that used nothing lately keeps its weight; one that used its part of the
-//! weights keeps half; one that used everything is left `2^(−1/S)`. Step 1 is untouched, so
-//! guarantees hold whatever was used. The factor never falls below [`FACTOR_MIN`], so the
-//! division stays work-conserving.
+//! Where every claimant of a division that wants GPUs has a recent use (its tree sets
+//! `spec.fair_sharing`), step 2 weighs each claimant by `weight × 2^(−U/S)` instead
+//! (Slurm's fair-share factor): `U` is the claimant's part of the claimants' recent use,
+//! `S` its part of their weights. A claimant that used nothing lately keeps its weight; one
+//! that used its part of the weights keeps half; one that used everything is left
+//! `2^(−1/S)`. Step 1 is untouched, so guarantees hold whatever was used. The factor never
+//! falls below [`FACTOR_MIN`], so the division stays work-conserving.
 
 /// Numbers closer than this are equal (shares are GPUs, possibly fractional).
 pub const EPSILON: f64 = 1e-9;
@@ -138,12 +138,17 @@ fn divide(claims: &[Claim], total: f64) -> Vec<f64> {
 }
 
 /// The weights idle capacity is divided by: each claim's, times `2^(−U/S)` when every claim
-/// has a recent use (see the module's doc). `U` and `S` are parts of what the claims that
-/// want GPUs or used some lately add up to (a parent's own part that neither wants nor used
-/// any does not dilute its children's).
+/// that wants GPUs has a recent use (see the module's doc; one that wants none gets
+/// nothing here anyway, so a new empty top-level team does not turn it off for the
+/// others). `U` and `S` are parts of what the claims that want GPUs or used some lately
+/// add up to (a parent's own part that neither wants nor used any does not dilute its
+/// children's).
 fn weights_over_time(claims: &[Claim]) -> Vec<f64> {
     let plain: Vec<f64> = claims.iter().map(|c| c.weight).collect();
-    let Some(recent) = claims.iter().map(|c| c.recent).collect::<Option<Vec<f64>>>() else { return plain };
+    if claims.iter().all(|c| c.recent.is_none()) || claims.iter().any(|c| c.recent.is_none() && c.demand > EPSILON) {
+        return plain;
+    }
+    let recent: Vec<f64> = claims.iter().map(|c| c.recent.unwrap_or(0.0)).collect();
     let active = |(c, &r): (&Claim, &f64)| c.demand > EPSILON || r > EPSILON;
     let used: f64 = claims.iter().zip(&recent).filter(|x| active(*x)).map(|(_, r)| r).sum();
     let total_weight: f64 = claims.iter().zip(&recent).filter(|x| active(*x)).map(|(c, _)| c.weight).sum();
@@ -307,11 +312,15 @@ mod tests {
         teams[1].recent = Some(300.0);
         teams[0].recent = Some(100.0);
         assert_eq!(subtree(&fair_shares(&teams, 40.0)), [15.0, 25.0]);
-        // A sibling that does not share over time turns the factor off for the division.
+        // A sibling that does not share over time and wants GPUs turns the factor off for
+        // the division; one that wants none does not.
+        let mut teams = [teams[0].clone(), teams[1].clone(), team(None, 0.0, 1.0, 0.0)];
         teams[1].weight = 1.0;
         teams[0].recent = Some(300.0);
+        teams[1].recent = Some(100.0);
+        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [16.666667, 23.333333, 0.0]);
         teams[1].recent = None;
-        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [20.0, 20.0]);
+        assert_eq!(subtree(&fair_shares(&teams, 40.0)), [20.0, 20.0, 0.0]);
     }
 
     #[test]
