@@ -71,7 +71,8 @@ pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
             let mine = own.get(&team.metadata.uid);
             RecentUsage {
                 usage_half_life_seconds,
-                updated_at: now,
+                // Microseconds, as Postgres keeps the other times.
+                updated_at: chrono::SubsecRound::trunc_subsecs(now, 6),
                 flavors: (subtree[t].iter())
                     .map(|(&flavor, &subtree_gpu_hours)| FlavorRecentUsage {
                         flavor: flavor.to_owned(),

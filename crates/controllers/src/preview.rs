@@ -1,5 +1,5 @@
-//! Quota preview: what the scheduler would do if one team's quotas (and, for a top-level
-//! team, its fair sharing over time) were replaced, worked
+//! Quota preview: what the scheduler would do if one team's quotas and parent (and, for a
+//! top-level team, its fair sharing over time) were replaced, worked
 //! out by `berth_sched::what_if` on the snapshot the scheduler loop reads. Nothing is
 //! written; the answer names every workload until its reader's redactor
 //! (`berth_core::redact`) leaves out what the reader may not see.
@@ -14,9 +14,9 @@ use berth_sched::what_if::{Change, what_if};
 use crate::Config;
 use crate::snapshot;
 
-/// The scheduler's next plan with `team`'s quotas replaced by `spec`'s (a flavor without an
-/// entry: nothing guaranteed, no limit, weight 1), and its tree's recent use weighed as
-/// `spec.fair_sharing` says, against its next plan as things are.
+/// The scheduler's next plan with `team`'s quotas and parent replaced by `spec`'s (a flavor
+/// without an entry: nothing guaranteed, no limit, weight 1), and its tree's recent use
+/// weighed as `spec.fair_sharing` says, against its next plan as things are.
 ///
 /// # Errors
 /// Store errors; `Internal` when the team is not in the snapshot.
