@@ -195,6 +195,15 @@ pub async fn team_delete(
             message: format!("team {name:?} still has live workloads: {}", live.join(", ")),
         });
     }
+    // Its recent use stays with its parent at once (the fair-sharing task counts it so from
+    // the ledger on its next pass; until then the scheduler would have lost it).
+    if let (Some(parent), Some(used)) = (&team.spec.parent, &team.status.recent_usage)
+        && let Some(p) = store::team_fetch(&mut *tx, parent).await?
+        && let Some(mut into) = p.status.recent_usage
+    {
+        into.absorb(used);
+        store::team_write_recent_usage(&mut tx, &[(TeamId(p.metadata.uid), Some(into))]).await?;
+    }
     store::team_delete(&mut tx, uid).await?;
     audit_change(&mut tx, &opctx.actor, AuditVerb::Delete, KIND, &team.metadata).await?;
     berth_store::commit(tx).await?;

@@ -128,6 +128,19 @@ pub struct RecentUsage {
     pub flavors: Vec<FlavorRecentUsage>,
 }
 
+impl RecentUsage {
+    /// Takes in the own use of a child team being deleted (its subtree's is already in
+    /// this one's), as the next count will: a deleted team's use stays with its parent.
+    pub fn absorb(&mut self, deleted: &Self) {
+        for d in deleted.flavors.iter().filter(|d| d.gpu_hours > 0.0) {
+            match self.flavors.iter_mut().find(|f| f.flavor == d.flavor) {
+                Some(f) => f.gpu_hours += d.gpu_hours,
+                None => self.flavors.push(FlavorRecentUsage { subtree_gpu_hours: d.gpu_hours, ..d.clone() }),
+            }
+        }
+    }
+}
+
 /// A team's recent use of one flavor, in decayed GPU-hours.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FlavorRecentUsage {

@@ -1653,9 +1653,9 @@ async fn a_team_that_used_much_lately_borrows_less_when_its_tree_shares_over_tim
 
 /// Inside a tree that shares over time (the setting on its top-level team only), children
 /// are weighed by their subtrees' recent use. In dept, xc (under x) ran 16 GPUs for two
-/// hours and was then deleted: its use stays with x (its nearest remaining team), so when x
-/// and y both want all of dept's 16, y's fair share is 12.8 and x's 3.2. dept's status
-/// counts x's use in its subtree, none as its own.
+/// hours and was then deleted: its use stays with x (its nearest remaining team) at once,
+/// so when x and y both want all of dept's 16, y's fair share is 12.8 and x's 3.2. dept's
+/// status counts x's use in its subtree, none as its own.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_more(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
@@ -1682,21 +1682,30 @@ async fn inside_a_tree_that_shares_over_time_the_child_that_used_less_borrows_mo
         berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "xc", w, None).await.unwrap();
     }
     p.settle().await;
-    berth_app::team::team_delete(&p.ctx.db, &p.actor, "xc", None).await.unwrap();
-    p.settle().await;
-    let (x, d) = (recent("x").await, recent("dept").await);
-    assert!((x[0].gpu_hours - used).abs() < 0.01 && x[0].gpu_hours == x[0].subtree_gpu_hours, "{x:?}");
-    assert!(d[0].gpu_hours == 0.0 && (d[0].subtree_gpu_hours - used).abs() < 0.01, "{d:?}");
-    assert_eq!(recent("y").await, [], "y used nothing");
-
     for i in 0..16 {
         p.submit("x", &format!("x-more-{i}"), 1, 1.0, json!({})).await;
         p.submit("y", &format!("y-more-{i}"), 1, 1.0, json!({})).await;
     }
-    p.settle().await;
+    berth_app::team::team_delete(&p.ctx.db, &p.actor, "xc", None).await.unwrap();
+    // At once, before the fair-sharing task's next pass, and after it.
     let share = |t: berth_core::team::Team| t.status.usage[0].fair_share;
-    let (share_x, share_y) = (share(team("x").await), share(team("y").await));
-    assert!((share_x - 3.2).abs() < 0.01 && (share_y - 12.8).abs() < 0.01, "{share_x} {share_y}");
+    for pass in ["the scheduler's", "every controller's"] {
+        if pass == "the scheduler's" {
+            scheduler::reconcile(&p.ctx).await.unwrap();
+        } else {
+            p.settle().await;
+        }
+        let (x, d) = (recent("x").await, recent("dept").await);
+        assert!((x[0].gpu_hours - used).abs() < 0.01 && (x[0].subtree_gpu_hours - used).abs() < 0.01, "{x:?}");
+        assert!(d[0].gpu_hours == 0.0 && (d[0].subtree_gpu_hours - used).abs() < 0.01, "{d:?}");
+        let y = recent("y").await;
+        assert!(y.iter().all(|f| f.gpu_hours < 0.01), "y has used next to nothing: {y:?}");
+        let (share_x, share_y) = (share(team("x").await), share(team("y").await));
+        assert!(
+            (share_x - 3.2).abs() < 0.01 && (share_y - 12.8).abs() < 0.01,
+            "after {pass} pass: {share_x} {share_y}"
+        );
+    }
 }
 
 /// The quota preview of a team moved to another parent plans with the tree as it would be:
