@@ -126,7 +126,7 @@ pub async fn reconcile(ctx: &Context) -> Result<BudgetsStatus, Error> {
 }
 
 /// GPU-hours in words: a tenth of an hour from 1 up, three decimals below.
-fn hours(h: f64) -> String {
+pub(crate) fn hours(h: f64) -> String {
     if h >= 1.0 { format!("{h:.1}") } else { format!("{h:.3}") }
 }
 

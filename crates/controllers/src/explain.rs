@@ -58,11 +58,11 @@ pub fn pending_reason(
             let recent = match recent_use(s, *t, *f) {
                 Some(h) => {
                     details["recent_gpu_hours"] = json!(h);
-                    let h = if h >= 1.0 { format!("{h:.1}") } else { format!("{h:.3}") };
-                    format!(" (weighed by the team's recent use: {h} GPU-hours, decayed)")
+                    format!(" (weighed by the team's recent use: {} GPU-hours, decayed)", crate::budgets::hours(h))
                 }
                 None => String::new(),
             };
+            let round = berth_core::team::round_gpus;
             let (used, fair_share, requested) = (round(*used), round(*fair_share), round(*requested));
             (
                 "FairShareReached",
@@ -220,23 +220,10 @@ pub fn pending_reason(
     PendingReason { code: code.into(), message, details: Some(details) }
 }
 
-/// GPUs to at most two decimals (a fair share is any real number).
-fn round(gpus: f64) -> f64 {
-    (gpus * 100.0).round() / 100.0
-}
-
 /// The recent GPU-hours of `team`'s subtree on `flavor`, where its tree shares over time.
 fn recent_use(s: &Snapshot, team: usize, flavor: usize) -> Option<f64> {
     s.teams[team].recent_usage.as_ref()?;
-    let below = |mut t: usize| loop {
-        if t == team {
-            return true;
-        }
-        match s.teams[t].parent {
-            Some(p) => t = p,
-            None => return false,
-        }
-    };
+    let below = |t: usize| std::iter::successors(Some(t), |&a| s.teams[a].parent).any(|a| a == team);
     let used = (0..s.teams.len())
         .filter(|&t| below(t))
         .filter_map(|t| s.teams[t].recent_usage.as_ref().map(|r| r[flavor]))

@@ -39,7 +39,8 @@ impl crate::runner::Report for FairSharingStatus {
 pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
     let now = ctx.clock.now();
     let teams = berth_store::team::team_list_all(&ctx.db).await?;
-    let tops = tops(&teams);
+    let index: HashMap<&str, usize> = teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
+    let tops: Vec<usize> = (0..teams.len()).map(|t| chain(&teams, &index, t).last().unwrap_or(t)).collect();
     let half_life = |t: usize| teams[tops[t]].spec.fair_sharing.map(|f| f.usage_half_life_seconds);
     let mut by_half_life: BTreeMap<u32, Vec<Uuid>> = BTreeMap::new();
     for (t, team) in teams.iter().enumerate() {
@@ -54,7 +55,6 @@ pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
         }
     }
     // Each team's own use, added to itself and every team above it now.
-    let index: HashMap<&str, usize> = teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
     let mut subtree: Vec<BTreeMap<&str, f64>> = vec![BTreeMap::new(); teams.len()];
     for (t, team) in teams.iter().enumerate() {
         for (flavor, h) in own.get(&team.metadata.uid).into_iter().flatten() {
@@ -100,12 +100,6 @@ pub async fn reconcile(ctx: &Context) -> Result<FairSharingStatus, Error> {
 fn chain<'a>(teams: &'a [Team], index: &'a HashMap<&str, usize>, t: usize) -> impl Iterator<Item = usize> + 'a {
     std::iter::successors(Some(t), |&t| teams[t].spec.parent.as_deref().and_then(|p| index.get(p).copied()))
         .take(teams.len())
-}
-
-/// Each team's top-level team.
-fn tops(teams: &[Team]) -> Vec<usize> {
-    let index: HashMap<&str, usize> = teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
-    (0..teams.len()).map(|t| chain(teams, &index, t).last().unwrap_or(t)).collect()
 }
 
 /// Whether `next` is worth a write: set or cleared, another half-life or set of flavors,

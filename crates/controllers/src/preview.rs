@@ -45,7 +45,7 @@ pub async fn quota_preview(
         changes.push(Change::SetParent { team: team.to_owned(), parent: spec.parent.clone() });
     }
     if spec.fair_sharing != current.and_then(|c| c.fair_sharing) {
-        changes.extend(recent_usage_with(db, &world, team, spec, now).await?);
+        changes.extend(recent_usage_with(db, &world, &built.snapshot, team, spec, now).await?);
     }
     let result = what_if(&built.snapshot, &changes).map_err(|e| Error::Internal(e.to_string()))?;
     let by_id: HashMap<String, &Workload> =
@@ -87,16 +87,18 @@ pub async fn quota_preview(
 async fn recent_usage_with(
     db: &berth_store::PgPool,
     world: &snapshot::World,
+    s: &berth_sched::Snapshot,
     top: &str,
     spec: &TeamSpec,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Change>, Error> {
-    let parent: HashMap<&str, Option<&str>> =
-        world.teams.iter().map(|t| (t.metadata.name.as_str(), t.spec.parent.as_deref())).collect();
-    let in_tree = |name: &str| {
-        std::iter::successors(Some(name), |n| parent.get(n).copied().flatten()).take(parent.len()).any(|n| n == top)
-    };
-    let tree: Vec<&berth_core::team::Team> = world.teams.iter().filter(|t| in_tree(&t.metadata.name)).collect();
+    // The snapshot's teams are the world's, in the same order.
+    let top = s.teams.iter().position(|t| t.name == top);
+    let ancestors = berth_sched::cycle::ancestors(s);
+    let tree: Vec<&berth_core::team::Team> = (world.teams.iter().zip(&ancestors))
+        .filter(|(_, up)| top.is_some_and(|t| up.contains(&t)))
+        .map(|(t, _)| t)
+        .collect();
     let Some(f) = spec.fair_sharing else {
         return Ok(tree
             .iter()

@@ -215,7 +215,7 @@ impl QuotaPreview {
 }
 
 /// GPUs to at most two decimals, as the scheduler counts them (hundredths of a GPU).
-fn round_gpus(gpus: f64) -> f64 {
+pub fn round_gpus(gpus: f64) -> f64 {
     (gpus * 100.0).round() / 100.0
 }
 

@@ -761,8 +761,7 @@ impl<'a> Cycle<'a> {
             match outcome {
                 Ok(candidate) if best.as_ref().is_none_or(|b| candidate.key < b.key) => {
                     // (Unless some cluster packs against fragmentation: growth may be negative.)
-                    let perfect =
-                        !candidate.key.0 && candidate.key.1 == 0 && candidate.key.2 == 0 && self.shapes.is_none();
+                    let perfect = !candidate.key.0 && candidate.key.2 == 0 && self.shapes.is_none();
                     best = Some(candidate);
                     if perfect {
                         break;
@@ -1301,12 +1300,12 @@ pub(crate) fn could_preempt(p: &Pending, r: &Running, in_quota: bool) -> bool {
     r.preemptible && if r.team == p.team { r.priority < p.priority } else { in_quota && r.borrowed }
 }
 
-/// Places without keeping the placement.
 /// The shapes to pack against on `cluster`: the cycle's, if it packs against fragmentation.
 fn shapes_on<'a>(shapes: &'a Option<Shapes>, cluster: &Cluster) -> Option<&'a Shapes> {
     shapes.as_ref().filter(|_| cluster.packing == Packing::Fragmentation)
 }
 
+/// Places without keeping the placement.
 fn trial(
     states: &mut [NodeState],
     nodes: &[NodeIx],
