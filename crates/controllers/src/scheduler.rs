@@ -48,6 +48,9 @@ pub struct SchedulerStatus {
     pub full_read: bool,
     /// The workloads read from the store: all of them, or those written or deleted since.
     pub changes_read: usize,
+    /// The workloads the snapshot was made of anew (the others as the last one made them:
+    /// [`snapshot::Derivations`]).
+    pub derived: usize,
     pub cycle_ms: f64,
     /// Where the cycle's time went (milliseconds): reading the world, building the
     /// snapshot, planning, turning the plan into status writes and reasons, and writing
@@ -126,6 +129,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             crate::world::Read::Changes(n) => n,
             crate::world::Read::Full => world.workloads.len(),
         },
+        derived: built.derived,
         read_ms,
         build_ms,
         plan_ms,

@@ -59,6 +59,8 @@ struct Kept {
     /// When the scheduler last wrote every queue position that moved (by the controllers'
     /// clock), see [`crate::scheduler::POSITIONS_REFRESH`].
     positions_written: Option<DateTime<Utc>>,
+    /// What the last snapshot built of each workload.
+    derived: Arc<std::sync::Mutex<crate::snapshot::Derivations>>,
 }
 
 /// Every unfinished workload as of a change feed cursor, read by a task of its own so that
@@ -220,6 +222,6 @@ impl Kept {
         };
         berth_store::commit(tx).await?;
         let workloads = self.workloads.values().cloned().collect();
-        Ok((World { now, flavors, teams, clusters, nodes, workloads }, read))
+        Ok((World { now, flavors, teams, clusters, nodes, workloads, derived: self.derived.clone() }, read))
     }
 }

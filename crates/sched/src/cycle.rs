@@ -33,6 +33,7 @@
 //!    its team's quota, so that work behind it cannot use up the quota it needs either. A
 //!    workload that cannot fit never blocks the ones behind it otherwise.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
@@ -206,7 +207,6 @@ struct Candidate {
     key: (bool, i64, u32, usize, usize, ClusterIx),
     pool: usize,
     placed: Placed,
-    nodes: Vec<NodeIx>,
 }
 
 /// A team's place in the visit order: its used ÷ share as float bits, then when its next
@@ -797,9 +797,9 @@ impl<'a> Cycle<'a> {
     }
 
     /// Nodes of `pool` that `w` may use: not held for another workload.
-    fn open_nodes(&self, w: PendingIx, nodes: &[NodeIx]) -> Vec<NodeIx> {
+    fn open_nodes<'n>(&self, w: PendingIx, nodes: &'n [NodeIx]) -> Cow<'n, [NodeIx]> {
         if self.held.is_empty() {
-            return nodes.to_vec();
+            return Cow::Borrowed(nodes);
         }
         nodes.iter().copied().filter(|&n| self.reserved_for[n].is_none_or(|r| r == w)).collect()
     }
@@ -826,22 +826,22 @@ impl<'a> Cycle<'a> {
             return Err(miss.clone());
         }
         let open = self.open_nodes(w, &pool.nodes);
-        let mut best: Option<(Placed, Vec<NodeIx>)> = None;
+        let mut best: Option<Placed> = None;
         if p.topology != TopologyPolicy::None {
             for group in &pool.groups {
                 let group = self.open_nodes(w, group);
                 if let Some(placed) = trial(&mut self.states, &group, r, shapes)
-                    && best.as_ref().is_none_or(|(b, _)| (placed.growth, placed.leftover) < (b.growth, b.leftover))
+                    && best.as_ref().is_none_or(|b| (placed.growth, placed.leftover) < (b.growth, b.leftover))
                 {
-                    best = Some((placed, group));
+                    best = Some(placed);
                 }
             }
         }
         let topology_fit = best.is_some() || p.topology == TopologyPolicy::None;
         if best.is_none() && p.topology != TopologyPolicy::Required {
-            best = trial(&mut self.states, &open, r, shapes).map(|placed| (placed, open.clone()));
+            best = trial(&mut self.states, &open, r, shapes);
         }
-        let Some((placed, nodes)) = best else {
+        let Some(placed) = best else {
             let open_free: u64 = open.iter().map(|&n| u64::from(self.states[n].free_gpus())).sum();
             let miss = if p.topology == TopologyPolicy::Required && trial(&mut self.states, &open, r, None).is_some() {
                 Miss::Topology
@@ -869,7 +869,7 @@ impl<'a> Cycle<'a> {
             p.backend_rank(cluster.kind),
             pool.cluster,
         );
-        Ok(Candidate { key, pool: pool_ix, placed, nodes })
+        Ok(Candidate { key, pool: pool_ix, placed })
     }
 
     /// Why a gang with GPUs enough on `open` still does not fit: CPU cores or memory on the
@@ -915,9 +915,9 @@ impl<'a> Cycle<'a> {
         for &n in &released {
             self.reopened[s.nodes[n].flavor] = true;
         }
-        let shapes = shapes_on(&self.shapes, &s.clusters[self.pools[c.pool].cluster]);
-        let placed = place(&mut self.states, &c.nodes, &p.tasks, shapes).expect("the chosen placement still fits");
-        debug_assert_eq!(placed, c.placed);
+        // Where its trial placed it: nothing was taken since.
+        let placed = c.placed;
+        crate::nodes::take_placed(&mut self.states, &p.tasks, &placed.tasks);
         self.pools[c.pool].free -= u64::from(p.tasks.total_gpus());
         self.pools[c.pool].version += 1;
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
@@ -1204,7 +1204,7 @@ impl<'a> Cycle<'a> {
                 let groups =
                     if p.topology == TopologyPolicy::Required { pool.groups.clone() } else { vec![pool.nodes.clone()] };
                 for group in groups {
-                    let mut nodes = self.open_nodes(w, &group);
+                    let mut nodes = self.open_nodes(w, &group).into_owned();
                     nodes.sort_by_key(|&n| (Reverse(self.states[n].free_gpus()), n));
                     let mut room = 0;
                     let mut picked = Vec::new();

@@ -291,9 +291,27 @@ pub fn place(states: &mut [NodeState], candidates: &[usize], r: &Resources, shap
     Some(Placed { tasks, leftover, growth })
 }
 
+/// Takes the tasks of a placement that [`place`] found on `states` as they are.
+pub fn take_placed(states: &mut [NodeState], r: &Resources, tasks: &[(usize, Option<u8>)]) {
+    for &(p, device) in tasks {
+        match device {
+            Some(d) => states[p].take_at(r, d).expect("the placement still fits"),
+            None => {
+                assert!(states[p].fit_cost(r).is_some(), "the placement still fits");
+                states[p].take(r);
+            }
+        }
+    }
+}
+
 /// Each task where it leaves the least room unused; `None` (and nothing taken) when the
 /// gang does not fit so.
 fn best_fit(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Vec<(usize, Option<u8>)>> {
+    if r.is_fractional() { best_fit_each(states, candidates, r) } else { best_fit_whole(states, candidates, r) }
+}
+
+/// [`best_fit`] task by task, each with a pass over the candidates.
+fn best_fit_each(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Vec<(usize, Option<u8>)>> {
     let mut tasks: Vec<(usize, Option<u8>)> = Vec::with_capacity(r.count as usize);
     for _ in 0..r.count {
         let mut best: Option<(u32, usize)> = None;
@@ -318,8 +336,51 @@ fn best_fit(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Op
     Some(tasks)
 }
 
+/// [`best_fit_each`] of whole GPUs in one pass over the candidates instead of one per task.
+/// Task by task, best fit takes the node of least cost (room left), the lowest-numbered
+/// of equals, or the first in `candidates` that leaves none. A node taken costs less
+/// after (whole GPUs) and the others stay as they were, so it is taken again while a task
+/// fits: the gang fills the nodes in the order of that choice, and the first `count` of
+/// them are enough.
+fn best_fit_whole(states: &mut [NodeState], candidates: &[usize], r: &Resources) -> Option<Vec<(usize, Option<u8>)>> {
+    let count = r.count as usize;
+    if count == 0 {
+        return Some(Vec::new());
+    }
+    // By (cost, node), or for no cost (cost, position in candidates); best first.
+    let mut best: Vec<((u32, usize), usize)> = Vec::with_capacity(count + 1);
+    for (at, &p) in candidates.iter().enumerate() {
+        let Some(cost) = states[p].fit_cost(r) else { continue };
+        let key = (cost, if cost == 0 { at } else { p });
+        if best.len() == count && best[count - 1].0 <= key {
+            continue;
+        }
+        let i = best.partition_point(|&(k, _)| k < key);
+        best.insert(i, (key, p));
+        best.truncate(count);
+        if best.len() == count && best[count - 1].0.0 == 0 {
+            break; // Nothing later packs better.
+        }
+    }
+    let mut tasks: Vec<(usize, Option<u8>)> = Vec::with_capacity(count);
+    for &(_, p) in &best {
+        while tasks.len() < count && states[p].fit_cost(r).is_some() {
+            tasks.push((p, states[p].take(r)));
+        }
+    }
+    if tasks.len() < count {
+        for &(p, d) in tasks.iter().rev() {
+            states[p].give(r, d);
+        }
+        return None;
+    }
+    Some(tasks)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn node(gpus: u32) -> Node {
@@ -406,5 +467,43 @@ mod tests {
         let before = states.clone();
         assert_eq!(place(&mut states, &[0, 1], &tasks(2, 400), None), None);
         assert_eq!(states, before);
+    }
+
+    proptest::proptest! {
+        /// The one-pass best fit of whole GPUs places every gang where task-by-task best
+        /// fit does, on any nodes (partly taken, short of CPU or memory) in any order.
+        #[test]
+        fn whole_gpus_fit_in_one_pass_as_task_by_task(
+            nodes in proptest::collection::vec((1..=8u32, 0..=8u32, 1..=8u32, 1..=8u64), 1..24),
+            order in proptest::collection::vec(proptest::num::usize::ANY, 0..24),
+            count in 0..8u32,
+            gpus in 0..=4u32,
+            cpus in 0..=3u32,
+            memory in 0..=3u64,
+        ) {
+            let mut states: Vec<NodeState> = nodes
+                .iter()
+                .map(|&(g, taken, c, m)| {
+                    let mut s = NodeState::new(&Node { cpus_milli: c * 1000, memory_mib: m * 1024, ..node(g) });
+                    for _ in 0..taken.min(g) {
+                        let one = tasks(1, 100);
+                        if s.fit_cost(&one).is_some() {
+                            s.take(&Resources { cpus_milli: 0, memory_mib: 0, ..one });
+                        }
+                    }
+                    s
+                })
+                .collect();
+            let mut candidates: Vec<usize> =
+                order.iter().map(|o| o % states.len()).collect::<BTreeSet<_>>().into_iter().collect();
+            let turn = order.first().map_or(0, |o| o % candidates.len().max(1));
+            candidates.rotate_left(turn);
+            let r = Resources { count, gpus: gpus * ONE_GPU, cpus_milli: cpus * 1000, memory_mib: memory * 1024 };
+            let mut each = states.clone();
+            let expected = best_fit_each(&mut each, &candidates, &r);
+            let got = best_fit_whole(&mut states, &candidates, &r);
+            proptest::prop_assert_eq!(got, expected);
+            proptest::prop_assert_eq!(states, each);
+        }
     }
 }

@@ -162,6 +162,8 @@ struct Cycles {
     seconds: Vec<f64>,
     /// Per cycle: milliseconds in each of [`PHASES`].
     phases: Vec<[f64; 5]>,
+    /// Per cycle: workloads its snapshot derived anew.
+    derived: Vec<f64>,
 }
 
 /// The parts of a cycle its status times.
@@ -190,6 +192,7 @@ impl Cycles {
         self.runs = status["runs"].as_i64();
         self.seconds.push(last["cycle_ms"].as_f64().unwrap_or_default() / 1000.0);
         self.phases.push(PHASES.map(|p| last[format!("{p}_ms")].as_f64().unwrap_or_default()));
+        self.derived.push(last["derived"].as_f64().unwrap_or_default());
         Ok(Some(last))
     }
 
@@ -230,7 +233,9 @@ impl Cycles {
             if let Some(last) = self.sample(db).await? {
                 let n = |k: &str| last[k].as_i64().unwrap_or_default();
                 if (n("pending") + n("running")) as usize >= total && n("admitted") == 0 {
-                    settled.extend(self.seconds.last().copied().zip(self.phases.last().copied()));
+                    settled.extend(
+                        self.seconds.last().copied().zip(self.phases.last().copied().zip(self.derived.last().copied())),
+                    );
                     seen = (n("running"), n("pending"));
                 }
             }
@@ -239,12 +244,14 @@ impl Cycles {
             }
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
-        (self.seconds, self.phases) = settled.into_iter().unzip();
+        (self.seconds, (self.phases, self.derived)) = settled.into_iter().unzip();
         Ok(seen)
     }
 
-    /// The cycles' percentiles, and the median of each phase.
+    /// The cycles' percentiles, the median of each phase and of the workloads derived anew.
     fn report(&self) -> String {
+        let mut derived = self.derived.clone();
+        derived.sort_by(f64::total_cmp);
         let phases: Vec<String> = PHASES
             .iter()
             .enumerate()
@@ -254,11 +261,17 @@ impl Cycles {
                 format!("{name} {:.0}", ms.get(ms.len() / 2).copied().unwrap_or_default())
             })
             .collect();
+        let slowest = (0..self.seconds.len()).max_by(|&a, &b| self.seconds[a].total_cmp(&self.seconds[b]));
+        let slowest = slowest.map_or_else(String::new, |i| {
+            let phases: Vec<String> = PHASES.iter().zip(self.phases[i]).map(|(p, ms)| format!("{p} {ms:.0}")).collect();
+            format!("; the slowest: {}, {:.0} derived anew", phases.join(", "), self.derived[i])
+        });
         format!(
-            "{} sampled: {}; median ms per phase: {}",
+            "{} sampled: {}; median ms per phase: {}; median workloads derived anew {:.0}{slowest}",
             self.seconds.len(),
             percentiles(self.seconds.clone()),
-            phases.join(", ")
+            phases.join(", "),
+            derived.get(derived.len() / 2).copied().unwrap_or_default()
         )
     }
 }
