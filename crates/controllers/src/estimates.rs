@@ -35,6 +35,9 @@ impl crate::runner::Report for EstimateStatus {
 /// Store errors.
 pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
     let (world, _) = ctx.world.load(&ctx.db, ctx.clock.now()).await?;
+    // What the scheduler derived of the workloads is its own (lent to its snapshot during
+    // a cycle): this build makes everything anew.
+    let world = snapshot::World { derived: Default::default(), ..world };
     // CPU-bound (430 ms at 73,000 pending): on a blocking thread, as the scheduler's plan.
     let starvation_after = ctx.config.starvation_after.as_secs() as i64;
     let (world, built, estimates) = crate::off_runtime(move || {

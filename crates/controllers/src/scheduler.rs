@@ -301,6 +301,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     status.write_ms = ms(phase);
     status.cycle_ms = ms(started);
+    snapshot::give_back(&world, built);
     Ok(status)
 }
 

@@ -34,6 +34,11 @@ pub struct World {
 /// cycle; the 300 written since the last took none of it). An entry holds while its
 /// workload is the same object ([`Arc::ptr_eq`]: the kept world replaces a workload
 /// written since) and the indices it names mean the same ([`Key`]).
+///
+/// A build lends its running and pending entries to the snapshot (moved, not copied:
+/// copying 100,000 took longer than the rest of the build); [`give_back`] returns them
+/// after the cycle. An entry not given back (an error, another build meanwhile) is made
+/// again by the next build.
 #[derive(Default)]
 pub struct Derivations {
     key: Option<Key>,
@@ -42,6 +47,11 @@ pub struct Derivations {
     /// The last build's entries, emptied: the next is written there (tens of megabytes at
     /// 100,000 workloads, which a new allocation would take from the kernel again).
     spare: Vec<(Uuid, Arc<Workload>, Derived)>,
+    /// The snapshot's lists given back, emptied, for the next build to fill.
+    spare_running: Vec<s::Running>,
+    spare_pending: Vec<s::Pending>,
+    /// Counts the builds: only the last one's snapshot is taken back.
+    builds: u64,
 }
 
 /// What a derived workload's indices and protection depend on besides the workload.
@@ -71,6 +81,8 @@ enum Derived {
     Running(s::Running),
     Pending(s::Pending),
     Unschedulable(PendingReason),
+    /// In a snapshot, not given back.
+    Lent,
 }
 
 /// A snapshot and the objects behind its indices.
@@ -84,6 +96,8 @@ pub struct Built {
     pub unschedulable: Vec<(usize, PendingReason)>,
     /// How many workloads were derived anew (not as the last build did).
     pub derived: usize,
+    /// Which build of the world's [`Derivations`] it was.
+    build: u64,
 }
 
 fn seconds(t: DateTime<Utc>) -> i64 {
@@ -139,9 +153,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     }
 
     // Most unfinished work runs at a large site.
-    let mut running = Vec::with_capacity(world.workloads.len());
     let mut running_ix = Vec::with_capacity(world.workloads.len());
-    let mut pending = Vec::new();
     let mut pending_ix = Vec::new();
     let mut unschedulable = Vec::new();
     let inventory = nodes.len();
@@ -221,20 +233,35 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     let mut before = last.drain(..).peekable();
     let mut entries = std::mem::take(&mut kept.spare);
     entries.reserve(world.workloads.len());
+    let mut running = std::mem::take(&mut kept.spare_running);
+    running.reserve(world.workloads.len());
+    let mut pending = std::mem::take(&mut kept.spare_pending);
     let mut derived = 0;
     for (i, w) in world.workloads.iter().enumerate() {
-        let entry = match before.next_if(|(_, was, _)| Arc::ptr_eq(was, w)) {
-            Some(same) => same,
+        let same =
+            |(_, was, made): &(Uuid, Arc<Workload>, Derived)| Arc::ptr_eq(was, w) && !matches!(made, Derived::Lent);
+        let mut entry = match before.next_if(same) {
+            Some(entry) => entry,
             None => {
+                // Past the workloads gone since (which come before it by uid).
                 let uid = w.metadata.uid;
-                while let Some(gone) = before.next_if(|(was, ..)| *was <= uid) {
+                while let Some(gone) = before.next_if(|(was, ..)| *was < uid) {
                     stale.push(gone);
                 }
-                derived += 1;
-                (uid, w.clone(), derive(i))
+                match before.next_if(same) {
+                    Some(entry) => entry,
+                    None => {
+                        stale.extend(before.next_if(|(was, ..)| *was == uid));
+                        derived += 1;
+                        (uid, w.clone(), derive(i))
+                    }
+                }
             }
         };
-        let made = entry.2.clone();
+        let made = match &entry.2 {
+            Derived::Running(_) | Derived::Pending(_) => std::mem::replace(&mut entry.2, Derived::Lent),
+            other => other.clone(),
+        };
         entries.push(entry);
         match made {
             Derived::Left => {}
@@ -247,6 +274,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
                 pending.push(p);
             }
             Derived::Unschedulable(reason) => unschedulable.push((i, reason)),
+            Derived::Lent => unreachable!("a lent entry is made again"),
         }
     }
     // A stand-in node is numbered by the order it was first needed in: derived again
@@ -255,6 +283,8 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     kept.entries = entries;
     stale.extend(before);
     kept.spare = last;
+    kept.builds += 1;
+    let build = kept.builds;
     drop(kept);
     // After a full read every workload is a new object: freeing the 100,000 replaced ones
     // takes tens of milliseconds, not in the cycle.
@@ -282,7 +312,29 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         })
         .collect();
     snapshot.link_preemptors(&preemptor_of);
-    Built { snapshot, running: running_ix, pending: pending_ix, unschedulable, derived }
+    Built { snapshot, running: running_ix, pending: pending_ix, unschedulable, derived, build }
+}
+
+/// Returns what `built` (of `world`) borrowed of the world's [`Derivations`], unless another
+/// build came after it.
+pub fn give_back(world: &World, built: Built) {
+    let mut kept = world.derived.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if kept.builds != built.build || kept.entries.len() != world.workloads.len() {
+        return;
+    }
+    let Built {
+        snapshot: s::Snapshot { mut running, mut pending, .. }, running: running_ix, pending: pending_ix, ..
+    } = built;
+    for (r, i) in running.drain(..).zip(running_ix) {
+        kept.entries[i].2 = Derived::Running(r);
+    }
+    for (mut p, i) in pending.drain(..).zip(pending_ix) {
+        // Linked anew by each build.
+        p.preempted_for = None;
+        kept.entries[i].2 = Derived::Pending(p);
+    }
+    kept.spare_running = running;
+    kept.spare_pending = pending;
 }
 
 /// Maps a running workload's stored placement to node indices. A node the inventory no
@@ -438,53 +490,78 @@ mod tests {
         }
     }
 
-    /// What `world` builds with what an earlier build derived, and what it builds anew.
-    fn both(world: &World) -> (s::Snapshot, s::Snapshot) {
+    /// What `world` builds with what the builds before derived (given back after), what
+    /// it builds anew, and how many workloads the first made anew.
+    fn both(world: &World) -> (s::Snapshot, s::Snapshot, usize) {
         let kept = build(world, 60);
         let anew = build(&World { derived: Arc::default(), ..world.clone() }, 60);
         assert_eq!(
             (&kept.running, &kept.pending, &kept.unschedulable),
             (&anew.running, &anew.pending, &anew.unschedulable)
         );
-        (kept.snapshot, anew.snapshot)
+        let (snapshot, derived) = (kept.snapshot.clone(), kept.derived);
+        give_back(world, kept);
+        (snapshot, anew.snapshot, derived)
     }
 
     #[test]
     fn a_build_that_reuses_the_last_ones_derivations_equals_one_anew() {
         let mut w = world();
-        build(&w, 60);
-        let (kept, anew) = both(&w);
+        // Not given back: its running and pending entries are made again.
+        assert_eq!(build(&w, 60).derived, 4);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
+        assert_eq!(derived, 3);
         assert_eq!((kept.running.len(), kept.pending.len()), (2, 1), "w13 asks for more GPUs than a node has");
+        let (kept, anew, derived) = both(&w);
+        assert_eq!(kept, anew);
+        assert_eq!(derived, 0);
 
         // A workload written since: it is derived again (it now runs on n1 only).
         w.workloads[1] = workload(11, "b", 2, running("n1"));
-        let (kept, anew) = both(&w);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
-        assert_eq!(kept.running[1].placement[0].node, 1);
+        assert_eq!((derived, kept.running[1].placement[0].node), (1, 1));
 
         // The teams in another order (a team's index changes), a team's min runtime, the
         // inventory (a node gone: a stand-in): each makes every entry derived again.
         w.teams.swap(0, 1);
-        let (kept, anew) = both(&w);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
-        assert_eq!(kept.running[0].team, 1);
+        assert_eq!((derived, kept.running[0].team), (4, 1));
         w.teams[1] = team("a", 1, Some(60));
-        let (kept, anew) = both(&w);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
-        assert_eq!(kept.running[0].protected_until, kept.running[0].started_at + 60);
+        assert_eq!((derived, kept.running[0].protected_until), (4, kept.running[0].started_at + 60));
         w.nodes = Arc::new(vec![node("n1")]);
-        let (kept, anew) = both(&w);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
-        assert_eq!(kept.nodes.len(), 2, "n0 is a stand-in");
-        let (kept, anew) = both(&w);
+        assert_eq!((derived, kept.nodes.len()), (4, 2), "n0 is a stand-in");
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
+        assert_eq!(derived, 4, "a stand-in's number is not kept");
 
         // A workload gone, and one new.
+        w.nodes = Arc::new(vec![node("n0"), node("n1")]);
+        both(&w);
         w.workloads.remove(0);
         w.workloads.push(workload(14, "a", 1, json!({"phase": "Pending"})));
-        let (kept, anew) = both(&w);
+        let (kept, anew, derived) = both(&w);
         assert_eq!(kept, anew);
-        assert_eq!((kept.running.len(), kept.pending.len()), (1, 2));
+        assert_eq!((derived, kept.running.len(), kept.pending.len()), (1, 1, 2));
+
+        // A requeued victim's link to its preemptor is made by each build, not kept.
+        let victim = |by: Option<u128>| {
+            let by = by.map(Uuid::from_u128);
+            workload(15, "b", 1, json!({"phase": "Pending", "preempted_for": by}))
+        };
+        w.workloads.push(victim(Some(12)));
+        let (kept, anew, _) = both(&w);
+        assert_eq!(kept, anew);
+        assert!(kept.pending.iter().any(|p| p.preempted_for.is_some()));
+        *w.workloads.last_mut().unwrap() = victim(None);
+        w.workloads[1] = workload(12, "b", 1, json!({"phase": "Pending"}));
+        let (kept, anew, _) = both(&w);
+        assert_eq!(kept, anew);
     }
 }
