@@ -485,11 +485,9 @@ mod tests {
                 .iter()
                 .map(|&(g, taken, c, m)| {
                     let mut s = NodeState::new(&Node { cpus_milli: c * 1000, memory_mib: m * 1024, ..node(g) });
+                    let one_gpu = Resources { cpus_milli: 0, memory_mib: 0, ..tasks(1, 100) };
                     for _ in 0..taken.min(g) {
-                        let one = tasks(1, 100);
-                        if s.fit_cost(&one).is_some() {
-                            s.take(&Resources { cpus_milli: 0, memory_mib: 0, ..one });
-                        }
+                        s.take(&one_gpu);
                     }
                     s
                 })
