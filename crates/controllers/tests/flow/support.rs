@@ -10,7 +10,7 @@ use berth_adapters::{JobStatus, Registry};
 use berth_app::context::OpContext;
 use berth_controllers::{
     Config, Context, autoscaler, budgets, cluster_health, deletion, dispatcher, fair_sharing, idle, orphans,
-    preemption, scheduler, status_sync,
+    preemption, scheduler, snapshot, status_sync,
 };
 use berth_core::workload::{Phase, Workload};
 use berth_store::PgPool;
@@ -123,15 +123,15 @@ impl Plane {
         let full = berth_controllers::world::read_full(&self.ctx.db, self.ctx.clock.now()).await.unwrap();
         assert_eq!(kept.workloads, full.workloads, "the kept workloads are those a full read finds");
         assert_eq!(kept.nodes, full.nodes, "the kept nodes are those a full read finds");
-        // The kept world's build reuses what the scheduler's last one derived.
-        let built = |w: &berth_controllers::snapshot::World| berth_sched::Snapshot {
-            now: 0,
-            ..berth_controllers::snapshot::build(w, 3600).snapshot
-        };
-        let (kept, full) = (built(&kept), built(&full));
-        assert_eq!(kept, full, "the kept world builds the snapshot a full read does");
+        // The kept world's build reuses what the scheduler's last one derived, and gives it
+        // back for the scheduler's next to reuse.
+        let (kept_built, full_built) = (snapshot::build(&kept, 3600), snapshot::build(&full, 3600));
+        let zero = |s: &berth_sched::Snapshot| berth_sched::Snapshot { now: 0, ..s.clone() };
+        let (kept_snapshot, full_snapshot) = (zero(&kept_built.snapshot), zero(&full_built.snapshot));
+        assert_eq!(kept_snapshot, full_snapshot, "the kept world builds the snapshot a full read does");
         let plan = |s: &berth_sched::Snapshot| berth_sched::schedule(s).unwrap();
-        assert_eq!(plan(&kept), plan(&full), "the kept world plans as a full read does");
+        assert_eq!(plan(&kept_snapshot), plan(&full_snapshot), "the kept world plans as a full read does");
+        snapshot::give_back(&kept, kept_built);
     }
 
     /// Steps until nothing changes (at most 10 passes).
