@@ -102,7 +102,8 @@ async fn the_inventory_matches_sinfo_and_the_newest_api_is_found(cluster: &str) 
         assert_eq!(node.gpus, dev.gpus_per_node);
         assert_eq!(node.cpus.to_string(), f[2], "{line}");
         assert_eq!(node.memory_mib.to_string(), f[3], "{line}");
-        let up = ["idle", "mix", "alloc"].contains(&f[4]);
+        // A node still completing an earlier test's job is up: COMPLETING is a flag.
+        let up = ["idle", "mix", "alloc", "comp"].contains(&f[4]);
         assert_eq!(node.schedulable, up, "{line}");
         assert_eq!(node.flavor.as_deref(), Some("h100"));
     }
@@ -361,6 +362,11 @@ async fn tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards(cluster: &str) {
     let dev = DevCluster::get(cluster);
     assert_eq!(dev.shards_per_gpu, 4, "the dev clusters have 4 shards per GPU");
     let b = backend(&dev, &dev.token);
+    // An earlier test's cancelled job may still hold its GPU while it completes.
+    eventually("no GPU is in use before the test", Duration::from_secs(60), || async {
+        b.inventory().await.unwrap().nodes.iter().all(|n| n.gpus_used == 0).then_some(())
+    })
+    .await;
     // Two tasks of a quarter GPU on one node: one shard each. The job holds its shards
     // until the test lets it end.
     let go = std::env::temp_dir().join(format!("berth-go-{}", Uuid::now_v7()));
