@@ -403,6 +403,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             epoch: None,
             clock: clock.clone(),
             world: Default::default(),
+            dispatch: Default::default(),
+            followed: Default::default(),
             job_api,
         };
         let holder = args.replica_id.clone().unwrap_or_else(default_replica_id);

@@ -479,6 +479,8 @@ pub async fn two_teams_on_one_cluster(s: &Server, guaranteed: u32) -> berth_cont
         epoch: None,
         clock: berth_controllers::Clock::default(),
         world: Default::default(),
+        dispatch: Default::default(),
+        followed: Default::default(),
         job_api: None,
     };
     berth_controllers::cluster_health::reconcile(&ctx).await.expect("inventory");

@@ -369,6 +369,8 @@ async fn through_berth(
         epoch: None,
         clock: berth_controllers::Clock::default(),
         world: Default::default(),
+        dispatch: Default::default(),
+        followed: Default::default(),
         job_api: None,
     };
     let mut controllers = berth_controllers::runner::start(&ctx, "bench");

@@ -94,6 +94,8 @@ async fn world(db: &berth_store::PgPool, nodes_per_cluster: usize, teams: usize)
         epoch: Some(epoch),
         clock: berth_controllers::Clock::default(),
         world: Default::default(),
+        dispatch: Default::default(),
+        followed: Default::default(),
         job_api: None,
     };
     // Record the inventories before the burst.

@@ -7,14 +7,21 @@
 //! after the backend accepted it, or the answer was lost), so its cluster's jobs are
 //! listed and the job is adopted instead of made twice. Workloads without an intent need
 //! no lookup, which keeps a burst to one backend call per job, a few of them in flight.
+//!
+//! A pass reads once which workloads it is to claim: those admitted since the last pass
+//! (the change feed, as the scheduler's kept world reads it), or every `Admitted` one on a
+//! process's first pass, when a cluster's spec or health changed (one that did not answer
+//! may answer now), and every `resync` period, which also picks up what a pass left (its
+//! cluster did not answer, another dispatcher held it). It then claims them by uid, a
+//! batch at a time.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use berth_adapters::{BackendError, ClusterBackend, JobKey, JobRequest, JobState, JobStatus};
 use berth_core::Error;
-use berth_core::cluster::Cluster;
+use berth_core::cluster::{Cluster, ClusterHealth};
 use berth_core::workload::{BackendRef, Phase, Workload, WorkloadStatus};
 use futures_util::StreamExt;
 use serde::Serialize;
@@ -24,7 +31,7 @@ use crate::{Context, Transition, job_key};
 use berth_sched::snapshot::hundredths;
 
 /// Workloads claimed per transaction.
-const BATCH: i64 = 200;
+const BATCH: usize = 200;
 
 /// Submissions in flight at once. slurmrestd takes a burst fastest from a few connections
 /// (`bench/slurm` on the dev cluster: from a backlog ~920 jobs/s with 4 in flight, ~1,000
@@ -43,6 +50,70 @@ pub struct DispatcherStatus {
     pub deferred: usize,
     /// Failed because the backend refused the job.
     pub rejected: usize,
+    /// Whether the pass looked through every admitted workload, not only those written
+    /// since the last pass.
+    pub looked_through_all: bool,
+}
+
+/// Where the dispatcher's last pass left the change feed, kept between passes (in the
+/// [`Context`]; a new lease term starts without).
+#[derive(Clone, Default)]
+pub struct Feed(Arc<Mutex<Option<FeedState>>>);
+
+#[derive(Clone)]
+struct FeedState {
+    /// The change cursor read before the pass's claims.
+    cursor: i64,
+    /// What of each cluster decides whether its jobs can be submitted, as it was then.
+    clusters: Vec<ClusterState>,
+    /// When the last pass that looked through every admitted workload began.
+    all_at: Instant,
+}
+
+/// A cluster's name, spec generation, health and failures in a row: a change in any may let
+/// a job it refused be submitted now (the rest of its status, such as its inventory, moves
+/// all the time and does not).
+type ClusterState = (String, i64, ClusterHealth, u32);
+
+/// The admitted workloads a pass claims from, oldest admission first, in batches.
+struct Candidates {
+    uids: Vec<Uuid>,
+    next: usize,
+}
+
+impl Candidates {
+    /// The next batch's worth; empty when none is left.
+    fn next_batch(&mut self) -> &[Uuid] {
+        let from = self.next;
+        self.next = (from + BATCH).min(self.uids.len());
+        &self.uids[from..self.next]
+    }
+}
+
+impl Feed {
+    /// The workloads the pass claims from, whether they are every admitted one, and the
+    /// state to keep once the pass is over.
+    async fn candidates(&self, ctx: &Context, clusters: &[Cluster]) -> Result<(Candidates, bool, FeedState), Error> {
+        let states: Vec<ClusterState> = clusters
+            .iter()
+            .map(|c| (c.metadata.name.clone(), c.metadata.generation, c.status.health, c.status.consecutive_failures))
+            .collect();
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut tx = berth_store::begin_snapshot(&ctx.db).await?;
+        let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
+        let since = kept.filter(|k| k.clusters == states && k.all_at.elapsed() < ctx.config.resync);
+        let uids =
+            berth_store::workload::workload_in_phase(&mut *tx, Phase::Admitted, since.as_ref().map(|k| k.cursor))
+                .await?;
+        berth_store::commit(tx).await?;
+        let all = since.is_none();
+        let all_at = since.map_or_else(Instant::now, |k| k.all_at);
+        Ok((Candidates { uids, next: 0 }, all, FeedState { cursor, clusters: states, all_at }))
+    }
+
+    fn passed(&self, state: FeedState) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(state);
+    }
 }
 
 impl crate::runner::Report for DispatcherStatus {
@@ -63,26 +134,23 @@ impl crate::runner::Report for DispatcherStatus {
 pub async fn reconcile(ctx: &Context) -> Result<DispatcherStatus, Error> {
     let mut status = DispatcherStatus::default();
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    // Workloads left `Admitted` in this pass (their cluster did not answer), not claimed again.
-    let mut skip = Vec::new();
-    let mut next = claim(ctx, &clusters, &skip).await?;
+    let (mut candidates, all, feed) = ctx.dispatch.candidates(ctx, &clusters).await?;
+    status.looked_through_all = all;
+    let mut next = claim(ctx, &clusters, &mut candidates).await?;
     let mut to_write: Option<Batch> = None;
-    while let Some(mut batch) = next.take() {
+    while let Some(batch) = next.take() {
         status.adopted += batch.adopted;
-        status.deferred += batch.deferred.len();
-        skip.append(&mut batch.deferred);
         let (submitted, claimed, written) =
-            tokio::join!(submit_all(batch), claim(ctx, &clusters, &skip), write(to_write.take()));
+            tokio::join!(submit_all(batch), claim(ctx, &clusters, &mut candidates), write(to_write.take()));
         written?;
         next = claimed?;
-        let mut submitted = submitted;
         status.dispatched += submitted.dispatched;
         status.rejected += submitted.rejected;
-        status.deferred += submitted.deferred.len();
-        skip.append(&mut submitted.deferred);
+        status.deferred += submitted.deferred;
         to_write = Some(submitted);
     }
     write(to_write).await?;
+    ctx.dispatch.passed(feed);
     Ok(status)
 }
 
@@ -97,7 +165,7 @@ struct Batch {
     /// New statuses decided (by index): adopted jobs, then the answers to submits.
     decided: Vec<(usize, WorkloadStatus)>,
     /// Left `Admitted`: their cluster is unreachable.
-    deferred: Vec<Uuid>,
+    deferred: usize,
     adopted: usize,
     dispatched: usize,
     rejected: usize,
@@ -105,14 +173,21 @@ struct Batch {
     clock: crate::Clock,
 }
 
-/// Claims the next batch of admitted workloads (none but those in `skip`) and commits a
-/// dispatch intent for each that is to be submitted; `None` when none is left.
-async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Option<Batch>, Error> {
-    let mut tx = ctx.begin().await?;
-    let claimed = berth_store::workload::workload_claim(&mut tx, Phase::Admitted, skip, BATCH).await?;
-    if claimed.is_empty() {
-        return Ok(None);
-    }
+/// Claims the next batch of the candidates still admitted and not held by another
+/// dispatcher, and commits a dispatch intent for each that is to be submitted; `None` when
+/// no candidate is left.
+async fn claim(ctx: &Context, clusters: &[Cluster], candidates: &mut Candidates) -> Result<Option<Batch>, Error> {
+    let (mut tx, claimed) = loop {
+        let among = candidates.next_batch();
+        if among.is_empty() {
+            return Ok(None);
+        }
+        let mut tx = ctx.begin().await?;
+        let claimed = berth_store::workload::workload_claim(&mut tx, Phase::Admitted, among).await?;
+        if !claimed.is_empty() {
+            break (tx, claimed);
+        }
+    };
     let keys: Vec<(Uuid, u32)> = claimed.iter().map(|w| (w.metadata.uid, w.status.attempt)).collect();
     let intents = berth_store::dispatch::dispatch_intents_of(&mut *tx, &keys).await?;
     let mut batch = Batch {
@@ -121,7 +196,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
         claimed: Vec::new(),
         to_submit: Vec::new(),
         decided: Vec::new(),
-        deferred: Vec::new(),
+        deferred: 0,
         adopted: 0,
         dispatched: 0,
         rejected: 0,
@@ -133,7 +208,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
         let Some(a) = &w.status.admission else { continue };
         let cluster = clusters.iter().find(|c| c.metadata.name == a.cluster);
         let Some((cluster, backend)) = cluster.and_then(|c| Some((c, crate::reachable_backend(ctx, c)?))) else {
-            batch.deferred.push(w.metadata.uid);
+            batch.deferred += 1;
             continue;
         };
         if intents.contains(&(w.metadata.uid, w.status.attempt)) {
@@ -143,7 +218,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], skip: &[Uuid]) -> Result<Opt
             }
             match &listed[&a.cluster] {
                 None => {
-                    batch.deferred.push(w.metadata.uid);
+                    batch.deferred += 1;
                     continue;
                 }
                 Some(jobs) => {
@@ -191,7 +266,7 @@ async fn submit_all(mut batch: Batch) -> Batch {
                 crate::finished(w, Phase::Failed, "BackendRejected", why, None, batch.clock.now())
             }
             Err(BackendError::Unreachable(_)) => {
-                batch.deferred.push(w.metadata.uid);
+                batch.deferred += 1;
                 continue;
             }
         };

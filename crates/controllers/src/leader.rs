@@ -80,8 +80,16 @@ async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut wa
     // abandoned transaction and were rolled back with it).
     let pool =
         PgPoolOptions::new().max_connections(TERM_POOL_SIZE).connect_lazy_with((*ctx.db.connect_options()).clone());
-    // A term starts from a full read of the world.
-    let term = Context { db: pool.clone(), epoch: Some(epoch), world: Default::default(), ..ctx.clone() };
+    // A term starts from full reads: of the world, of the admitted work and of the work on
+    // backends.
+    let term = Context {
+        db: pool.clone(),
+        epoch: Some(epoch),
+        world: Default::default(),
+        dispatch: Default::default(),
+        followed: Default::default(),
+        ..ctx.clone()
+    };
     let mut controllers = crate::runner::start(&term, holder);
     loop {
         tokio::select! {

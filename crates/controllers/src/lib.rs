@@ -117,6 +117,10 @@ pub struct Context {
     pub clock: Clock,
     /// The world the scheduler read last, kept between its cycles.
     pub world: world::WorldCache,
+    /// Where the dispatcher's last pass left the change feed.
+    pub dispatch: dispatcher::Feed,
+    /// Where each workload on a backend stood at status sync's last pass.
+    pub followed: status_sync::Followed,
     /// What dispatched jobs are told of Berth's API; `None`: nothing (they cannot
     /// acknowledge a checkpoint, and get their whole grace period).
     pub job_api: Option<JobApiConfig>,

@@ -256,6 +256,51 @@ async fn an_unreachable_clusters_pending_work_moves_to_the_other_cluster(db: ber
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_dispatcher_reads_what_was_admitted_since_and_looks_through_everything_when_a_cluster_changes(
+    db: berth_store::PgPool,
+) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 16, None).await;
+    p.cluster("a", 1, json!({})).await;
+    p.step().await; // inventories
+    // a stops answering; its health is not marked yet, so the scheduler still admits to it.
+    p.cluster("a", 1, json!({"unreachable": true})).await;
+    assert!(dispatcher::reconcile(&p.ctx).await.unwrap().looked_through_all, "a cluster changed");
+    p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let pass = dispatcher::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((pass.looked_through_all, pass.deferred), (false, 1), "the admission, read from the change feed");
+    // Nothing written since: the deferred workload waits for a look through everything.
+    let pass = dispatcher::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((pass.looked_through_all, pass.deferred), (false, 0));
+    assert_eq!(p.phase("nlp", "train").await, Phase::Admitted);
+    // a answers again: the next pass looks through every admitted workload.
+    p.cluster("a", 1, json!({})).await;
+    let pass = dispatcher::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((pass.looked_through_all, pass.dispatched), (true, 1));
+    assert_ne!(p.phase("nlp", "train").await, Phase::Admitted);
+    // So does every pass once `resync` has passed since the last that did.
+    let ctx = berth_controllers::Context {
+        config: berth_controllers::Config { resync: std::time::Duration::ZERO, ..p.ctx.config.clone() },
+        ..p.ctx.clone()
+    };
+    assert!(dispatcher::reconcile(&ctx).await.unwrap().looked_through_all);
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn status_sync_forgets_running_work_removed_without_a_write_first(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 16, None).await;
+    p.cluster("a", 1, json!({})).await;
+    let w = p.submit("nlp", "train", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "train").await, Phase::Running);
+    // As a cascade from its team would: the row goes, leaving only its tombstone.
+    sqlx::query("DELETE FROM workloads WHERE uid = $1").bind(w.metadata.uid).execute(&p.ctx.db).await.unwrap();
+    p.assert_followed_is_current().await;
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn every_reconciler_changes_nothing_when_run_twice(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
     p.team("a", None, 8, None).await;

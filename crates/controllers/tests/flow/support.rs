@@ -35,6 +35,8 @@ impl Plane {
                 epoch: None,
                 clock: Default::default(),
                 world: Default::default(),
+                dispatch: Default::default(),
+                followed: Default::default(),
                 job_api: Some(berth_controllers::JobApiConfig { url: "http://berth.test".into(), issuer: issuer() }),
             },
             clock,
@@ -109,11 +111,23 @@ impl Plane {
         self.assert_kept_world_is_current().await;
         scheduler::reconcile(c).await.unwrap();
         dispatcher::reconcile(c).await.unwrap();
+        self.assert_followed_is_current().await;
         status_sync::reconcile(c).await.unwrap();
         preemption::reconcile(c).await.unwrap();
         idle::reconcile(c).await.unwrap();
         deletion::reconcile(c).await.unwrap();
         orphans::reconcile(c).await.unwrap();
+    }
+
+    /// What status sync keeps of the work on backends (brought up to date from the change
+    /// feed) is what a full read finds.
+    pub async fn assert_followed_is_current(&self) {
+        let db = &self.ctx.db;
+        let mut kept = self.ctx.followed.load(db).await.unwrap();
+        let mut full = berth_store::workload::workload_list_backend_work(db, &status_sync::FOLLOWED).await.unwrap();
+        kept.sort_by_key(|w| w.uid);
+        full.sort_by_key(|w| w.uid);
+        assert_eq!(kept, full, "status sync follows what a full read finds");
     }
 
     /// The world the scheduler keeps equals a full read of the store, and gives the same

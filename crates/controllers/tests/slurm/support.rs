@@ -87,6 +87,8 @@ impl Plane {
             epoch: None,
             clock: berth_controllers::Clock::default(),
             world: Default::default(),
+            dispatch: Default::default(),
+            followed: Default::default(),
             // The jobs here do not call it: a test acknowledges for them, with their token.
             job_api: Some(berth_controllers::JobApiConfig { url: "http://127.0.0.1:9".into(), issuer: issuer() }),
         };
