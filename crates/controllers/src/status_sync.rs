@@ -60,11 +60,12 @@ struct Kept {
 }
 
 impl Followed {
-    /// The light view of every followed workload (no specs), as the store holds it now.
+    /// The light view of every followed workload (no specs) by uid, as the store holds it
+    /// now; held until the guard is dropped.
     ///
     /// # Errors
     /// Store errors.
-    pub async fn load(&self, db: &berth_store::PgPool) -> Result<Vec<BackendWork>, Error> {
+    pub async fn load(&self, db: &berth_store::PgPool) -> Result<FollowedWork<'_>, Error> {
         let mut kept = self.0.lock().await;
         let mut tx = berth_store::begin_snapshot(db).await?;
         let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
@@ -91,7 +92,17 @@ impl Followed {
             }
         }
         berth_store::commit(tx).await?;
-        Ok(kept.as_ref().map(|k| k.work.values().cloned().collect()).unwrap_or_default())
+        Ok(FollowedWork(kept))
+    }
+}
+
+/// What [`Followed::load`] read, borrowed from what is kept.
+pub struct FollowedWork<'a>(tokio::sync::MutexGuard<'a, Option<Kept>>);
+
+impl std::ops::Deref for FollowedWork<'_> {
+    type Target = HashMap<Uuid, BackendWork>;
+    fn deref(&self) -> &Self::Target {
+        &self.0.as_ref().expect("loaded").work
     }
 }
 
@@ -104,7 +115,7 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
     let work = ctx.followed.load(&ctx.db).await?;
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
     let mut by_cluster: HashMap<&str, Vec<&BackendWork>> = HashMap::new();
-    for w in &work {
+    for w in work.values() {
         by_cluster.entry(w.cluster.as_str()).or_default().push(w);
     }
     let mut candidates: HashMap<Uuid, Option<JobStatus>> = HashMap::new();
@@ -135,14 +146,13 @@ pub async fn reconcile(ctx: &Context) -> Result<StatusSyncStatus, Error> {
     }
     let uids: Vec<Uuid> = candidates.keys().copied().collect();
     let workloads = berth_store::workload::workload_fetch_many(&ctx.db, &uids).await?;
-    let read: HashMap<Uuid, &BackendWork> = work.iter().map(|b| (b.uid, b)).collect();
     let mut transitions = Vec::new();
     for w in &workloads {
         let job = &candidates[&w.metadata.uid];
         // The workload moved on since the light read (another attempt, another phase):
         // leave it for the next pass.
         let same =
-            read.get(&w.metadata.uid).is_some_and(|b| b.attempt == w.status.attempt && b.phase == w.status.phase);
+            work.get(&w.metadata.uid).is_some_and(|b| b.attempt == w.status.attempt && b.phase == w.status.phase);
         if !same || w.stopping() {
             continue;
         }

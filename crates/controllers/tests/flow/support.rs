@@ -123,7 +123,7 @@ impl Plane {
     /// feed) is what a full read finds.
     pub async fn assert_followed_is_current(&self) {
         let db = &self.ctx.db;
-        let mut kept = self.ctx.followed.load(db).await.unwrap();
+        let mut kept: Vec<_> = self.ctx.followed.load(db).await.unwrap().values().cloned().collect();
         let mut full = berth_store::workload::workload_list_backend_work(db, &status_sync::FOLLOWED).await.unwrap();
         kept.sort_by_key(|w| w.uid);
         full.sort_by_key(|w| w.uid);
