@@ -46,7 +46,7 @@ async fn send(notifier: Arc<Notifier>, db: PgPool) {
             () = notifier.wake.notified() => {}
             () = db.close_event() => return,
         }
-        if let Err(e) = berth_store::workload::notify_workloads_changed(&db).await {
+        if let Err(e) = berth_store::workload::notify_workloads_submitted(&db).await {
             tracing::warn!(error = %e, "could not notify the controllers of submissions; they look on their interval");
         }
     }

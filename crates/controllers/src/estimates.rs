@@ -89,8 +89,10 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
     }
     if !writes.is_empty() {
         let mut tx = ctx.begin().await?;
-        status.updated = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?.len();
+        let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
         berth_store::commit(tx).await?;
+        ctx.world.wrote(&writes, &written).await;
+        status.updated = written.len();
     }
     Ok(status)
 }

@@ -55,7 +55,8 @@ pub async fn reconcile(ctx: &Context) -> Result<IdleStatus, Error> {
             })
         })
         .collect::<Result<_, Error>>()?;
-    let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
+    let written: Vec<_> =
+        berth_store::workload::workload_write_statuses(&mut tx, &writes).await?.into_iter().map(|w| w.uid).collect();
     for w in idle.iter().filter(|w| written.contains(&w.metadata.uid)) {
         let timeout = w.spec.notebook.map_or(0, |n| n.idle_timeout_seconds);
         let since = if w.status.last_activity_at.is_some() { "its last activity" } else { "it started" };

@@ -373,7 +373,7 @@ async fn write(
         });
     }
     let written: std::collections::HashSet<_> =
-        berth_store::workload::workload_write_statuses(&mut *tx, &writes).await?.into_iter().collect();
+        berth_store::workload::workload_write_statuses(&mut *tx, &writes).await?.into_iter().map(|w| w.uid).collect();
     let mut events: Vec<_> = transitions
         .iter()
         .filter(|t| written.contains(&t.workload.metadata.uid) && t.status.phase != t.workload.status.phase)

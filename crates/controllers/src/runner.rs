@@ -66,7 +66,9 @@ pub type Pass<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Passed, Error>>
 pub enum WokenBy {
     /// Only its period.
     Period,
-    /// Every change.
+    /// Every change but a submission of new workloads, which only the scheduler acts on
+    /// (the others act on what it admits or preempts, and on deletions and cancellations:
+    /// changes of their own).
     AnyChange,
     /// A change that can alter what the scheduler decides: anything but a write of
     /// workload statuses entering `Admitted` or `Preempting` (the scheduler's own writes: a
@@ -80,12 +82,12 @@ impl WokenBy {
     pub fn by(self, change: &Change) -> bool {
         match self {
             Self::Period => false,
-            Self::AnyChange => true,
+            Self::AnyChange => !matches!(change, Change::Submitted),
             Self::SchedulingChange => match change {
                 Change::WorkloadStatuses(phases) => !phases
                     .iter()
                     .all(|p| matches!(p, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting)),
-                Change::Table(_) => true,
+                Change::Table(_) | Change::Submitted => true,
             },
         }
     }
@@ -406,6 +408,7 @@ mod tests {
         }
         for woken in [
             "workloads",
+            "workloads submitted",
             "teams",
             "clusters",
             "flavors",
@@ -416,5 +419,13 @@ mod tests {
         ] {
             assert!(concerns_scheduler(woken), "{woken}");
         }
+    }
+
+    #[test]
+    fn only_the_scheduler_is_woken_by_submissions() {
+        let submitted = Change::parse("workloads submitted");
+        assert!(WokenBy::SchedulingChange.by(&submitted));
+        assert!(!WokenBy::AnyChange.by(&submitted));
+        assert!(WokenBy::AnyChange.by(&Change::parse("workloads")));
     }
 }

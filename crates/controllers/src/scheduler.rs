@@ -256,9 +256,9 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let phase = Instant::now();
 
     let mut tx = ctx.begin().await?;
-    let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
-    status.stale = writes.len() - written.len();
-    let written: std::collections::HashSet<_> = written.into_iter().collect();
+    let statuses_written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
+    status.stale = writes.len() - statuses_written.len();
+    let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
     for w in &writes {
         if written.contains(&w.uid.0) {
             match w.status.phase {
@@ -293,6 +293,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
+    ctx.world.wrote(&writes, &statuses_written).await;
     if refresh_positions {
         ctx.world.positions_written(ctx.clock.now()).await;
     }

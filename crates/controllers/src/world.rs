@@ -1,7 +1,7 @@
 //! What the scheduler reads each cycle, kept in memory between cycles: every unfinished
 //! workload, brought up to date from the store's change feed (the workloads written, and
 //! those deleted, by transactions the last read did not see) instead of read again in
-//! full; and the nodes, read again only when their version moved (a large site has tens of
+//! full, and with the statuses its readers wrote themselves, as written; and the nodes, read again only when their version moved (a large site has tens of
 //! thousands). Flavors, teams and clusters are few and read in full each time.
 //!
 //! The safety net is a full read: the first time, after any failed read, and in each
@@ -11,14 +11,15 @@
 //! cycle waits for it. It also covers what the feed cannot see: a `TRUNCATE`, writes with
 //! triggers disabled (`session_replication_role = replica`, a restore).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_core::workload::Workload;
+use berth_core::workload::{Workload, WorkloadStatus};
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
+use berth_store::workload::{StatusWrite, StatusWritten};
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
@@ -54,6 +55,10 @@ struct Kept {
     nodes: Option<KeptNodes>,
     /// The change feed's cursor after the last read, and when the last full read was.
     read: Option<(i64, Instant)>,
+    /// The versions the readers wrote themselves ([`WorldCache::wrote`]), kept as written,
+    /// with the writing transaction: the feed's reads leave them out until the cursor
+    /// passes that transaction.
+    own: Vec<(i64, i64)>,
     /// The periodic full read, under way in the background.
     full_read: Option<FullRead>,
     /// When the scheduler last wrote every queue position that moved (by the controllers'
@@ -156,6 +161,40 @@ impl WorldCache {
         self.kept.lock().await.positions_written = Some(at);
     }
 
+    /// Keeps the statuses its readers wrote (`written`, of `writes`) as the database now
+    /// holds them, and leaves them out of the next reads: a cycle's writes are not read
+    /// back by the next (the scheduler writes each new workload's pending reason or
+    /// admission, so reading them back doubled what it read).
+    pub async fn wrote(&self, writes: &[StatusWrite], written: &[StatusWritten]) {
+        let mut kept = self.kept.lock().await;
+        let Kept { workloads, own, read, .. } = &mut *kept;
+        if read.is_none() {
+            return;
+        }
+        let statuses: HashMap<Uuid, &WorkloadStatus> = writes.iter().map(|w| (w.uid.0, &w.status)).collect();
+        for w in written {
+            let (Some(status), Some(was)) = (statuses.get(&w.uid), workloads.get(&w.uid)) else { continue };
+            // Read at this version or later meanwhile (by another reader of the kept world).
+            if was.metadata.resource_version.parse::<i64>().is_ok_and(|v| v >= w.resource_version) {
+                continue;
+            }
+            // As a read would give it: through the JSON the database holds.
+            let Ok(status) = serde_json::to_value(status).and_then(serde_json::from_value::<WorkloadStatus>) else {
+                continue;
+            };
+            let mut next = Workload::clone(was);
+            next.metadata.resource_version = w.resource_version.to_string();
+            next.metadata.update_timestamp = w.updated_at;
+            next.status = status;
+            if next.status.phase.is_final() {
+                workloads.remove(&w.uid);
+            } else {
+                workloads.insert(w.uid, Arc::new(next));
+            }
+            own.push((w.resource_version, w.written_by));
+        }
+    }
+
     /// The next read is a full one.
     pub async fn invalidate(&self) {
         *self.kept.lock().await = Kept::default();
@@ -181,6 +220,8 @@ impl Kept {
             let replaced = std::mem::replace(&mut self.workloads, all);
             tokio::task::spawn_blocking(move || drop(replaced));
             self.read = Some((cursor, done.started));
+            // Its snapshot may be older than the readers' own writes: read them again.
+            self.own.clear();
             swapped = true;
         }
         if let Some((_, full_at)) = self.read
@@ -197,7 +238,8 @@ impl Kept {
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
         let read = match self.read {
             Some((since, full_at)) => {
-                let written = berth_store::workload::workload_list_written_since(&mut *tx, since).await?;
+                let own: Vec<i64> = self.own.iter().map(|&(version, _)| version).collect();
+                let written = berth_store::workload::workload_list_written_since(&mut *tx, since, &own).await?;
                 let deleted = berth_store::workload::workload_deleted_since(&mut *tx, since).await?;
                 let changes = written.len() + deleted.len();
                 for w in written {
@@ -211,12 +253,14 @@ impl Kept {
                     self.workloads.remove(&uid);
                 }
                 self.read = Some((cursor, full_at));
+                self.own.retain(|&(_, by)| by >= cursor);
                 if swapped { Read::Full } else { Read::Changes(changes) }
             }
             None => {
                 let all = berth_store::workload::workload_list_active(&mut *tx).await?;
                 self.workloads = all.into_iter().map(|w| (w.metadata.uid, Arc::new(w))).collect();
                 self.read = Some((cursor, Instant::now()));
+                self.own.clear();
                 Read::Full
             }
         };

@@ -21,7 +21,13 @@ pub enum Change {
     Table(String),
     /// A statement that wrote only workload statuses, each entering one of these phases.
     WorkloadStatuses(Vec<Phase>),
+    /// New workloads submitted (sent after their transactions committed, one for many).
+    Submitted,
 }
+
+/// The payload of [`Change::Submitted`]. A build that does not know it reads it as a write
+/// of a table, which wakes every reader.
+const SUBMITTED: &str = "workloads submitted";
 
 /// The prefix of a status-only workload write's payload: `workloads status:Dispatched,Running`.
 const STATUSES: &str = "workloads status:";
@@ -30,6 +36,9 @@ impl Change {
     /// Reads a notification's payload. A status write naming a phase this build does not
     /// know is read as a write of the table, which wakes every reader.
     pub fn parse(payload: &str) -> Self {
+        if payload == SUBMITTED {
+            return Self::Submitted;
+        }
         let phases = payload.strip_prefix(STATUSES).map(|p| p.split(',').map(Phase::parse).collect());
         match phases {
             Some(Some(phases)) => Self::WorkloadStatuses(phases),
@@ -42,6 +51,7 @@ impl Change {
     pub fn payload(&self) -> String {
         match self {
             Self::Table(table) => table.clone(),
+            Self::Submitted => SUBMITTED.to_owned(),
             Self::WorkloadStatuses(phases) => {
                 format!("{STATUSES}{}", phases.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(","))
             }
@@ -100,6 +110,7 @@ mod tests {
             Change::Table("teams".into()),
             Change::Table("workloads".into()),
             Change::WorkloadStatuses(vec![Phase::Dispatched, Phase::Running]),
+            Change::Submitted,
         ] {
             assert_eq!(Change::parse(&change.payload()), change);
         }

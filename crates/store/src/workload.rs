@@ -424,13 +424,13 @@ pub async fn workload_lookup(db: impl PgExecutor<'_>, team: &str, flavors: &[Str
     Ok(WorkloadLookup { team_uid: row.team_uid.map(TeamId), missing_flavors: row.missing_flavors })
 }
 
-/// Tells the controllers of every replica that workloads changed, from a transaction of its
-/// own (see [`workload_create_many`]).
+/// Tells the controllers of every replica that workloads were submitted, from a transaction
+/// of its own (see [`workload_create_many`]).
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Error> {
-    crate::changes::notify(db, &crate::changes::Change::Table("workloads".into())).await
+pub async fn notify_workloads_submitted(db: impl PgExecutor<'_>) -> Result<(), Error> {
+    crate::changes::notify(db, &crate::changes::Change::Submitted).await
 }
 
 /// Creates workloads, each with its `Created` event and audit record, in one
@@ -442,7 +442,7 @@ pub async fn notify_workloads_changed(db: impl PgExecutor<'_>) -> Result<(), Err
 /// This is the hot path of submission, alone or in batches; the general path
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
 /// rows. Its transaction notifies no one: once it has committed, the caller has
-/// [`notify_workloads_changed`] sent (the application layer sends one for many
+/// [`notify_workloads_submitted`] sent (the application layer sends one for many
 /// submissions).
 ///
 /// # Errors
@@ -586,18 +586,26 @@ pub async fn change_cursor(db: impl PgExecutor<'_>) -> Result<i64, Error> {
 }
 
 /// Every workload, of any phase, written by a transaction at or after `cursor` (from
-/// [`change_cursor`]), shaped as [`workload_list_active`]'s.
+/// [`change_cursor`]), shaped as [`workload_list_active`]'s; but not those still at one of
+/// the `known` resource versions (the reader's own writes, which it has already).
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn workload_list_written_since(db: impl PgExecutor<'_>, cursor: i64) -> Result<Vec<Workload>, Error> {
+pub async fn workload_list_written_since(
+    db: impl PgExecutor<'_>,
+    cursor: i64,
+    known: &[i64],
+) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", workload_spec_for_scheduling(spec) AS "spec!: _",
                   status AS "status: _", generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
            FROM workloads WHERE written_by >= $1::bigint::text::xid8
+             -- A hashed subplan: one lookup per row, however many are known.
+             AND resource_version NOT IN (SELECT unnest($2::bigint[]))
            ORDER BY uid"#,
         cursor,
+        known,
     )
     .fetch_all(db)
     .await
@@ -762,13 +770,26 @@ pub struct StatusWrite {
     pub status: WorkloadStatus,
 }
 
+/// A status write that took: the workload's version as the database made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusWritten {
+    pub uid: Uuid,
+    pub resource_version: i64,
+    pub updated_at: DateTime<Utc>,
+    /// The writing transaction, as [`change_cursor`] counts.
+    pub written_by: i64,
+}
+
 /// Writes statuses, each only if the workload is still at the version its writer read
 /// (compare-and-set): a workload that changed meanwhile is left alone for the next pass.
-/// Returns the uids written.
+/// Returns those written, with their new versions.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrite]) -> Result<Vec<Uuid>, Error> {
+pub async fn workload_write_statuses(
+    tx: &mut PgConnection,
+    writes: &[StatusWrite],
+) -> Result<Vec<StatusWritten>, Error> {
     if writes.is_empty() {
         return Ok(Vec::new());
     }
@@ -782,7 +803,7 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
     // The change notification names the phases written (`changes::Change::WorkloadStatuses`),
     // so controllers can sleep through writes of no concern to them.
     let written = crate::changes::status_phases_setting(&writes.iter().map(|w| w.status.phase).collect::<Vec<_>>());
-    sqlx::query_scalar!(
+    sqlx::query!(
         r#"UPDATE workloads w
            SET status = u.status, phase = u.phase, cluster = u.cluster,
                resource_version = nextval('resource_version_seq'), updated_at = now()
@@ -790,7 +811,7 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
                 AS u (uid, version, status, phase, cluster),
                 (SELECT set_config('berth.status_phases', $6, true)) AS notify
            WHERE w.uid = u.uid AND w.resource_version = u.version
-           RETURNING w.uid"#,
+           RETURNING w.uid, w.resource_version, w.updated_at, w.written_by::text::bigint AS "written_by!""#,
         &uids,
         &versions,
         &statuses,
@@ -800,6 +821,16 @@ pub async fn workload_write_statuses(tx: &mut PgConnection, writes: &[StatusWrit
     )
     .fetch_all(tx)
     .await
+    .map(|rows| {
+        rows.into_iter()
+            .map(|r| StatusWritten {
+                uid: r.uid,
+                resource_version: r.resource_version,
+                updated_at: r.updated_at,
+                written_by: r.written_by,
+            })
+            .collect()
+    })
     .map_err(db_error)
 }
 

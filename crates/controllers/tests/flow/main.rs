@@ -67,7 +67,7 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
     // A submission notifies from a transaction of its own, after it committed.
     p.submit("nlp", "train", 1, 8.0, json!({})).await;
     let created = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next()).await;
-    assert_eq!(created.expect("a submission notifies").unwrap().payload(), "workloads");
+    assert_eq!(created.expect("a submission notifies").unwrap(), berth_store::changes::Change::Submitted);
     scheduler::reconcile(&p.ctx).await.unwrap();
     dispatcher::reconcile(&p.ctx).await.unwrap();
     berth_app::workload::workload_delete(&p.ctx.db, &p.actor, "nlp", "train", None).await.unwrap();
@@ -90,7 +90,7 @@ async fn a_write_of_statuses_alone_notifies_the_phases_it_wrote(db: berth_store:
     assert_eq!(committed, 20);
     let mut notified = 0;
     while let Ok(change) = tokio::time::timeout(std::time::Duration::from_secs(1), changes.next()).await {
-        assert_eq!(change.unwrap().payload(), "workloads");
+        assert_eq!(change.unwrap(), berth_store::changes::Change::Submitted);
         notified += 1;
     }
     assert!((1..=20).contains(&notified), "{notified} notifications for 20 submissions");
@@ -916,6 +916,42 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
     assert!(world.workloads.is_empty(), "finished work leaves the kept world");
 }
 
+/// What a reader of the kept world writes itself (the scheduler's reasons and admissions)
+/// is kept as written and not read back; and a background full read whose snapshot may be
+/// older than such a write, replacing the kept world, loses none of them.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_kept_world_keeps_its_readers_own_writes_and_a_full_read_loses_none(db: berth_store::PgPool) {
+    use berth_controllers::world::{Read, WorldCache, read_full};
+    use berth_core::workload::WorkloadStatus;
+    use berth_store::workload::StatusWrite;
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let w = p.submit("nlp", "w", 1, 1.0, json!({})).await;
+    // A full read starts beside every read that has none under way.
+    let cache = WorldCache::with_full_read_every(std::time::Duration::ZERO);
+    let (mut full_reads, mut nothing_read) = (0, 0);
+    for pass in 0..60 {
+        let (world, read) = cache.load(&db, chrono::Utc::now()).await.unwrap();
+        full_reads += usize::from(read == Read::Full);
+        nothing_read += usize::from(read == Read::Changes(0));
+        assert_eq!(world.workloads, read_full(&db, chrono::Utc::now()).await.unwrap().workloads, "pass {pass}");
+        let kept = &world.workloads[0];
+        let write = StatusWrite {
+            uid: berth_core::WorkloadId(w.metadata.uid),
+            resource_version: kept.metadata.resource_version.parse().unwrap(),
+            status: WorkloadStatus { message: Some(format!("pass {pass}")), ..kept.status.clone() },
+        };
+        let mut tx = db.begin().await.unwrap();
+        let written =
+            berth_store::workload::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(written.len(), 1, "pass {pass}");
+        cache.wrote(std::slice::from_ref(&write), &written).await;
+    }
+    assert!(full_reads > 1, "background full reads replaced the kept world ({full_reads})");
+    assert!(nothing_read > 0, "a write of its own is not read back");
+}
+
 /// The scheduler reads a spec's `run` as its image and whether there is anything to run,
 /// not the script, command and environment themselves; the full read and the change feed
 /// read it the same way.
@@ -1023,7 +1059,7 @@ async fn notify_later_covers_one_statement(db: berth_store::PgPool) {
     let mut changes = berth_store::changes::ChangeFeed::listen(&db).await.unwrap();
     p.submit("nlp", "train", 1, 1.0, json!({})).await;
     let submitted = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next()).await;
-    assert_eq!(submitted.expect("the submission notifies").unwrap().payload(), "workloads");
+    assert_eq!(submitted.expect("the submission notifies").unwrap(), berth_store::changes::Change::Submitted);
     let update = "UPDATE workloads SET labels = jsonb_build_object('n', $1::text), \
                   generation = generation + (set_config('berth.notify', $2, true) = 'x')::int";
     let mut tx = db.begin().await.unwrap();
@@ -1494,12 +1530,14 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             Change::WorkloadStatuses(vec![Phase::Dispatched, Phase::Running]),
             Change::Table("teams".into()),
             Change::WorkloadStatuses(vec![Phase::Succeeded]),
+            Change::Submitted,
         ] {
-            let any_before = counts()[1];
+            let (any_before, scheduling_before) = (counts()[1], counts()[2]);
             notify(&p.ctx.db, &change).await.unwrap();
-            // "any" is woken by every change: its pass says the change arrived.
+            // "any" is woken by every change but a submission, "scheduling" by that: its
+            // pass says the change arrived.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while counts()[1] == any_before {
+            while counts()[1] == any_before && counts()[2] == scheduling_before {
                 assert!(std::time::Instant::now() < deadline, "{change:?} woke nobody: {:?}", counts());
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -1511,8 +1549,9 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
         seen.push(deltas);
     }
     // [period, any, scheduling] per change: a status write that takes or frees nothing the
-    // scheduler counts wakes only "any"; a team's change and a finished workload wake both.
-    assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1]], "registered in order");
+    // scheduler counts wakes only "any"; a team's change and a finished workload wake both;
+    // a submission wakes only "scheduling".
+    assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1], [0, 0, 1]], "registered in order");
     assert_eq!(seen[1], seen[0], "registered in reverse");
 }
 
