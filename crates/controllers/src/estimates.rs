@@ -91,8 +91,8 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
         let mut tx = ctx.begin().await?;
         let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
         berth_store::commit(tx).await?;
-        ctx.world.wrote(&writes, &written).await;
         status.updated = written.len();
+        ctx.world.wrote(writes, written).await;
     }
     Ok(status)
 }

@@ -293,7 +293,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
-    ctx.world.wrote(&writes, &statuses_written).await;
+    ctx.world.wrote(writes, statuses_written).await;
     if refresh_positions {
         ctx.world.positions_written(ctx.clock.now()).await;
     }

@@ -1,8 +1,9 @@
 //! What the scheduler reads each cycle, kept in memory between cycles: every unfinished
 //! workload, brought up to date from the store's change feed (the workloads written, and
 //! those deleted, by transactions the last read did not see) instead of read again in
-//! full, and with the statuses its readers wrote themselves, as written; and the nodes, read again only when their version moved (a large site has tens of
-//! thousands). Flavors, teams and clusters are few and read in full each time.
+//! full, and with the statuses its readers wrote themselves, as written; and the nodes,
+//! read again only when their version moved (a large site has tens of thousands).
+//! Flavors, teams and clusters are few and read in full each time.
 //!
 //! The safety net is a full read: the first time, after any failed read, and in each
 //! leader term (a term starts with an empty [`WorldCache`]) in the cycle; and every
@@ -15,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_core::workload::{Workload, WorkloadStatus};
+use berth_core::workload::Workload;
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
@@ -165,33 +166,55 @@ impl WorldCache {
     /// holds them, and leaves them out of the next reads: a cycle's writes are not read
     /// back by the next (the scheduler writes each new workload's pending reason or
     /// admission, so reading them back doubled what it read).
-    pub async fn wrote(&self, writes: &[StatusWrite], written: &[StatusWritten]) {
+    pub async fn wrote(&self, writes: Vec<StatusWrite>, written: Vec<StatusWritten>) {
+        let versions: HashMap<Uuid, StatusWritten> = written.into_iter().map(|w| (w.uid, w)).collect();
+        let found: Vec<_> = {
+            let kept = self.kept.lock().await;
+            if kept.read.is_none() {
+                return;
+            }
+            writes
+                .into_iter()
+                .filter_map(|w| {
+                    let v = *versions.get(&w.uid.0)?;
+                    let was = kept.workloads.get(&v.uid).filter(|was| older(was, &v))?;
+                    Some((was.clone(), w.status, v))
+                })
+                .collect()
+        };
+        // Off the runtime: a cycle admits up to 100,000 workloads.
+        let made = crate::off_runtime(move || {
+            found
+                .into_iter()
+                .filter_map(|(was, status, v)| {
+                    // As a read would give it: through the JSON the database holds.
+                    let status = serde_json::to_value(status).and_then(serde_json::from_value).ok()?;
+                    let mut next = Workload::clone(&was);
+                    next.metadata.resource_version = v.resource_version.to_string();
+                    next.metadata.update_timestamp = v.updated_at;
+                    next.status = status;
+                    Some((Arc::new(next), v))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let Ok(made) = made else { return };
         let mut kept = self.kept.lock().await;
         let Kept { workloads, own, read, .. } = &mut *kept;
         if read.is_none() {
             return;
         }
-        let statuses: HashMap<Uuid, &WorkloadStatus> = writes.iter().map(|w| (w.uid.0, &w.status)).collect();
-        for w in written {
-            let (Some(status), Some(was)) = (statuses.get(&w.uid), workloads.get(&w.uid)) else { continue };
-            // Read at this version or later meanwhile (by another reader of the kept world).
-            if was.metadata.resource_version.parse::<i64>().is_ok_and(|v| v >= w.resource_version) {
+        for (next, v) in made {
+            // Another reader may have read this version, or a later one, meanwhile.
+            if !workloads.get(&v.uid).is_some_and(|was| older(was, &v)) {
                 continue;
             }
-            // As a read would give it: through the JSON the database holds.
-            let Ok(status) = serde_json::to_value(status).and_then(serde_json::from_value::<WorkloadStatus>) else {
-                continue;
-            };
-            let mut next = Workload::clone(was);
-            next.metadata.resource_version = w.resource_version.to_string();
-            next.metadata.update_timestamp = w.updated_at;
-            next.status = status;
             if next.status.phase.is_final() {
-                workloads.remove(&w.uid);
+                workloads.remove(&v.uid);
             } else {
-                workloads.insert(w.uid, Arc::new(next));
+                workloads.insert(v.uid, next);
             }
-            own.push((w.resource_version, w.written_by));
+            own.push((v.resource_version, v.written_by));
         }
     }
 
@@ -199,6 +222,11 @@ impl WorldCache {
     pub async fn invalidate(&self) {
         *self.kept.lock().await = Kept::default();
     }
+}
+
+/// Whether `was` is kept at a version older than `written`.
+fn older(was: &Workload, written: &StatusWritten) -> bool {
+    was.metadata.resource_version.parse::<i64>().is_ok_and(|v| v < written.resource_version)
 }
 
 impl Kept {

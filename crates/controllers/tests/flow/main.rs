@@ -946,7 +946,7 @@ async fn the_kept_world_keeps_its_readers_own_writes_and_a_full_read_loses_none(
             berth_store::workload::workload_write_statuses(&mut tx, std::slice::from_ref(&write)).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(written.len(), 1, "pass {pass}");
-        cache.wrote(std::slice::from_ref(&write), &written).await;
+        cache.wrote(vec![write], written).await;
     }
     assert!(full_reads > 1, "background full reads replaced the kept world ({full_reads})");
     assert!(nothing_read > 0, "a write of its own is not read back");
