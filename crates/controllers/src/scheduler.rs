@@ -53,13 +53,14 @@ pub struct SchedulerStatus {
     pub derived: usize,
     pub cycle_ms: f64,
     /// Where the cycle's time went (milliseconds): reading the world, building the
-    /// snapshot, planning, turning the plan into status writes and reasons, and writing
-    /// them.
+    /// snapshot, planning, turning the plan into status writes and reasons, writing them,
+    /// and putting what was written into the kept world.
     pub read_ms: f64,
     pub build_ms: f64,
     pub plan_ms: f64,
     pub explain_ms: f64,
     pub write_ms: f64,
+    pub kept_ms: f64,
 }
 
 impl crate::runner::Report for SchedulerStatus {
@@ -293,14 +294,16 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
+    status.write_ms = ms(phase);
+    let phase = Instant::now();
     ctx.world.wrote(writes, statuses_written).await;
+    status.kept_ms = ms(phase);
     if refresh_positions {
         ctx.world.positions_written(ctx.clock.now()).await;
     }
     for c in counted {
         c.record();
     }
-    status.write_ms = ms(phase);
     status.cycle_ms = ms(started);
     snapshot::give_back(&world, built);
     Ok(status)

@@ -176,13 +176,13 @@ struct Cycles {
     runs: Option<i64>,
     seconds: Vec<f64>,
     /// Per cycle: milliseconds in each of [`PHASES`].
-    phases: Vec<[f64; 5]>,
+    phases: Vec<[f64; PHASES.len()]>,
     /// Per cycle: workloads its snapshot derived anew.
     derived: Vec<f64>,
 }
 
 /// The parts of a cycle its status times.
-const PHASES: [&str; 5] = ["read", "build", "plan", "explain", "write"];
+const PHASES: [&str; 6] = ["read", "build", "plan", "explain", "write", "kept"];
 
 /// Cycles timed once nothing more can be admitted (one every `resync` then).
 const SETTLED: usize = 5;
