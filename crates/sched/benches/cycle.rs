@@ -3,6 +3,9 @@
 //!
 //! - `small`: 5,000 pending, 1,000 nodes (8,000 GPUs), 100 teams, 4 clusters;
 //! - `large`: 50,000 pending, 10,000 nodes (80,000 GPUs), 1,000 teams, 50 clusters;
+//! - `stream`: the controllers' scale benchmark (`bench/controllers scale`) while work
+//!   streams in: 350 pending on 55,000 nodes (440,000 GPUs) of 3 clusters, about 100,000
+//!   running, 1,000 teams;
 //! - `armada`: Armada's published shape, 32,000 pending single-GPU jobs on 1,000 empty
 //!   nodes (8,000 GPUs) of one cluster, 10 teams sharing it evenly (Armada reports 606 ms).
 //!
@@ -26,7 +29,7 @@ mod rng;
 use rng::Rng;
 
 fn main() {
-    for (name, s) in [("small", &*SMALL), ("large", &*LARGE), ("armada", &*ARMADA)] {
+    for (name, s) in [("small", &*SMALL), ("large", &*LARGE), ("stream", &*STREAM), ("armada", &*ARMADA)] {
         let plan = schedule(s).expect("valid snapshot");
         println!(
             "{name}: {} pending, {} nodes, {} teams, {} clusters, {} running → {} admitted, {} preempted, {} waiting",
@@ -46,6 +49,7 @@ fn main() {
 static SMALL: LazyLock<Snapshot> = LazyLock::new(|| synthetic(5_000, 1_000, 100, 4, 1));
 static LARGE: LazyLock<Snapshot> = LazyLock::new(|| synthetic(50_000, 10_000, 1_000, 50, 2));
 
+static STREAM: LazyLock<Snapshot> = LazyLock::new(|| synthetic(350, 55_000, 1_000, 3, 4));
 static ARMADA: LazyLock<Snapshot> = LazyLock::new(armada);
 
 #[divan::bench(sample_count = 10, sample_size = 1)]
@@ -61,6 +65,11 @@ fn small_5k_pending_1k_nodes_100_teams() -> berth_sched::Plan {
 #[divan::bench(sample_count = 10, sample_size = 1)]
 fn large_50k_pending_10k_nodes_1k_teams_50_clusters() -> berth_sched::Plan {
     schedule(divan::black_box(&LARGE)).unwrap()
+}
+
+#[divan::bench(sample_count = 10, sample_size = 1)]
+fn stream_350_pending_100k_running_55k_nodes_1k_teams() -> berth_sched::Plan {
+    schedule(divan::black_box(&STREAM)).unwrap()
 }
 
 /// 32,000 single-GPU jobs of 10 teams (each guaranteed a tenth) waiting for 1,000 empty

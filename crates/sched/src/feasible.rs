@@ -92,11 +92,15 @@ impl Impossible {
     }
 }
 
-/// Nodes alike for this purpose (cluster, flavor, topology block, size), counted: what
-/// "could it ever fit" reads, once per cycle (or per read of the door check), so the test
-/// costs per pending workload the number of node shapes, not of nodes.
+/// Nodes alike for this purpose, counted: what "could it ever fit" reads, once per cycle
+/// (or per read of the door check), so the test costs per pending workload the number of
+/// node shapes, not of nodes.
 pub struct Shapes {
-    groups: Vec<Shape>,
+    /// Alike in cluster, flavor, topology block and size: for gangs that require a block.
+    by_block: Vec<Shape>,
+    /// Alike in cluster, flavor and size, whatever their block: for all other work (a site
+    /// with a block per 16 nodes has thousands of blocks and a handful of these).
+    by_size: Vec<Shape>,
 }
 
 /// Alike nodes: of one flavor, cluster and block, and of one size.
@@ -111,10 +115,10 @@ struct Shape {
 impl Shapes {
     pub fn of(s: &Snapshot) -> Self {
         type Key<'k> = (FlavorIx, ClusterIx, Option<&'k str>, u32, u32, u64);
-        let mut groups: BTreeMap<Key<'_>, Shape> = BTreeMap::new();
+        let mut by_block: BTreeMap<Key<'_>, Shape> = BTreeMap::new();
         for n in &s.nodes {
             let key = (n.flavor, n.cluster, n.block.as_deref(), n.gpus, n.cpus_milli, n.memory_mib);
-            let shape = groups.entry(key).or_insert_with(|| Shape {
+            let shape = by_block.entry(key).or_insert_with(|| Shape {
                 flavor: n.flavor,
                 cluster: n.cluster,
                 node: Node { unavailable_gpus: 0, cordoned: false, ..n.clone() },
@@ -122,7 +126,19 @@ impl Shapes {
             });
             shape.count += 1;
         }
-        Self { groups: groups.into_values().collect() }
+        let mut by_size: BTreeMap<Key<'_>, Shape> = BTreeMap::new();
+        for shape in by_block.values() {
+            let n = &shape.node;
+            let key = (n.flavor, n.cluster, None, n.gpus, n.cpus_milli, n.memory_mib);
+            let alike = by_size.entry(key).or_insert_with(|| Shape {
+                flavor: n.flavor,
+                cluster: n.cluster,
+                node: Node { block: None, ..n.clone() },
+                count: 0,
+            });
+            alike.count += shape.count;
+        }
+        Self { by_block: by_block.into_values().collect(), by_size: by_size.into_values().collect() }
     }
 }
 
@@ -175,7 +191,7 @@ fn impossible_in(
     let mut largest_node_gpus = 0;
     let mut missing = None;
     let required = p.topology == berth_core::workload::TopologyPolicy::Required;
-    for shape in &shapes.groups {
+    for shape in if required { &shapes.by_block } else { &shapes.by_size } {
         let cluster = &s.clusters[shape.cluster];
         if shape.flavor != f || !p.placement_allows(cluster) {
             continue;

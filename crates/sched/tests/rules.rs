@@ -343,6 +343,18 @@ fn topology_required_keeps_a_gang_in_one_block_and_preferred_falls_back() {
     w.pending(three).topology = TopologyPolicy::Preferred;
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["three"]);
+
+    // Preferred, a gang may span all five nodes of both blocks: five tasks wait for the
+    // busy node, and six can never run (counted over every block, not one).
+    w.s.pending.clear();
+    for (name, count) in [("five", 5), ("six", 6)] {
+        let gang = w.submit(name, "a", count, 8 * GPU, &["h100"]);
+        w.pending(gang).topology = TopologyPolicy::Preferred;
+    }
+    let plan = w.plan();
+    assert!(!matches!(reason(&w, &plan, "five"), Reason::Unschedulable { .. }), "{plan:?}");
+    let never = Impossible::NoClusterHolds { flavor: 0, tasks: 6, task_gpus: 8.0, most_tasks: 5, largest_node_gpus: 8 };
+    assert_eq!(reason(&w, &plan, "six"), &Reason::Unschedulable { why: vec![never] });
 }
 
 #[test]
