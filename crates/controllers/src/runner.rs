@@ -66,10 +66,12 @@ pub type Pass<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Passed, Error>>
 pub enum WokenBy {
     /// Only its period.
     Period,
-    /// Every change but a submission of new workloads, which only the scheduler acts on
-    /// (the others act on what it admits or preempts, and on deletions and cancellations:
-    /// changes of their own).
-    AnyChange,
+    /// Every change but one that concerns only pending work: a submission of new
+    /// workloads, or a status write whose every workload enters `Pending` (the scheduler's
+    /// pending reasons and queue positions, a requeue). Only the scheduler acts on those;
+    /// the others act on what it admits or preempts, on work that reached a backend, and on
+    /// deletions and cancellations (a cancellation keeps a phase past `Pending`).
+    BeyondPending,
     /// A change that can alter what the scheduler decides: anything but a write of
     /// workload statuses entering `Admitted` or `Preempting` (the scheduler's own writes: a
     /// pass that wrote runs again anyway) or `Dispatched` or `Running` (which take or free
@@ -82,7 +84,11 @@ impl WokenBy {
     pub fn by(self, change: &Change) -> bool {
         match self {
             Self::Period => false,
-            Self::AnyChange => !matches!(change, Change::Submitted),
+            Self::BeyondPending => match change {
+                Change::WorkloadStatuses(phases) => !phases.iter().all(|p| *p == Phase::Pending),
+                Change::Submitted => false,
+                Change::Table(_) => true,
+            },
             Self::SchedulingChange => match change {
                 Change::WorkloadStatuses(phases) => !phases
                     .iter()
@@ -183,7 +189,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         Task {
             name: "dispatcher",
             description: "submits each admitted workload to its cluster as one job",
-            woken_by: WokenBy::AnyChange,
+            woken_by: WokenBy::BeyondPending,
             period: |c| c.resync,
             min_gap: |_| DISPATCHER_GAP,
             pass: pass!(dispatcher),
@@ -191,7 +197,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         Task {
             name: "preemption",
             description: "cancels the jobs of preempted workloads with a grace period, then requeues them",
-            woken_by: WokenBy::AnyChange,
+            woken_by: WokenBy::BeyondPending,
             period: |c| c.sync_interval,
             min_gap: |c| c.min_cycle_interval,
             pass: pass!(preemption),
@@ -199,7 +205,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         Task {
             name: "deletion",
             description: "cancels the jobs of deleted or cancelled workloads, then removes or ends them",
-            woken_by: WokenBy::AnyChange,
+            woken_by: WokenBy::BeyondPending,
             period: |c| c.sync_interval,
             min_gap: |c| c.min_cycle_interval,
             pass: pass!(deletion),
@@ -247,7 +253,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         Task {
             name: "budgets",
             description: "adds up each team's GPU-hours against its budgets",
-            woken_by: WokenBy::AnyChange,
+            woken_by: WokenBy::BeyondPending,
             period: |_| BUDGET_PERIOD,
             min_gap: |_| BUDGET_GAP,
             pass: pass!(budgets),
@@ -422,10 +428,17 @@ mod tests {
     }
 
     #[test]
-    fn only_the_scheduler_is_woken_by_submissions() {
-        let submitted = Change::parse("workloads submitted");
-        assert!(WokenBy::SchedulingChange.by(&submitted));
-        assert!(!WokenBy::AnyChange.by(&submitted));
-        assert!(WokenBy::AnyChange.by(&Change::parse("workloads")));
+    fn only_the_scheduler_is_woken_by_what_concerns_only_pending_work() {
+        for pending in ["workloads submitted", "workloads status:Pending"] {
+            let change = Change::parse(pending);
+            assert!(WokenBy::SchedulingChange.by(&change), "{pending}");
+            assert!(!WokenBy::BeyondPending.by(&change), "{pending}");
+        }
+        // A cancellation keeps the phase of work on a backend; a pending one ends at once.
+        for beyond in
+            ["workloads", "workloads status:Pending,Running", "workloads status:Admitted", "workloads status:Cancelled"]
+        {
+            assert!(WokenBy::BeyondPending.by(&Change::parse(beyond)), "{beyond}");
+        }
     }
 }

@@ -1477,7 +1477,7 @@ impl berth_controllers::runner::Reconciler for Counting {
 }
 
 /// What wakes a controller is what it declares, not where it stands in the list: three
-/// reconcilers (woken by their period only, by any change, by a change that concerns the
+/// reconcilers (woken by their period only, by a change beyond pending work, by a change that concerns the
 /// scheduler) registered in one order and then in the reverse see the same passes for the
 /// same changes sent through the store's change feed.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
@@ -1489,8 +1489,11 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
     let mut seen = Vec::new();
     for reversed in [false, true] {
-        let declared =
-            [("period", WokenBy::Period), ("any", WokenBy::AnyChange), ("scheduling", WokenBy::SchedulingChange)];
+        let declared = [
+            ("period", WokenBy::Period),
+            ("beyond", WokenBy::BeyondPending),
+            ("scheduling", WokenBy::SchedulingChange),
+        ];
         let counters: Vec<_> = declared.iter().map(|_| std::sync::Arc::new(AtomicUsize::new(0))).collect();
         let mut list: Vec<Box<dyn berth_controllers::runner::Reconciler>> = declared
             .iter()
@@ -1531,11 +1534,12 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             Change::Table("teams".into()),
             Change::WorkloadStatuses(vec![Phase::Succeeded]),
             Change::Submitted,
+            Change::WorkloadStatuses(vec![Phase::Pending]),
         ] {
             let (any_before, scheduling_before) = (counts()[1], counts()[2]);
             notify(&p.ctx.db, &change).await.unwrap();
-            // "any" is woken by every change but a submission, "scheduling" by that: its
-            // pass says the change arrived.
+            // "beyond" is woken by every change but one of pending work only, "scheduling"
+            // by those: its pass says the change arrived.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while counts()[1] == any_before && counts()[2] == scheduling_before {
                 assert!(std::time::Instant::now() < deadline, "{change:?} woke nobody: {:?}", counts());
@@ -1548,10 +1552,10 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             steps.windows(2).map(|w| w[1].iter().zip(&w[0]).map(|(after, before)| after - before).collect()).collect();
         seen.push(deltas);
     }
-    // [period, any, scheduling] per change: a status write that takes or frees nothing the
-    // scheduler counts wakes only "any"; a team's change and a finished workload wake both;
-    // a submission wakes only "scheduling".
-    assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1], [0, 0, 1]], "registered in order");
+    // [period, beyond, scheduling] per change: a status write that takes or frees nothing
+    // the scheduler counts wakes only "beyond"; a team's change and a finished workload
+    // wake both; a submission and a write of pending reasons wake only "scheduling".
+    assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 1]], "registered in order");
     assert_eq!(seen[1], seen[0], "registered in reverse");
 }
 
