@@ -103,7 +103,8 @@ pub struct Shapes {
     by_size: Vec<Shape>,
 }
 
-/// Alike nodes: of one flavor, cluster and block, and of one size.
+/// Alike nodes: of one flavor and cluster (and block, in `Shapes::by_block`), and of one
+/// size.
 struct Shape {
     flavor: FlavorIx,
     cluster: ClusterIx,
