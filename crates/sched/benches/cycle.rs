@@ -3,9 +3,9 @@
 //!
 //! - `small`: 5,000 pending, 1,000 nodes (8,000 GPUs), 100 teams, 4 clusters;
 //! - `large`: 50,000 pending, 10,000 nodes (80,000 GPUs), 1,000 teams, 50 clusters;
-//! - `stream`: the controllers' scale benchmark (`bench/controllers scale`) while work
-//!   streams in: 350 pending on 55,000 nodes (440,000 GPUs) of 3 clusters, about 100,000
-//!   running, 1,000 teams;
+//! - `stream`: a large site while work streams in: 350 pending on 55,000 nodes (440,000
+//!   GPUs) of 3 clusters in topology blocks of 16 nodes, about 100,000 running, 1,000 teams
+//!   (the nearest to `bench/controllers scale`, whose simulated clusters have no blocks);
 //! - `armada`: Armada's published shape, 32,000 pending single-GPU jobs on 1,000 empty
 //!   nodes (8,000 GPUs) of one cluster, 10 teams sharing it evenly (Armada reports 606 ms).
 //!

@@ -106,8 +106,6 @@ pub struct Shapes {
 /// Alike nodes: of one flavor and cluster (and block, in `Shapes::by_block`), and of one
 /// size.
 struct Shape {
-    flavor: FlavorIx,
-    cluster: ClusterIx,
     /// One of them, with no GPU held by others (what could ever be free).
     node: Node,
     count: u32,
@@ -120,8 +118,6 @@ impl Shapes {
         for n in &s.nodes {
             let key = (n.flavor, n.cluster, n.block.as_deref(), n.gpus, n.cpus_milli, n.memory_mib);
             let shape = by_block.entry(key).or_insert_with(|| Shape {
-                flavor: n.flavor,
-                cluster: n.cluster,
                 node: Node { unavailable_gpus: 0, cordoned: false, ..n.clone() },
                 count: 0,
             });
@@ -131,12 +127,8 @@ impl Shapes {
         for shape in by_block.values() {
             let n = &shape.node;
             let key = (n.flavor, n.cluster, None, n.gpus, n.cpus_milli, n.memory_mib);
-            let alike = by_size.entry(key).or_insert_with(|| Shape {
-                flavor: n.flavor,
-                cluster: n.cluster,
-                node: Node { block: None, ..n.clone() },
-                count: 0,
-            });
+            let alike =
+                by_size.entry(key).or_insert_with(|| Shape { node: Node { block: None, ..n.clone() }, count: 0 });
             alike.count += shape.count;
         }
         Self { by_block: by_block.into_values().collect(), by_size: by_size.into_values().collect() }
@@ -193,24 +185,24 @@ fn impossible_in(
     let mut missing = None;
     let required = p.topology == berth_core::workload::TopologyPolicy::Required;
     for shape in if required { &shapes.by_block } else { &shapes.by_size } {
-        let cluster = &s.clusters[shape.cluster];
-        if shape.flavor != f || !p.placement_allows(cluster) {
+        let node = &shape.node;
+        let cluster = &s.clusters[node.cluster];
+        if node.flavor != f || !p.placement_allows(cluster) {
             continue;
         }
         if let Some(lacks) = p.missing_capability(cluster) {
             missing.get_or_insert(lacks);
             continue;
         }
-        let node = &shape.node;
         let tasks = NodeState::new(node).capacity_when_empty(&p.tasks, node);
         largest_node_gpus = largest_node_gpus.max(node.gpus);
-        let block = shape.node.block.as_deref();
+        let block = node.block.as_deref();
         if required && block.is_none() {
             // Without a block, a node is a block of its own.
-            let entry = room.entry((shape.cluster, Some(node.name.as_str()))).or_default();
+            let entry = room.entry((node.cluster, Some(node.name.as_str()))).or_default();
             *entry = (*entry).max(u64::from(tasks));
         } else {
-            let key = (shape.cluster, if required { block } else { None });
+            let key = (node.cluster, if required { block } else { None });
             *room.entry(key).or_default() += u64::from(tasks) * u64::from(shape.count);
         }
     }
