@@ -823,7 +823,9 @@ fn unblock(code: &str) -> &'static str {
         "FairShareReached" => {
             "its team has its fair share: it runs as others' work ends, sooner with a higher priority"
         }
-        "BorrowingPaused" => "borrowing is paused while another team reclaims its guarantee: wait for the reclaim",
+        "BorrowingPaused" => {
+            "a workload of this team or a parent team waits for the guarantee this would use: it runs once that one starts"
+        }
         "WaitingForPreemptor" | "WaitingForReclaim" => {
             "capacity is being freed for it: it starts when the preempted work stops"
         }

@@ -78,7 +78,8 @@ pub fn pending_reason(
         Reason::BorrowingPaused { flavor: f, workload } => (
             "BorrowingPaused",
             format!(
-                "borrowing {} is paused while {} waits for capacity to run within its quota",
+                "borrowing {} (or using a parent team's guarantee) is paused while {} waits for capacity to run \
+                 within its quota",
                 flavor(*f),
                 pending_name(*workload)
             ),

@@ -263,6 +263,15 @@ impl Known {
         Self { ancestors, impossible, share, pools, pool_at, held, pausing }
     }
 
+    /// Per `team * flavors + flavor`: a workload of the team pauses its borrowing.
+    fn paused(&self, s: &Snapshot) -> Vec<bool> {
+        let mut paused = vec![false; s.teams.len() * s.flavors.len()];
+        for (&w, &f) in &self.pausing {
+            paused[s.pending[w].team * s.flavors.len() + f] = true;
+        }
+        paused
+    }
+
     /// Whether waiting `w` fits, given `states`, on the nodes of `pool` that are not held
     /// for another workload (within one topology block when it requires one).
     fn fits_on_open_nodes(&self, s: &Snapshot, states: &[NodeState], pool: &Pool, w: PendingIx) -> bool {
@@ -295,10 +304,8 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
     // Usage as the scheduler counts it, per subtree: what holds GPUs now (stopping work
     // too), what is admitted, what waits for reclaim, and reservations.
     let mut subtree = holding.to_vec();
-    let mut paused = vec![false; s.teams.len() * flavors];
-    for (&w, &f) in &known.pausing {
-        paused[s.pending[w].team * flavors + f] = true;
-    }
+    let guaranteed = |t: usize, f: FlavorIx| u64::from(s.teams[t].quotas[f].guaranteed * ONE_GPU);
+    let paused = known.paused(s);
     for w in &plan.waiting {
         let p = &s.pending[w.workload];
         if let Some((f, amount)) = reservation(s, w) {
@@ -320,7 +327,11 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
             let within_limits = ancestors[p.team]
                 .iter()
                 .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
-            let in_quota = used(p.team) + requested <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+            let in_quota = used(p.team) + requested <= guaranteed(p.team, f);
+            // A workload waiting for reclaim or starving with quota held in its team or
+            // above keeps it from borrowing, and from taking that team past its guarantee.
+            let over_held = |a: usize| paused[a * flavors + f] && used(a) + requested > guaranteed(a, f);
+            let in_quota = in_quota && !ancestors[p.team].iter().any(|&a| over_held(a));
             let may_borrow = p.preemptible && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
             if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
                 || budget_stop(s, &ancestors[p.team], f, in_quota).is_some()
@@ -397,7 +408,8 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
                     && used + r > fair_share + 1e-9
             }
             Reason::BorrowingPaused { flavor, workload } => {
-                p.preemptible
+                // (Work that may not borrow waits only for a workload of a team above.)
+                (p.preemptible || s.pending[*workload].team != p.team)
                     && pausing.get(workload) == Some(flavor)
                     && ancestors[p.team].contains(&s.pending[*workload].team)
             }
@@ -491,6 +503,7 @@ fn reclaim_violations(
             }
         }
     }
+    let paused = known.paused(s);
     let mut out = Vec::new();
     // (One waiting for its preemptor waits by rule, whatever room there is.)
     let by_rule =
@@ -551,7 +564,13 @@ fn reclaim_violations(
                             .limit
                             .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
                     });
-                if !within_limits || budget_stop(s, &ancestors[p.team], f, true).is_some() {
+                // (Nor past the guarantee of a team above that holds quota for a waiter.)
+                let over_held = ancestors[p.team].iter().any(|&a| {
+                    paused[a * flavors + f]
+                        && subtree[a * flavors + f] - freed[a] + requested
+                            > u64::from(s.teams[a].quotas[f].guaranteed * ONE_GPU)
+                });
+                if !within_limits || over_held || budget_stop(s, &ancestors[p.team], f, true).is_some() {
                     continue;
                 }
                 if known.fits_on_open_nodes(s, &local, pool, w) {

@@ -708,13 +708,19 @@ impl<'a> Cycle<'a> {
                 requested: gpus(requested),
             });
         }
-        let i = p.team * self.flavors + f;
-        if !in_quota
-            && let Some(&waiter) =
-                self.ancestors[p.team].iter().find_map(|&a| self.paused[a * self.flavors + f].as_ref())
-        {
+        // While a workload of its team or a team above waits for reclaim or starves with
+        // quota held, nothing borrows under that team, nor takes it past its guarantee
+        // (in-quota for a child team, say): either would use up the quota that workload
+        // counts on, and once it ran it would be borrowed and reclaimed by the work it
+        // preempted.
+        if let Some(waiter) = self.ancestors[p.team].iter().find_map(|&a| {
+            let waiter = self.paused[a * self.flavors + f]?;
+            (!in_quota || used(a) + requested > u64::from(self.s.teams[a].quotas[f].guaranteed * ONE_GPU))
+                .then_some(waiter)
+        }) {
             return Err(Reason::BorrowingPaused { flavor: f, workload: waiter });
         }
+        let i = p.team * self.flavors + f;
         if !in_quota && !self.lending && gpus(self.used[i] + requested) > self.share[i] + 1e-9 {
             return Err(Reason::FairShareReached {
                 team: p.team,

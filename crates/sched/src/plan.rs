@@ -75,9 +75,9 @@ pub enum Reason {
     /// It would borrow beyond the team's fair share, and what was still free once every
     /// workload had its turn (lent past the shares) went to other work or does not fit it.
     FairShareReached { team: TeamIx, flavor: FlavorIx, used: f64, fair_share: f64, requested: f64 },
-    /// It would borrow while `workload`, of its team (or a parent team), waits for reclaim
-    /// to run in-quota, or starves with nodes held for it: borrowing now would use up the
-    /// quota that workload counts on.
+    /// It would borrow, or take a team above past its guarantee, while `workload`, of its
+    /// team (or that team above), waits for reclaim to run in-quota, or starves with nodes
+    /// held for it: running now would use up the quota that workload counts on.
     BorrowingPaused { flavor: FlavorIx, workload: PendingIx },
     /// It was preempted for `workload`, which still waits: it comes back after that one
     /// starts (before, it would only take what that one needs and be preempted again).

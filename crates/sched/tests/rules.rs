@@ -636,6 +636,41 @@ fn while_a_workload_waits_for_reclaim_its_team_does_not_borrow_the_guarantee_awa
 }
 
 #[test]
+fn while_a_department_waits_for_reclaim_its_child_team_does_not_take_the_guarantee_away() {
+    // dept is guaranteed 8, its child mini 4 of those. other runs 8 GPUs marked borrowed
+    // (it was borrowing when they started). dept's 6-GPU job reclaims them; mini's 4 would
+    // fit beside, in mini's own quota, but would take dept to 10 of 8: dept's job would then
+    // start borrowed and other, back in its guarantee, would reclaim it (a fresh proptest
+    // seed found that ping-pong). So mini waits until dept's job runs, then starts.
+    let mut w = World::new(&["h100"]);
+    w.team("dept", None, &[("h100", 8, None, 1)]);
+    w.team("mini", Some("dept"), &[("h100", 4, None, 1)]);
+    w.team("other", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let big = w.nodes(c, "h100", 1, 8, None);
+    w.nodes(c, "h100", 1, 4, None);
+    w.run("o", "other", &big, 1, 8 * GPU, true, 0, 0);
+    let d = w.submit("d", "dept", 1, 6 * GPU, &["h100"]);
+    w.submit("m", "mini", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["o"]);
+    assert_eq!(reason(&w, &plan, "m"), &Reason::BorrowingPaused { flavor: 0, workload: d });
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["d", "m"]);
+    assert!(plan.admissions.iter().all(|a| !a.borrowed), "{plan:?}");
+    w.carry_out(&plan);
+    // Nothing dept runs is borrowed: other waits, and nothing is preempted back.
+    for _ in 0..3 {
+        let plan = w.plan();
+        assert!(plan.preemptions.is_empty() && plan.admissions.is_empty(), "{plan:?}");
+        w.carry_out(&plan);
+    }
+}
+
+#[test]
 fn a_team_within_its_guarantee_reclaims_under_a_parent_whose_limit_equals_its_guarantee() {
     // The review's department: mini guarantees 8 and may use 8 (limit = guarantee); its
     // children ma and mb are each guaranteed 4. mb borrows ma's idle 4 and holds all 8.
