@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use berth_core::workload::TopologyPolicy;
 
-use crate::cycle::{Pool, ancestors, gpus, own_shares, pools};
+use crate::cycle::{Pool, ancestors, cheapest_first, gpus, own_shares, pools};
 use crate::nodes::{NodeState, node_states, place};
 use crate::plan::{Miss, Plan, PreemptionCause, Reason, Waiting};
 use crate::snapshot::{BudgetStop, FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
@@ -240,7 +240,10 @@ impl Known {
     fn of(s: &Snapshot, plan: &Plan, ancestors: Vec<Vec<usize>>, states: &[NodeState], kept_subtree: &[u64]) -> Self {
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, _) = own_shares(s, &impossible);
-        let (pools, pool_at) = pools(s, states);
+        let (mut pools, pool_at) = pools(s, states);
+        for pool in &mut pools {
+            cheapest_first(s, &mut pool.running);
+        }
         let held = plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
         let flavors = s.flavors.len();
         let pausing = plan

@@ -34,11 +34,13 @@
 //!    workload that cannot fit never blocks the ones behind it otherwise.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use berth_core::cluster::Packing;
 use berth_core::workload::{FlavorPolicy, TopologyPolicy};
+use rustc_hash::FxHashMap;
 
 use crate::fair_share::{TeamInput, fair_shares};
 use crate::feasible::Impossible;
@@ -69,7 +71,7 @@ pub(crate) struct Pool {
     pub nodes: Vec<NodeIx>,
     /// Node sets a gang with a topology wish may use: each block, and each node without one.
     pub groups: Vec<Vec<NodeIx>>,
-    /// Running workloads on the pool, cheapest victims first.
+    /// Running workloads on the pool (in snapshot order: [`cheapest_first`] sorts them).
     pub running: Vec<RunningIx>,
     /// Free GPU hundredths on `nodes`.
     pub free: u64,
@@ -82,11 +84,36 @@ pub(crate) struct Pool {
     /// were above their fair share when the cycle began.
     reclaimable: u64,
     /// Upper bound on what a team could free here by priority: its preemptible work.
-    own: HashMap<TeamIx, u64>,
-    /// The running work behind `stopping`, `reclaimable` and `own`, cheapest first.
-    stopping_list: Vec<RunningIx>,
-    reclaim_list: Vec<RunningIx>,
-    own_list: HashMap<TeamIx, Vec<RunningIx>>,
+    own: FxHashMap<TeamIx, u64>,
+    /// The running work behind `stopping`, `reclaimable` and `own`.
+    stopping_list: Victims,
+    reclaim_list: Victims,
+    own_list: FxHashMap<TeamIx, Victims>,
+}
+
+/// Running work that could be preempted, put cheapest first only when a workload first
+/// looks for victims among it: sorting all 100,000 running workloads every cycle took a
+/// fifth of the plan at 100k running (bench/controllers scale), where nothing preempts.
+#[derive(Default)]
+struct Victims {
+    found: Vec<RunningIx>,
+    sorted: OnceCell<Vec<RunningIx>>,
+}
+
+impl Victims {
+    fn cheapest_first(&self, s: &Snapshot) -> &[RunningIx] {
+        self.sorted.get_or_init(|| {
+            let mut sorted = self.found.clone();
+            cheapest_first(s, &mut sorted);
+            sorted
+        })
+    }
+}
+
+/// Sorts running work cheapest victim first: lowest priority, then most recently started.
+pub(crate) fn cheapest_first(s: &Snapshot, running: &mut [RunningIx]) {
+    // The index makes every key distinct, so an unstable sort gives the same order.
+    running.sort_unstable_by_key(|&i| (s.running[i].priority, Reverse(s.running[i].started_at), i));
 }
 
 /// Builds the pools and a `(cluster, flavor) → pool` table.
@@ -106,10 +133,10 @@ pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Optio
                 version: 0,
                 stopping: 0,
                 reclaimable: 0,
-                own: HashMap::new(),
-                stopping_list: Vec::new(),
-                reclaim_list: Vec::new(),
-                own_list: HashMap::new(),
+                own: FxHashMap::default(),
+                stopping_list: Victims::default(),
+                reclaim_list: Victims::default(),
+                own_list: FxHashMap::default(),
             });
             blocks.push(BTreeMap::new());
             pools.len() - 1
@@ -135,10 +162,6 @@ pub(crate) fn pools(s: &Snapshot, states: &[NodeState]) -> (Vec<Pool>, Vec<Optio
         if let Some(p) = at[r.cluster * flavors + r.flavor] {
             pools[p].running.push(i);
         }
-    }
-    for pool in &mut pools {
-        // The index makes every key distinct, so an unstable sort gives the same order.
-        pool.running.sort_unstable_by_key(|&i| (s.running[i].priority, Reverse(s.running[i].started_at), i));
     }
     (pools, at)
 }
@@ -337,22 +360,21 @@ impl<'a> Cycle<'a> {
             })
             .collect();
         for pool in &mut pools {
-            // `running` is cheapest first, and so is every list taken from it.
             for &v in &pool.running {
                 let r = &s.running[v];
                 let amount = u64::from(r.tasks.total_gpus());
                 if r.preempting {
                     pool.stopping += amount;
-                    pool.stopping_list.push(v);
+                    pool.stopping_list.found.push(v);
                     continue;
                 }
                 if reclaimable[v] {
                     pool.reclaimable += amount;
-                    pool.reclaim_list.push(v);
+                    pool.reclaim_list.found.push(v);
                 }
                 if r.preemptible {
                     *pool.own.entry(r.team).or_default() += amount;
-                    pool.own_list.entry(r.team).or_default().push(v);
+                    pool.own_list.entry(r.team).or_default().found.push(v);
                 }
             }
         }
@@ -1076,15 +1098,18 @@ impl<'a> Cycle<'a> {
         // (so work told to stop for one workload is not taken by another, which would leave
         // the first to preempt again while the victims come back).
         candidates.extend(
-            pool.stopping_list.iter().filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
+            (pool.stopping_list.cheapest_first(s).iter())
+                .filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
         );
         let open = |v: RunningIx| !self.gone[v] && (ignore_protection || !self.protected[v]);
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).
-            candidates.extend(pool.reclaim_list.iter().filter(|&&v| open(v) && s.running[v].team != p.team));
+            candidates.extend(
+                pool.reclaim_list.cheapest_first(s).iter().filter(|&&v| open(v) && s.running[v].team != p.team),
+            );
         }
         if let Some(own) = pool.own_list.get(&p.team) {
-            candidates.extend(own.iter().filter(|&&v| open(v) && s.running[v].priority < p.priority));
+            candidates.extend(own.cheapest_first(s).iter().filter(|&&v| open(v) && s.running[v].priority < p.priority));
         }
         let needed = u64::from(p.tasks.total_gpus());
         let at_most: u64 = candidates.iter().map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum();
