@@ -62,7 +62,7 @@ struct State {
     begun: u64,
     completed: u64,
     /// Where the feed was read to, and when the cache started; `None` until it has.
-    cursor: Option<(i64, Instant)>,
+    cursor: Option<(store::FeedCursor, Instant)>,
     kept: HashMap<Key, Arc<Workload>>,
 }
 
@@ -134,8 +134,8 @@ impl WorkloadCache {
 impl State {
     /// Brings what is kept up to date with a read of the feed.
     fn apply(&mut self, read: FeedRead) {
-        let started = match self.cursor {
-            Some((_, started)) => started,
+        let started = match &self.cursor {
+            Some((_, started)) => *started,
             None => {
                 self.kept.clear();
                 Instant::now()
@@ -190,10 +190,10 @@ async fn read_feed(cache: Arc<WorkloadCache>, db: PgPool) {
         let cursor = {
             let mut state = cache.state();
             state.begun += 1;
-            if state.cursor.is_some_and(|(_, started)| started.elapsed() >= STARTS_OVER_EVERY) {
+            if state.cursor.as_ref().is_some_and(|(_, started)| started.elapsed() >= STARTS_OVER_EVERY) {
                 state.cursor = None;
             }
-            state.cursor.map(|(cursor, _)| cursor)
+            state.cursor.as_ref().map(|(cursor, _)| cursor.clone())
         };
         let read = tokio::time::timeout(READ_TIMEOUT, async {
             let mut conn = match own.take() {

@@ -63,7 +63,7 @@ pub struct Feed(Arc<Mutex<Option<FeedState>>>);
 #[derive(Clone)]
 struct FeedState {
     /// The change cursor read before the pass's claims.
-    cursor: i64,
+    cursor: berth_store::workload::FeedCursor,
     /// What of each cluster decides whether its jobs can be submitted, as it was then.
     clusters: Vec<ClusterState>,
     /// When the last pass that looked through every admitted workload began.
@@ -103,7 +103,7 @@ impl Feed {
         let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
         let since = kept.filter(|k| k.clusters == states && k.all_at.elapsed() < ctx.config.resync);
         let uids =
-            berth_store::workload::workload_in_phase(&mut *tx, Phase::Admitted, since.as_ref().map(|k| k.cursor))
+            berth_store::workload::workload_in_phase(&mut *tx, Phase::Admitted, since.as_ref().map(|k| &k.cursor))
                 .await?;
         berth_store::commit(tx).await?;
         let all = since.is_none();

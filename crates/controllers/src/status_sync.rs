@@ -54,7 +54,7 @@ pub struct Followed(Arc<tokio::sync::Mutex<Option<Kept>>>);
 
 struct Kept {
     /// The change cursor of the last read, and when the last full read was.
-    cursor: i64,
+    cursor: berth_store::workload::FeedCursor,
     full_at: Instant,
     work: HashMap<Uuid, BackendWork>,
 }
@@ -72,8 +72,8 @@ impl Followed {
         match kept.as_mut() {
             Some(k) if k.full_at.elapsed() < FULL_READ_EVERY => {
                 let written =
-                    berth_store::workload::workload_backend_work_written_since(&mut *tx, &FOLLOWED, k.cursor).await?;
-                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, k.cursor).await?;
+                    berth_store::workload::workload_backend_work_written_since(&mut *tx, &FOLLOWED, &k.cursor).await?;
+                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, &k.cursor).await?;
                 for (uid, work) in written {
                     match work {
                         Some(w) => k.work.insert(uid, w),

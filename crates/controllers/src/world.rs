@@ -20,7 +20,7 @@ use berth_core::workload::Workload;
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
-use berth_store::workload::{StatusWrite, StatusWritten};
+use berth_store::workload::{FeedCursor, StatusWrite, StatusWritten};
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
@@ -55,10 +55,10 @@ struct Kept {
     workloads: Workloads,
     nodes: Option<KeptNodes>,
     /// The change feed's cursor after the last read, and when the last full read was.
-    read: Option<(i64, Instant)>,
+    read: Option<(FeedCursor, Instant)>,
     /// The versions the readers wrote themselves ([`WorldCache::wrote`]), kept as written,
-    /// with the writing transaction: the feed's reads leave them out until the cursor
-    /// passes that transaction.
+    /// with the writing transaction: the feed's reads leave them out until the cursor has
+    /// seen that transaction.
     own: Vec<(i64, i64)>,
     /// The periodic full read, under way in the background.
     full_read: Option<FullRead>,
@@ -74,7 +74,7 @@ struct Kept {
 /// the kept world (a new leader term), it stops.
 struct FullRead {
     started: Instant,
-    task: tokio::task::JoinHandle<Result<(i64, Workloads), Error>>,
+    task: tokio::task::JoinHandle<Result<(FeedCursor, Workloads), Error>>,
 }
 
 impl FullRead {
@@ -264,11 +264,11 @@ impl Kept {
         let teams = berth_store::team::team_list_all(&mut *tx).await?;
         let clusters = berth_store::cluster::cluster_list_all(&mut *tx).await?;
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
-        let read = match self.read {
+        let read = match self.read.take() {
             Some((since, full_at)) => {
                 let own: Vec<i64> = self.own.iter().map(|&(version, _)| version).collect();
-                let written = berth_store::workload::workload_list_written_since(&mut *tx, since, &own).await?;
-                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, since).await?;
+                let written = berth_store::workload::workload_list_written_since(&mut *tx, &since, &own).await?;
+                let deleted = berth_store::workload::workload_deleted_since(&mut *tx, &since).await?;
                 let changes = written.len() + deleted.len();
                 for w in written {
                     if w.status.phase.is_final() {
@@ -280,8 +280,8 @@ impl Kept {
                 for uid in deleted {
                     self.workloads.remove(&uid);
                 }
+                self.own.retain(|&(_, by)| !cursor.saw(by));
                 self.read = Some((cursor, full_at));
-                self.own.retain(|&(_, by)| by >= cursor);
                 if swapped { Read::Full } else { Read::Changes(changes) }
             }
             None => {

@@ -870,8 +870,9 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
 }
 
 /// The scheduler's kept world follows the change feed: a write still uncommitted when the
-/// world is read arrives with the next read (it commits after a later one started), and
-/// deleted workloads leave it; a full read is the same, and so is its plan.
+/// world is read arrives with the next read (it commits after a later one started), is
+/// all that keeps being looked for meanwhile, and deleted workloads leave it; a full read
+/// is the same, and so is its plan.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
@@ -894,6 +895,13 @@ async fn the_kept_world_misses_no_write_that_commits_late_nor_any_delete(db: ber
     let uids: Vec<_> = world.workloads.iter().map(|w| w.metadata.uid).collect();
     assert!(uids.contains(&early.metadata.uid) && uids.contains(&late.metadata.uid));
     assert!(world.workloads.iter().all(|w| w.metadata.labels.is_empty()), "the slow write is not visible yet");
+    // The open transaction holds back only itself: what the last read saw is not read
+    // again (the feed's cursor was once the oldest open transaction, and every read
+    // returned all that was written since it began).
+    let (_, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, berth_controllers::world::Read::Changes(0), "nothing new while the slow write is open");
+    let (_, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, berth_controllers::world::Read::Changes(0));
     slow.commit().await.unwrap();
     let (world, _) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
     let kept = world.workloads.iter().find(|w| w.metadata.uid == early.metadata.uid).unwrap();
