@@ -255,9 +255,7 @@ impl Known {
                     let p = &s.pending[w.workload];
                     reservation(s, w)
                         .filter(|&(f, amount)| {
-                            !p.preemptible
-                                || kept_subtree[p.team * flavors + f] + amount
-                                    <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU)
+                            !p.preemptible || kept_subtree[p.team * flavors + f] + amount <= guaranteed(s, p.team, f)
                         })
                         .map(|(f, _)| (w.workload, f))
                 }
@@ -290,6 +288,11 @@ impl Known {
     }
 }
 
+/// Team `t`'s guarantee of flavor `f`, in GPU hundredths.
+fn guaranteed(s: &Snapshot, t: usize, f: FlavorIx) -> u64 {
+    u64::from(s.teams[t].quotas[f].guaranteed * ONE_GPU)
+}
+
 /// The quota a starving workload's reservation holds along with its nodes: (flavor,
 /// hundredths), in its nodes' flavor.
 fn reservation(s: &Snapshot, w: &Waiting) -> Option<(FlavorIx, u64)> {
@@ -307,7 +310,6 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
     // Usage as the scheduler counts it, per subtree: what holds GPUs now (stopping work
     // too), what is admitted, what waits for reclaim, and reservations.
     let mut subtree = holding.to_vec();
-    let guaranteed = |t: usize, f: FlavorIx| u64::from(s.teams[t].quotas[f].guaranteed * ONE_GPU);
     let paused = known.paused(s);
     for w in &plan.waiting {
         let p = &s.pending[w.workload];
@@ -330,10 +332,10 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
             let within_limits = ancestors[p.team]
                 .iter()
                 .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
-            let in_quota = used(p.team) + requested <= guaranteed(p.team, f);
+            let in_quota = used(p.team) + requested <= guaranteed(s, p.team, f);
             // A workload waiting for reclaim or starving with quota held in its team or
             // above keeps it from borrowing, and from taking that team past its guarantee.
-            let over_held = |a: usize| paused[a * flavors + f] && used(a) + requested > guaranteed(a, f);
+            let over_held = |a: usize| paused[a * flavors + f] && used(a) + requested > guaranteed(s, a, f);
             let in_quota = in_quota && !ancestors[p.team].iter().any(|&a| over_held(a));
             let may_borrow = p.preemptible && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
             if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
@@ -559,8 +561,7 @@ fn reclaim_violations(
                     }
                 }
                 // Within the team's own guarantee once the stopping work here is gone.
-                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested
-                    <= u64::from(s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested <= guaranteed(s, p.team, f);
                 let within_limits = in_quota
                     && ancestors[p.team].iter().all(|&a| {
                         s.teams[a].quotas[f]
@@ -569,9 +570,7 @@ fn reclaim_violations(
                     });
                 // (Nor past the guarantee of a team above that holds quota for a waiter.)
                 let over_held = ancestors[p.team].iter().any(|&a| {
-                    paused[a * flavors + f]
-                        && subtree[a * flavors + f] - freed[a] + requested
-                            > u64::from(s.teams[a].quotas[f].guaranteed * ONE_GPU)
+                    paused[a * flavors + f] && subtree[a * flavors + f] - freed[a] + requested > guaranteed(s, a, f)
                 });
                 if !within_limits || over_held || budget_stop(s, &ancestors[p.team], f, true).is_some() {
                     continue;
