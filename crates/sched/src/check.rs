@@ -183,7 +183,7 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
                     gpus(holding[i])
                 ));
             }
-            let guaranteed = u64::from(team.quotas[f].guaranteed * ONE_GPU);
+            let guaranteed = team.quotas[f].guaranteed_hundredths();
             if in_quota_admitted[i] > 0 && running_subtree[i] + in_quota_admitted[i] > guaranteed {
                 out.push(format!(
                     "team {t} runs {} GPUs of flavor {f} in-quota while preempted work stops, above its guarantee {}",
@@ -255,7 +255,9 @@ impl Known {
                     let p = &s.pending[w.workload];
                     reservation(s, w)
                         .filter(|&(f, amount)| {
-                            !p.preemptible || kept_subtree[p.team * flavors + f] + amount <= guaranteed(s, p.team, f)
+                            !p.preemptible
+                                || kept_subtree[p.team * flavors + f] + amount
+                                    <= s.teams[p.team].quotas[f].guaranteed_hundredths()
                         })
                         .map(|(f, _)| (w.workload, f))
                 }
@@ -286,11 +288,6 @@ impl Known {
         };
         node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks, None).is_some())
     }
-}
-
-/// Team `t`'s guarantee of flavor `f`, in GPU hundredths.
-fn guaranteed(s: &Snapshot, t: usize, f: FlavorIx) -> u64 {
-    u64::from(s.teams[t].quotas[f].guaranteed * ONE_GPU)
 }
 
 /// The quota a starving workload's reservation holds along with its nodes: (flavor,
@@ -332,10 +329,12 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
             let within_limits = ancestors[p.team]
                 .iter()
                 .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
-            let in_quota = used(p.team) + requested <= guaranteed(s, p.team, f);
+            let in_quota = used(p.team) + requested <= s.teams[p.team].quotas[f].guaranteed_hundredths();
             // A workload waiting for reclaim or starving with quota held in its team or
             // above keeps it from borrowing, and from taking that team past its guarantee.
-            let over_held = |a: usize| paused[a * flavors + f] && used(a) + requested > guaranteed(s, a, f);
+            let over_held = |a: usize| {
+                paused[a * flavors + f] && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths()
+            };
             let in_quota = in_quota && !ancestors[p.team].iter().any(|&a| over_held(a));
             let may_borrow = p.preemptible && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
             if matches!(waiting.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. })
@@ -561,7 +560,8 @@ fn reclaim_violations(
                     }
                 }
                 // Within the team's own guarantee once the stopping work here is gone.
-                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested <= guaranteed(s, p.team, f);
+                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested
+                    <= s.teams[p.team].quotas[f].guaranteed_hundredths();
                 let within_limits = in_quota
                     && ancestors[p.team].iter().all(|&a| {
                         s.teams[a].quotas[f]
@@ -570,7 +570,9 @@ fn reclaim_violations(
                     });
                 // (Nor past the guarantee of a team above that holds quota for a waiter.)
                 let over_held = ancestors[p.team].iter().any(|&a| {
-                    paused[a * flavors + f] && subtree[a * flavors + f] - freed[a] + requested > guaranteed(s, a, f)
+                    paused[a * flavors + f]
+                        && subtree[a * flavors + f] - freed[a] + requested
+                            > s.teams[a].quotas[f].guaranteed_hundredths()
                 });
                 if !within_limits || over_held || budget_stop(s, &ancestors[p.team], f, true).is_some() {
                     continue;

@@ -704,8 +704,8 @@ impl<'a> Cycle<'a> {
                 });
             }
         }
-        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed;
-        let in_quota = used(p.team) + requested <= u64::from(guaranteed * ONE_GPU);
+        let quota = self.s.teams[p.team].quotas[f];
+        let in_quota = used(p.team) + requested <= quota.guaranteed_hundredths();
         for &a in &self.ancestors[p.team] {
             if let Some(b) = self.s.teams[a]
                 .budget_stops
@@ -726,7 +726,7 @@ impl<'a> Cycle<'a> {
                 team: p.team,
                 flavor: f,
                 used: gpus(used(p.team)),
-                guaranteed: f64::from(guaranteed),
+                guaranteed: f64::from(quota.guaranteed),
                 requested: gpus(requested),
             });
         }
@@ -737,8 +737,7 @@ impl<'a> Cycle<'a> {
         // preempted.
         if let Some(waiter) = self.ancestors[p.team].iter().find_map(|&a| {
             let waiter = self.paused[a * self.flavors + f]?;
-            (!in_quota || used(a) + requested > u64::from(self.s.teams[a].quotas[f].guaranteed * ONE_GPU))
-                .then_some(waiter)
+            (!in_quota || used(a) + requested > self.s.teams[a].quotas[f].guaranteed_hundredths()).then_some(waiter)
         }) {
             return Err(Reason::BorrowingPaused { flavor: f, workload: waiter });
         }
@@ -759,7 +758,7 @@ impl<'a> Cycle<'a> {
     /// being stopped is gone.
     fn within_guarantee(&self, p: &Pending, f: FlavorIx) -> bool {
         let requested = u64::from(p.tasks.total_gpus());
-        let guaranteed = u64::from(self.s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed_hundredths();
         let i = p.team * self.flavors + f;
         self.subtree_used[i] - self.subtree_stopping[i] + requested <= guaranteed
     }
@@ -1206,13 +1205,13 @@ impl<'a> Cycle<'a> {
         let claimed: u64 = self.children[p.team]
             .iter()
             .map(|&c| {
-                let guaranteed = u64::from(self.s.teams[c].quotas[f].guaranteed * ONE_GPU);
+                let guaranteed = self.s.teams[c].quotas[f].guaranteed_hundredths();
                 let used = self.subtree_used[i(c)];
                 guaranteed.min(used + self.pending_subtree[i(c)]).saturating_sub(used)
             })
             .sum();
         let requested = u64::from(p.tasks.total_gpus());
-        let guaranteed = u64::from(self.s.teams[p.team].quotas[f].guaranteed * ONE_GPU);
+        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed_hundredths();
         self.subtree_used[i(p.team)] + claimed + requested <= guaranteed
             || (p.preemptible && gpus(self.used[i(p.team)] + requested) <= self.share[i(p.team)] + 1e-9)
     }

@@ -170,12 +170,12 @@ fn impossible_in(
             });
         }
     }
-    let guaranteed = s.teams[p.team].quotas[f].guaranteed;
-    if !p.preemptible && requested > u64::from(guaranteed * ONE_GPU) {
+    let quota = s.teams[p.team].quotas[f];
+    if !p.preemptible && requested > quota.guaranteed_hundredths() {
         return Some(Impossible::AboveGuarantee {
             flavor: f,
             team: p.team,
-            guaranteed: f64::from(guaranteed),
+            guaranteed: f64::from(quota.guaranteed),
             requested: gpus(requested),
         });
     }

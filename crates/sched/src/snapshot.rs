@@ -180,6 +180,13 @@ pub struct Quota {
     pub weight: u32,
 }
 
+impl Quota {
+    /// The guarantee in GPU hundredths, as usage is counted.
+    pub fn guaranteed_hundredths(&self) -> u64 {
+        u64::from(self.guaranteed * ONE_GPU)
+    }
+}
+
 impl From<&berth_core::team::Quota> for Quota {
     fn from(q: &berth_core::team::Quota) -> Self {
         Self { guaranteed: q.guaranteed, limit: q.limit, weight: q.weight }
