@@ -420,7 +420,7 @@ impl<'a> Cycle<'a> {
         let starving: Vec<bool> =
             s.pending.iter().map(|p| s.now - p.submitted_at >= s.starvation_after_seconds).collect();
         // (workload, reason) in visit order; `None` once admitted.
-        let mut waiting: Vec<(PendingIx, Option<Reason>)> = Vec::new();
+        let mut waiting: Vec<(PendingIx, Option<Reason>)> = Vec::with_capacity(s.pending.len());
         let mut queues: Vec<(TeamIx, Vec<PendingIx>)> = (0..s.teams.len()).map(|t| (t, Vec::new())).collect();
         for w in 0..s.pending.len() {
             queues[s.pending[w].team].1.push(w);
@@ -443,6 +443,7 @@ impl<'a> Cycle<'a> {
             }
         }
         let mut team_count = vec![0; s.teams.len()];
+        self.plan.waiting.reserve(waiting.len());
         for (w, reason) in waiting {
             let Some(reason) = reason else { continue };
             let t = s.pending[w].team;
