@@ -1762,9 +1762,10 @@ export interface components {
             items: components["schemas"]["Workload"][];
         };
         /**
-         * @description Place in the queue; 1 is next. Within the first 100 (of the whole queue or of the
-         *     team) it is current as of the scheduler's last cycle; further back it may be up to 10 s
-         *     old, unless the pending reason changed.
+         * @description Place in the queue; 1 is next. Within the first 100 of the whole queue or the first 10
+         *     of the team it is current as of the scheduler's last cycle; further back it is written
+         *     when the pending reason changes, and otherwise every 10 s where it is more than a tenth
+         *     off (so it may be up to 10 s old, or up to a tenth off).
          */
         QueuePosition: {
             /** Format: int32 */

@@ -465,9 +465,10 @@ pub struct PendingReason {
     pub details: Option<serde_json::Value>,
 }
 
-/// Place in the queue; 1 is next. Within the first 100 (of the whole queue or of the
-/// team) it is current as of the scheduler's last cycle; further back it may be up to 10 s
-/// old, unless the pending reason changed.
+/// Place in the queue; 1 is next. Within the first 100 of the whole queue or the first 10
+/// of the team it is current as of the scheduler's last cycle; further back it is written
+/// when the pending reason changes, and otherwise every 10 s where it is more than a tenth
+/// off (so it may be up to 10 s old, or up to a tenth off).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QueuePosition {
     pub global: u32,

@@ -993,13 +993,14 @@ async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::P
 }
 
 /// Queue positions: the head's are written as they move, those further back every
-/// `POSITIONS_REFRESH` (writing each move would rewrite the whole queue each cycle).
+/// `POSITIONS_REFRESH` where they are more than a `POSITIONS_TOLERANCE`th off (writing each
+/// move would rewrite the whole queue each cycle; writing each at the refresh, every 10 s).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn queue_positions_behind_the_head_are_refreshed_on_their_period(db: berth_store::PgPool) {
-    use berth_controllers::scheduler::{POSITIONS_KEPT_CURRENT, POSITIONS_REFRESH};
+async fn queue_positions_behind_the_head_are_refreshed_on_their_period_when_a_tenth_off(db: berth_store::PgPool) {
+    use berth_controllers::scheduler::{POSITIONS_KEPT_CURRENT, POSITIONS_REFRESH, POSITIONS_TOLERANCE};
     let p = Plane::new(db.clone()).await;
     p.team("nlp", None, 8, None).await;
-    let queued = POSITIONS_KEPT_CURRENT + 20;
+    let queued = POSITIONS_KEPT_CURRENT + 100;
     for i in 1..=queued {
         p.submit("nlp", &format!("w{i}"), 1, 1.0, json!({})).await;
     }
@@ -1014,17 +1015,35 @@ async fn queue_positions_behind_the_head_are_refreshed_on_their_period(db: berth
     scheduler::reconcile(&p.ctx).await.unwrap();
     let first: Vec<_> = (1..=queued).map(Some).collect();
     assert_eq!(positions().await, first);
-    // One of higher priority goes ahead of them all.
-    p.submit("nlp", "urgent", 1, 1.0, json!({"priority": 5})).await;
+    // Some of higher priority go ahead of them all.
+    let urgent = |prefix: &'static str, n: u32| {
+        let p = &p;
+        async move {
+            for k in 0..n {
+                p.submit("nlp", &format!("{prefix}-{k}"), 1, 1.0, json!({"priority": 5})).await;
+            }
+        }
+    };
+    urgent("first", 1).await;
     let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
-    assert_eq!(position(p.workload("nlp", "urgent").await), Some(1), "a new workload's position is written at once");
+    assert_eq!(position(p.workload("nlp", "first-0").await), Some(1), "a new workload's position is written at once");
     let moved: Vec<_> = (1..=queued).map(|i| Some(if i < POSITIONS_KEPT_CURRENT { i + 1 } else { i })).collect();
     assert_eq!(positions().await, moved, "the head moved; the rest waits for the refresh");
     assert_eq!(cycle.explained, POSITIONS_KEPT_CURRENT as usize);
+    // At the refresh, a move of one is within a tenth of every position behind the head.
+    p.ctx.clock.advance(POSITIONS_REFRESH);
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(positions().await, moved, "a move within a tenth is not written");
+    assert_eq!(cycle.explained, 0);
+    // 15 more go ahead, 16 in all: at the refresh, w1..w143 are written (16 off of 159
+    // or less is more than a tenth), w144..w200 keep what they had (16 of 160 or more).
+    assert_eq!(POSITIONS_TOLERANCE, 10);
+    urgent("second", 15).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
     p.ctx.clock.advance(POSITIONS_REFRESH);
     scheduler::reconcile(&p.ctx).await.unwrap();
-    let all_moved: Vec<_> = (1..=queued).map(|i| Some(i + 1)).collect();
-    assert_eq!(positions().await, all_moved);
+    let refreshed: Vec<_> = (1..=queued).map(|i| Some(if i <= 143 { i + 16 } else { i })).collect();
+    assert_eq!(positions().await, refreshed);
 }
 
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
