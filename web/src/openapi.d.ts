@@ -1619,7 +1619,11 @@ export interface components {
          * @enum {string}
          */
         Packing: "best_fit" | "fragmentation";
-        /** @description Why a workload is still pending, as the scheduler explains it. */
+        /**
+         * @description Why a workload is still pending, as the scheduler explains it. A new `code` is written
+         *     at once; the same code with other numbers (GPUs free, room held for another) at once
+         *     within the head of the queue (see `QueuePosition`), further back within 10 s.
+         */
         PendingReason: {
             /** @description Machine-readable, e.g. `QuotaLimitReached`, `NoClusterFits`. */
             code: string;

@@ -39,10 +39,29 @@ pub const POSITIONS_TOLERANCE: u32 = 10;
 /// the head, at a refresh when it is more than a `POSITIONS_TOLERANCE`th off.
 fn position_written(was: &QueuePosition, is: &QueuePosition, refresh: bool) -> bool {
     let off = |was: u32, is: u32| u64::from(was.abs_diff(is)) * u64::from(POSITIONS_TOLERANCE) > u64::from(is);
-    was != is
-        && (is.global <= POSITIONS_KEPT_CURRENT
-            || is.team <= TEAM_POSITIONS_KEPT_CURRENT
-            || refresh && (off(was.global, is.global) || off(was.team, is.team)))
+    was != is && (in_head(is) || refresh && (off(was.global, is.global) || off(was.team, is.team)))
+}
+
+fn in_head(is: &QueuePosition) -> bool {
+    is.global <= POSITIONS_KEPT_CURRENT || is.team <= TEAM_POSITIONS_KEPT_CURRENT
+}
+
+/// Whether a workload's pending reason is written now, at `position`: a new reason at once;
+/// the same reason with other numbers (GPUs free, room held for another) at once within the
+/// head, else at a refresh. Each workload admitted or ended changes the GPUs free that the
+/// reasons of all work waiting for room name (10 teams, 11,500 pending on 512 sim GPUs,
+/// preemptible jobs of 30 to 90 s: 50,011 rows written in 20 s).
+fn reason_written(
+    was: Option<&PendingReason>,
+    is: &PendingReason,
+    position: Option<&QueuePosition>,
+    refresh: bool,
+) -> bool {
+    match was {
+        Some(was) if was == is => false,
+        Some(was) if was.code == is.code && !position.is_none_or(in_head) => refresh,
+        _ => true,
+    }
 }
 
 /// How many distinct reasons, put in words, a cycle keeps at hand.
@@ -227,7 +246,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             (Some(was), Some(is)) => position_written(was, is, refresh_positions),
             (was, is) => was != is,
         };
-        if w.status.pending_reason.as_ref() != Some(reason) || moved {
+        if moved || reason_written(w.status.pending_reason.as_ref(), reason, position.as_ref(), refresh_positions) {
             let next =
                 WorkloadStatus { pending_reason: Some(reason.clone()), queue_position: position, ..w.status.clone() };
             writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
@@ -416,5 +435,21 @@ mod tests {
         assert!(!position_written(&at(4_400, 440), &at(4_000, 400), true), "a tenth off is close enough");
         assert!(!position_written(&at(1_000, 200), &at(1_050, 210), true));
         assert!(position_written(&at(1_000, 200), &at(1_120, 210), true), "moved back");
+    }
+
+    #[test]
+    fn a_reason_with_new_numbers_behind_the_head_waits_for_the_refresh_a_new_reason_does_not() {
+        let reason =
+            |code: &str, message: &str| PendingReason { code: code.into(), message: message.into(), details: None };
+        let (eight, ten) = (reason("NoClusterFits", "8 GPUs free"), reason("NoClusterFits", "10 GPUs free"));
+        let fair = reason("FairShareReached", "at its fair share");
+        let (head, back) = (QueuePosition { global: 50, team: 50 }, QueuePosition { global: 500, team: 50 });
+        assert!(!reason_written(Some(&eight), &eight, Some(&back), true), "unchanged");
+        assert!(reason_written(None, &eight, Some(&back), false), "the first");
+        assert!(reason_written(Some(&eight), &fair, Some(&back), false), "another reason");
+        assert!(reason_written(Some(&eight), &ten, Some(&head), false), "new numbers in the head");
+        assert!(reason_written(Some(&eight), &ten, None, false), "new numbers without a place in the queue");
+        assert!(!reason_written(Some(&eight), &ten, Some(&back), false), "new numbers behind the head");
+        assert!(reason_written(Some(&eight), &ten, Some(&back), true), "… at the refresh");
     }
 }

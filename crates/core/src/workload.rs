@@ -455,7 +455,9 @@ pub struct BackendRef {
     pub url: Option<String>,
 }
 
-/// Why a workload is still pending, as the scheduler explains it.
+/// Why a workload is still pending, as the scheduler explains it. A new `code` is written
+/// at once; the same code with other numbers (GPUs free, room held for another) at once
+/// within the head of the queue (see `QueuePosition`), further back within 10 s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PendingReason {
     /// Machine-readable, e.g. `QuotaLimitReached`, `NoClusterFits`.
