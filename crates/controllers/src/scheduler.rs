@@ -42,6 +42,8 @@ fn position_written(was: &QueuePosition, is: &QueuePosition, refresh: bool) -> b
     was != is && (in_head(is) || refresh && (off(was.global, is.global) || off(was.team, is.team)))
 }
 
+/// Within the first `POSITIONS_KEPT_CURRENT` of the queue or `TEAM_POSITIONS_KEPT_CURRENT`
+/// of the team.
 fn in_head(is: &QueuePosition) -> bool {
     is.global <= POSITIONS_KEPT_CURRENT || is.team <= TEAM_POSITIONS_KEPT_CURRENT
 }
@@ -240,13 +242,14 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         };
         writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
     }
-    let refresh_positions = ctx.world.positions_due(ctx.clock.now(), POSITIONS_REFRESH).await;
+    // The refresh writes what behind the head waited for it: positions and reasons' numbers.
+    let refresh = ctx.world.positions_due(ctx.clock.now(), POSITIONS_REFRESH).await;
     let mut explain = |w: &Workload, reason: &PendingReason, position: Option<QueuePosition>| -> Result<(), Error> {
         let moved = match (&w.status.queue_position, &position) {
-            (Some(was), Some(is)) => position_written(was, is, refresh_positions),
+            (Some(was), Some(is)) => position_written(was, is, refresh),
             (was, is) => was != is,
         };
-        if moved || reason_written(w.status.pending_reason.as_ref(), reason, position.as_ref(), refresh_positions) {
+        if moved || reason_written(w.status.pending_reason.as_ref(), reason, position.as_ref(), refresh) {
             let next =
                 WorkloadStatus { pending_reason: Some(reason.clone()), queue_position: position, ..w.status.clone() };
             writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
@@ -332,7 +335,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let phase = Instant::now();
     ctx.world.wrote(writes, statuses_written).await;
     status.kept_ms = ms(phase);
-    if refresh_positions {
+    if refresh {
         ctx.world.positions_written(ctx.clock.now()).await;
     }
     for c in counted {
