@@ -35,11 +35,13 @@ pub const TEAM_POSITIONS_KEPT_CURRENT: u32 = 10;
 pub const POSITIONS_REFRESH: Duration = Duration::from_secs(10);
 pub const POSITIONS_TOLERANCE: u32 = 10;
 
-/// Whether a queue position that moved from `was` to `is` is written now: at once within
-/// the head, at a refresh when it is more than a `POSITIONS_TOLERANCE`th off.
+/// Whether a queue position that moved from `was` to `is` is written now: at once into,
+/// within or out of the head (one left standing where it was would show twice in the head,
+/// as `/api/v1/queue` lists it), at a refresh when it is more than a `POSITIONS_TOLERANCE`th
+/// off.
 fn position_written(was: &QueuePosition, is: &QueuePosition, refresh: bool) -> bool {
     let off = |was: u32, is: u32| u64::from(was.abs_diff(is)) * u64::from(POSITIONS_TOLERANCE) > u64::from(is);
-    was != is && (in_head(is) || refresh && (off(was.global, is.global) || off(was.team, is.team)))
+    was != is && (in_head(was) || in_head(is) || refresh && (off(was.global, is.global) || off(was.team, is.team)))
 }
 
 /// Within the first `POSITIONS_KEPT_CURRENT` of the queue or `TEAM_POSITIONS_KEPT_CURRENT`
@@ -431,6 +433,8 @@ mod tests {
         assert!(position_written(&at(5_000, 11), &at(4_999, 10), false));
         assert!(!position_written(&at(5_000, 12), &at(4_999, 11), false), "not in either head");
         assert!(!position_written(&at(7, 3), &at(7, 3), true), "not moved");
+        assert!(position_written(&at(100, 50), &at(105, 55), false), "out of the head");
+        assert!(position_written(&at(500, 10), &at(505, 11), false), "out of the team's head");
         // Further back, only at a refresh and more than a tenth off, in either position.
         assert!(!position_written(&at(5_000, 500), &at(4_000, 400), false));
         assert!(position_written(&at(5_000, 500), &at(4_000, 499), true));
