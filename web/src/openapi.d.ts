@@ -1769,7 +1769,8 @@ export interface components {
          * @description Place in the queue; 1 is next. Within the first 100 of the whole queue or the first 10
          *     of the team it is current as of the scheduler's last cycle; further back it is written
          *     when the pending reason changes, and otherwise every 10 s where it is more than a tenth
-         *     off (so it may be up to 10 s old, or up to a tenth off).
+         *     off, at most 1,000 a time, the most off first (so it is up to a tenth off, or older when
+         *     more than 1,000 moved that far at once).
          */
         QueuePosition: {
             /** Format: int32 */

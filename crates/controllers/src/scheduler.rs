@@ -26,22 +26,48 @@ use crate::{Context, EVENT_KIND, version};
 /// `POSITIONS_KEPT_CURRENT` of the whole queue, the first `TEAM_POSITIONS_KEPT_CURRENT` of
 /// a team) is kept current; positions further back are written when their pending reason
 /// changes and otherwise every `POSITIONS_REFRESH`, where they are more than a
-/// `POSITIONS_TOLERANCE`th off. Writing every move at each refresh rewrote the whole queue
-/// every 10 s, and keeping the first 100 of each team current rewrote 100 rows per team at
-/// each admission (10 teams, 12,000 pending on 512 GPUs, jobs of 30 to 90 s, one submission
-/// each 100 ms: 47,744 workload rows written in 20 s, now 5,025).
+/// `POSITIONS_TOLERANCE`th off, at most `REFRESH_WRITES_MAX` of them, the most off first.
+/// Writing every move at each refresh rewrote the whole queue every 10 s, and keeping the
+/// first 100 of each team current rewrote 100 rows per team at each admission (10 teams,
+/// 12,000 pending on 512 GPUs, jobs of 30 to 90 s, one submission each 100 ms: 47,744
+/// workload rows written in 20 s, now 5,025).
 pub const POSITIONS_KEPT_CURRENT: u32 = 100;
 pub const TEAM_POSITIONS_KEPT_CURRENT: u32 = 10;
 pub const POSITIONS_REFRESH: Duration = Duration::from_secs(10);
 pub const POSITIONS_TOLERANCE: u32 = 10;
 
-/// Whether a queue position that moved from `was` to `is` is written now: at once into,
-/// within or out of the head (one left standing where it was would show twice in the head,
-/// as `/api/v1/queue` lists it), at a refresh when it is more than a `POSITIONS_TOLERANCE`th
-/// off.
-fn position_written(was: &QueuePosition, is: &QueuePosition, refresh: bool) -> bool {
-    let off = |was: u32, is: u32| u64::from(was.abs_diff(is)) * u64::from(POSITIONS_TOLERANCE) > u64::from(is);
-    was != is && (in_head(was) || in_head(is) || refresh && (off(was.global, is.global) || off(was.team, is.team)))
+/// At most this many positions and reasons' numbers are written at one refresh, the most
+/// off first; the rest wait for the next. Under reclaim churn the fair-share order moves
+/// whole teams, so most of the queue is more than a tenth off at every refresh (10 teams,
+/// 11,500 preemptible pending on 512 sim GPUs: the whole queue rewritten each 10 s).
+pub const REFRESH_WRITES_MAX: usize = 1_000;
+
+/// When a pending workload's change is written.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+enum Due {
+    Never,
+    /// At a refresh, among [`REFRESH_WRITES_MAX`], by how far off it is (the larger first).
+    Refresh(f64),
+    Now,
+}
+
+/// When a queue position that moved from `was` to `is` is written: at once into, within or
+/// out of the head (one left standing where it was would show twice in the head, as
+/// `/api/v1/queue` lists it), at a refresh when it is more than a `POSITIONS_TOLERANCE`th
+/// off, by how far off (relative to where it is now).
+fn position_due(was: &QueuePosition, is: &QueuePosition) -> Due {
+    let off = |was: u32, is: u32| f64::from(was.abs_diff(is)) / f64::from(is.max(1));
+    let tolerance = 1.0 / f64::from(POSITIONS_TOLERANCE);
+    let off = off(was.global, is.global).max(off(was.team, is.team));
+    if was == is {
+        Due::Never
+    } else if in_head(was) || in_head(is) {
+        Due::Now
+    } else if off > tolerance {
+        Due::Refresh(off)
+    } else {
+        Due::Never
+    }
 }
 
 /// Within the first `POSITIONS_KEPT_CURRENT` of the queue or `TEAM_POSITIONS_KEPT_CURRENT`
@@ -50,21 +76,17 @@ fn in_head(is: &QueuePosition) -> bool {
     is.global <= POSITIONS_KEPT_CURRENT || is.team <= TEAM_POSITIONS_KEPT_CURRENT
 }
 
-/// Whether a workload's pending reason is written now, at `position`: a new reason at once;
-/// the same reason with other numbers (GPUs free, room held for another) at once within the
-/// head, else at a refresh. Each workload admitted or ended changes the GPUs free that the
-/// reasons of all work waiting for room name (10 teams, 11,500 pending on 512 sim GPUs,
-/// preemptible jobs of 30 to 90 s: 50,011 rows written in 20 s).
-fn reason_written(
-    was: Option<&PendingReason>,
-    is: &PendingReason,
-    position: Option<&QueuePosition>,
-    refresh: bool,
-) -> bool {
+/// When a workload's pending reason is written, at `position`: a new reason at once; the
+/// same reason with other numbers (GPUs free, room held for another) at once within the
+/// head, else at a refresh, after every position off. Each workload admitted or ended
+/// changes the GPUs free that the reasons of all work waiting for room name (10 teams,
+/// 11,500 pending on 512 sim GPUs, preemptible jobs of 30 to 90 s: 50,011 rows written in
+/// 20 s).
+fn reason_due(was: Option<&PendingReason>, is: &PendingReason, position: Option<&QueuePosition>) -> Due {
     match was {
-        Some(was) if was == is => false,
-        Some(was) if was.code == is.code && !position.is_none_or(in_head) => refresh,
-        _ => true,
+        Some(was) if was == is => Due::Never,
+        Some(was) if was.code == is.code && !position.is_none_or(in_head) => Due::Refresh(0.0),
+        _ => Due::Now,
     }
 }
 
@@ -246,15 +268,24 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     // The refresh writes what behind the head waited for it: positions and reasons' numbers.
     let refresh = ctx.world.positions_due(ctx.clock.now(), POSITIONS_REFRESH).await;
+    let mut at_refresh = Vec::new();
     let mut explain = |w: &Workload, reason: &PendingReason, position: Option<QueuePosition>| -> Result<(), Error> {
         let moved = match (&w.status.queue_position, &position) {
-            (Some(was), Some(is)) => position_written(was, is, refresh),
-            (was, is) => was != is,
+            (Some(was), Some(is)) => position_due(was, is),
+            (was, is) if was != is => Due::Now,
+            _ => Due::Never,
         };
-        if moved || reason_written(w.status.pending_reason.as_ref(), reason, position.as_ref(), refresh) {
+        let reasoned = reason_due(w.status.pending_reason.as_ref(), reason, position.as_ref());
+        let due = if reasoned > moved { reasoned } else { moved };
+        if due != Due::Never {
             let next =
                 WorkloadStatus { pending_reason: Some(reason.clone()), queue_position: position, ..w.status.clone() };
-            writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+            let write = StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next };
+            match due {
+                Due::Refresh(off) if refresh => at_refresh.push((off, write)),
+                Due::Refresh(_) | Due::Never => {}
+                Due::Now => writes.push(write),
+            }
         }
         Ok(())
     };
@@ -279,6 +310,8 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     for (i, reason) in &built.unschedulable {
         explain(&world.workloads[*i], reason, None)?;
     }
+    at_refresh.sort_by(|(a, _), (b, _)| b.total_cmp(a));
+    writes.extend(at_refresh.into_iter().take(REFRESH_WRITES_MAX).map(|(_, write)| write));
 
     let mut usage = team_usage(s, &plan.shares);
     let mut team_writes = Vec::new();
@@ -428,20 +461,24 @@ mod tests {
     #[test]
     fn positions_are_written_at_once_within_the_head_and_at_a_refresh_when_a_tenth_off() {
         let at = |global, team| QueuePosition { global, team };
+        let now = |was, is| position_due(&was, &is) == Due::Now;
+        let at_refresh = |was, is| matches!(position_due(&was, &is), Due::Refresh(_));
         // The head of the queue, or of the team: every move, every cycle.
-        assert!(position_written(&at(100, 90), &at(99, 89), false));
-        assert!(position_written(&at(5_000, 11), &at(4_999, 10), false));
-        assert!(!position_written(&at(5_000, 12), &at(4_999, 11), false), "not in either head");
-        assert!(!position_written(&at(7, 3), &at(7, 3), true), "not moved");
-        assert!(position_written(&at(100, 50), &at(105, 55), false), "out of the head");
-        assert!(position_written(&at(500, 10), &at(505, 11), false), "out of the team's head");
+        assert!(now(at(100, 90), at(99, 89)));
+        assert!(now(at(5_000, 11), at(4_999, 10)));
+        assert_eq!(position_due(&at(5_000, 12), &at(4_999, 11)), Due::Never, "not in either head");
+        assert_eq!(position_due(&at(7, 3), &at(7, 3)), Due::Never, "not moved");
+        assert!(now(at(100, 50), at(105, 55)), "out of the head");
+        assert!(now(at(500, 10), at(505, 11)), "out of the team's head");
         // Further back, only at a refresh and more than a tenth off, in either position.
-        assert!(!position_written(&at(5_000, 500), &at(4_000, 400), false));
-        assert!(position_written(&at(5_000, 500), &at(4_000, 499), true));
-        assert!(position_written(&at(4_500, 500), &at(4_499, 400), true));
-        assert!(!position_written(&at(4_400, 440), &at(4_000, 400), true), "a tenth off is close enough");
-        assert!(!position_written(&at(1_000, 200), &at(1_050, 210), true));
-        assert!(position_written(&at(1_000, 200), &at(1_120, 210), true), "moved back");
+        assert!(at_refresh(at(5_000, 500), at(4_000, 499)));
+        assert!(at_refresh(at(4_500, 500), at(4_499, 400)));
+        assert_eq!(position_due(&at(4_400, 440), &at(4_000, 400)), Due::Never, "a tenth off is close enough");
+        assert_eq!(position_due(&at(1_000, 200), &at(1_050, 210)), Due::Never);
+        assert!(at_refresh(at(1_000, 200), at(1_120, 210)), "moved back");
+        // The most off first.
+        assert!(position_due(&at(20_000, 2_000), &at(200, 20)) > position_due(&at(5_000, 500), &at(4_000, 400)));
+        assert!(Due::Now > position_due(&at(20_000, 2_000), &at(200, 20)));
     }
 
     #[test]
@@ -451,12 +488,15 @@ mod tests {
         let (eight, ten) = (reason("NoClusterFits", "8 GPUs free"), reason("NoClusterFits", "10 GPUs free"));
         let fair = reason("FairShareReached", "at its fair share");
         let (head, back) = (QueuePosition { global: 50, team: 50 }, QueuePosition { global: 500, team: 50 });
-        assert!(!reason_written(Some(&eight), &eight, Some(&back), true), "unchanged");
-        assert!(reason_written(None, &eight, Some(&back), false), "the first");
-        assert!(reason_written(Some(&eight), &fair, Some(&back), false), "another reason");
-        assert!(reason_written(Some(&eight), &ten, Some(&head), false), "new numbers in the head");
-        assert!(reason_written(Some(&eight), &ten, None, false), "new numbers without a place in the queue");
-        assert!(!reason_written(Some(&eight), &ten, Some(&back), false), "new numbers behind the head");
-        assert!(reason_written(Some(&eight), &ten, Some(&back), true), "… at the refresh");
+        assert_eq!(reason_due(Some(&eight), &eight, Some(&back)), Due::Never, "unchanged");
+        assert_eq!(reason_due(None, &eight, Some(&back)), Due::Now, "the first");
+        assert_eq!(reason_due(Some(&eight), &fair, Some(&back)), Due::Now, "another reason");
+        assert_eq!(reason_due(Some(&eight), &ten, Some(&head)), Due::Now, "new numbers in the head");
+        assert_eq!(reason_due(Some(&eight), &ten, None), Due::Now, "new numbers without a place in the queue");
+        assert_eq!(reason_due(Some(&eight), &ten, Some(&back)), Due::Refresh(0.0), "new numbers behind the head");
+        // After every position more than a tenth off.
+        let off =
+            position_due(&QueuePosition { global: 5_000, team: 500 }, &QueuePosition { global: 4_000, team: 400 });
+        assert!(reason_due(Some(&eight), &ten, Some(&back)) < off);
     }
 }

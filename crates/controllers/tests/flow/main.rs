@@ -1047,6 +1047,54 @@ async fn queue_positions_behind_the_head_are_refreshed_on_their_period_when_a_te
     assert_eq!(positions().await, refreshed);
 }
 
+/// A refresh writes at most `REFRESH_WRITES_MAX` positions, the most off first; the rest
+/// wait for the next (under reclaim churn most of the queue is off at every refresh).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_refresh_writes_at_most_its_share_of_positions_the_most_off_first(db: berth_store::PgPool) {
+    use berth_controllers::scheduler::{POSITIONS_KEPT_CURRENT, POSITIONS_REFRESH, REFRESH_WRITES_MAX};
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let (head, behind, ahead) = (POSITIONS_KEPT_CURRENT as usize, REFRESH_WRITES_MAX + 100, 150);
+    let queued = head + behind;
+    for i in 1..=queued {
+        p.submit("nlp", &format!("w{i}"), 1, 1.0, json!({})).await;
+    }
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let positions = || async {
+        let rows: Vec<(String, Option<i32>)> = sqlx::query_as(
+            "SELECT name, (status #>> '{queue_position,global}')::int FROM workloads WHERE name LIKE 'w%'",
+        )
+        .fetch_all(&db)
+        .await
+        .unwrap();
+        let mut at = vec![None; queued];
+        for (name, position) in rows {
+            at[name[1..].parse::<usize>().unwrap() - 1] = position.map(|g| g as usize);
+        }
+        at
+    };
+    assert_eq!(positions().await, (1..=queued).map(Some).collect::<Vec<_>>());
+    for k in 0..ahead {
+        p.submit("nlp", &format!("ahead-{k}"), 1, 1.0, json!({"priority": 5})).await;
+    }
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    // Everyone moved back 150: more than a tenth for all (150 of 1,350 at most). The head's
+    // are written at once; of the 1,100 behind it, the 1,000 most off (those nearest the
+    // front) at the refresh, the last 100 at the next.
+    p.ctx.clock.advance(POSITIONS_REFRESH);
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(cycle.explained, REFRESH_WRITES_MAX);
+    let first = queued - 100;
+    let expected: Vec<_> = (1..=queued).map(|i| Some(if i <= first { i + ahead } else { i })).collect();
+    assert_eq!(positions().await, expected);
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(cycle.explained, 0, "the rest wait for the next refresh");
+    p.ctx.clock.advance(POSITIONS_REFRESH);
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(cycle.explained, 100);
+    assert_eq!(positions().await, (1..=queued).map(|i| Some(i + ahead)).collect::<Vec<_>>());
+}
+
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
 /// that finds new nodes, another replica's write, a cluster's delete (a cascade).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
