@@ -121,6 +121,9 @@ impl Redactor {
                 self.value(details);
             }
         }
+        if let Some(e) = &mut status.estimated_start {
+            e.basis = self.text(&e.basis);
+        }
     }
 
     pub fn workload(&self, mut w: Workload) -> Workload {
@@ -215,6 +218,33 @@ mod tests {
         );
         let admin = Redactor::none().preview(full);
         assert_eq!(admin.summary[0], "2 workloads would be preempted (8.5 GPUs: b)");
+    }
+
+    #[test]
+    fn every_text_of_a_status_is_redacted() {
+        use crate::workload::{PendingReason, StartEstimate};
+        let words = "waiting for vision/train-3 to stop";
+        let mut status = WorkloadStatus {
+            message: Some(words.into()),
+            reason: Some(words.into()),
+            pending_reason: Some(PendingReason {
+                code: "Reclaim".into(),
+                message: words.into(),
+                details: Some(serde_json::json!({"victims": ["vision/train-3"]})),
+            }),
+            estimated_start: Some(StartEstimate {
+                at: chrono::DateTime::UNIX_EPOCH,
+                basis: "when vision/train-3 reaches its max_runtime_seconds; 0 workloads start before it".into(),
+            }),
+            ..WorkloadStatus::default()
+        };
+        redactor().status(&mut status);
+        let seen = serde_json::to_string(&status).unwrap();
+        assert!(!seen.contains("vision"), "{seen}");
+        assert_eq!(
+            status.estimated_start.unwrap().basis,
+            "when another team's workload reaches its max_runtime_seconds; 0 workloads start before it"
+        );
     }
 
     #[test]
