@@ -231,7 +231,7 @@ async fn claim(ctx: &Context, clusters: &[Cluster], candidates: &mut Candidates)
                 }
             }
         }
-        let job = request(w, crate::cancel_grace(ctx, w, &cluster.spec), ctx.job_api.as_ref());
+        let job = request(w, crate::cancel_grace(&ctx.config, w, &cluster.spec), ctx.job_api.as_ref());
         batch.to_submit.push((i, backend, job));
     }
     let announced: Vec<(Uuid, u32)> =

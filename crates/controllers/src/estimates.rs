@@ -40,16 +40,27 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
     let world = snapshot::World { derived: Default::default(), ..world };
     // CPU-bound (430 ms at 73,000 pending): on a blocking thread, as the scheduler's plan.
     let starvation_after = ctx.config.starvation_after.as_secs() as i64;
+    let config = ctx.config.clone();
     let (world, built, estimates) = crate::off_runtime(move || {
         let built = snapshot::build(&world, starvation_after);
         let limit =
             |i: usize| world.workloads[i].spec.max_runtime_seconds.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+        // Work told to stop ends at the end of its grace period, if not at its limit first.
         let ends: Vec<Option<i64>> = built
             .running
             .iter()
-            .map(|&i| {
-                let started = world.workloads[i].status.started_at.unwrap_or(world.now).timestamp();
-                limit(i).map(|m| started.saturating_add(m))
+            .zip(&built.snapshot.running)
+            .map(|(&i, r)| {
+                let w = &world.workloads[i];
+                let started = w.status.started_at.unwrap_or(world.now).timestamp();
+                let at_limit = limit(i).map(|m| started.saturating_add(m));
+                if !r.preempting {
+                    return at_limit;
+                }
+                let grace = crate::cancel_grace(&config, w, &world.clusters[r.cluster].spec);
+                let stops =
+                    w.status.cancel_requested_at.unwrap_or(world.now) + TimeDelta::from_std(grace).unwrap_or_default();
+                Some(at_limit.map_or(stops.timestamp(), |l| l.min(stops.timestamp())))
             })
             .collect();
         let runtimes: Vec<Option<i64>> = built.pending.iter().map(|&i| limit(i)).collect();
@@ -76,6 +87,7 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
                 Some(After::Ends(id)) => {
                     format!("when {} reaches its max_runtime_seconds", names.get(id).unwrap_or(id))
                 }
+                Some(After::Stops(id)) => format!("when {} stops, as it was told to", names.get(id).unwrap_or(id)),
                 Some(After::BudgetResets(budget)) => format!("when the budget of {budget} resets"),
                 None => "now: what it needs is free".to_owned(),
             };

@@ -242,7 +242,7 @@ async fn request_cancel<'a>(
         });
         return Cancel { transition, error };
     }
-    let grace = cancel_grace(ctx, w, &cluster.spec);
+    let grace = cancel_grace(&ctx.config, w, &cluster.spec);
     if let Some(at) = w.status.cancel_requested_at {
         let mut error = None;
         if (ctx.clock.now() - at).to_std().unwrap_or_default() >= grace {
@@ -266,8 +266,8 @@ struct Cancel<'a> {
 /// How long the workload's job gets to checkpoint on `cluster` when it is told to stop:
 /// what it asks for (`spec.checkpoint`) up to the cluster's maximum (the server's cancel
 /// grace period where the cluster sets none), else the server's cancel grace period.
-pub fn cancel_grace(ctx: &Context, w: &Workload, cluster: &ClusterSpec) -> Duration {
-    let server = ctx.config.cancel_grace;
+pub fn cancel_grace(config: &Config, w: &Workload, cluster: &ClusterSpec) -> Duration {
+    let server = config.cancel_grace;
     w.spec.checkpoint.map_or(server, |c| cluster.checkpoint_grace(c.grace_seconds, server))
 }
 

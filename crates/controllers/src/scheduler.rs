@@ -163,7 +163,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let now = world.now;
     let stops_by = |i: usize| {
         let w = &world.workloads[built.running[i]];
-        let grace = crate::cancel_grace(ctx, w, &world.clusters[s.running[i].cluster].spec);
+        let grace = crate::cancel_grace(&ctx.config, w, &world.clusters[s.running[i].cluster].spec);
         w.status.cancel_requested_at.unwrap_or(now) + chrono::Duration::from_std(grace).unwrap_or_default()
     };
 

@@ -29,13 +29,16 @@ pub struct Estimate {
 pub enum After {
     /// This running workload's end (at its runtime limit) frees what it needs.
     Ends(String),
+    /// This workload, told to stop (preempted, cancelled), frees what it needs when it has.
+    Stops(String),
     /// This used-up budget resets.
     BudgetResets(String),
 }
 
 /// The estimated start of each of `s.pending` (by index). `running_ends[i]` is when
-/// `s.running[i]` must end (`None`: no limit); `runtimes[i]` is `s.pending[i]`'s runtime
-/// limit in seconds. At most `max_steps` cycles are simulated.
+/// `s.running[i]` must end: at its runtime limit, or, told to stop, at the end of its grace
+/// period (`None`: no limit; now for one told to stop); `runtimes[i]` is `s.pending[i]`'s
+/// runtime limit in seconds. At most `max_steps` cycles are simulated.
 pub fn start_times(
     s: &Snapshot,
     running_ends: &[Option<i64>],
@@ -47,10 +50,10 @@ pub fn start_times(
     // Where each pending workload of `snap` came from, and each running one's end.
     let mut origin: Vec<usize> = (0..s.pending.len()).collect();
     let mut ends: Vec<Option<i64>> = running_ends.to_vec();
-    // Work being preempted is about to go.
+    // Work told to stop is about to go.
     for (end, r) in ends.iter_mut().zip(&snap.running) {
         if r.preempting {
-            *end = Some(s.now);
+            *end = Some(end.map_or(s.now, |e| e.max(s.now)));
         }
     }
     let mut freed_by: Option<After> = None;
@@ -82,6 +85,7 @@ pub fn start_times(
         // Victims of the plan stop at once (their grace period is not modelled).
         for p in &plan.preemptions {
             ends[p.victim] = Some(snap.now);
+            snap.running[p.victim].preempting = true;
         }
         // The admitted leave the queue; references between the rest follow them.
         let mut new_ix: HashMap<usize, usize> = HashMap::new();
@@ -115,7 +119,10 @@ pub fn start_times(
         }
         let Some(next) = end else { break };
         let ending: Vec<usize> = (0..ends.len()).filter(|&i| ends[i].is_some_and(|e| e <= next)).collect();
-        freed_by = ending.last().map(|&i| After::Ends(snap.running[i].id.clone()));
+        freed_by = ending.last().map(|&i| {
+            let r = &snap.running[i];
+            if r.preempting { After::Stops(r.id.clone()) } else { After::Ends(r.id.clone()) }
+        });
         for &i in ending.iter().rev() {
             snap.running.remove(i);
             ends.remove(i);

@@ -1273,6 +1273,12 @@ async fn a_preempted_workload_gets_the_checkpoint_grace_it_asks_for_up_to_its_cl
     let reason = p.workload("a", "a1").await.status.pending_reason.unwrap();
     let grace_ends = (told + chrono::TimeDelta::seconds(5)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     assert_eq!(reason.details.unwrap()["grace_ends_at"], grace_ends, "{}", reason.message);
+    // a1's estimated start: when b2's grace ends (b2 has no runtime limit).
+    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    let e = p.workload("a", "a1").await.status.estimated_start.expect("an estimate");
+    let whole = chrono::DateTime::from_timestamp(told.timestamp(), 0).unwrap();
+    assert_eq!(e.at, whole + chrono::TimeDelta::seconds(5), "{}", e.basis);
+    assert!(e.basis.starts_with("when b/b2 stops, as it was told to"), "{}", e.basis);
     let notice: (String, serde_json::Value) =
         sqlx::query_as("SELECT message, details FROM events WHERE object_uid = $1 AND reason = 'StopRequested'")
             .bind(b2.metadata.uid)
