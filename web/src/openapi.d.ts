@@ -6945,7 +6945,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description It does not run, or the token's attempt is over */
+            /** @description It is neither a notebook nor a service, it does not run, or the token's attempt is over */
             409: {
                 headers: {
                     [name: string]: unknown;

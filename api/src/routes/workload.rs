@@ -373,7 +373,7 @@ async fn checkpointed_workload(
         ("name" = String, Path, description = "Workload name")),
     responses(
         (status = 204, description = "Recorded"),
-        (status = 409, description = "It does not run, or the token's attempt is over", body = crate::problem::Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "It is neither a notebook nor a service, it does not run, or the token's attempt is over", body = crate::problem::Problem, content_type = "application/problem+json")))]
 async fn workload_activity(
     State(s): State<AppState>,
     ApiPath((team, name)): ApiPath<(String, String)>,

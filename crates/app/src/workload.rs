@@ -7,7 +7,7 @@ use berth_core::meta::Labels;
 use berth_core::page::{Page, PageRequest};
 use berth_core::workload::{
     CHANGEABLE_AFTER_ADMISSION, Cancellation, Phase, PhaseCount, Queue, Workload, WorkloadApply, WorkloadBatch,
-    WorkloadSpec, WorkloadStatus, WorkloadSummary,
+    WorkloadKind, WorkloadSpec, WorkloadStatus, WorkloadSummary,
 };
 use berth_core::{Error, FieldError, WorkloadId};
 use berth_store::event::event_record;
@@ -675,6 +675,13 @@ pub async fn workload_activity(
 ) -> Result<(), Error> {
     let mut tx = berth_store::begin(db).await?;
     let w = lock_for_its_job(&mut tx, opctx, team, name).await?;
+    if !matches!(w.spec.kind, WorkloadKind::Notebook | WorkloadKind::Inference) {
+        let kind = w.spec.kind.as_str();
+        return Err(Error::conflict(
+            "/spec/kind",
+            format!("{team}/{name} is a {kind}: only notebooks and services report activity"),
+        ));
+    }
     if !matches!(w.status.phase, Phase::Dispatched | Phase::Running) {
         let phase = w.status.phase.as_str();
         return Err(Error::conflict("/status/phase", format!("{team}/{name} does not run ({phase})")));

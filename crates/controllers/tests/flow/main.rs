@@ -1456,6 +1456,12 @@ async fn an_idle_notebook_is_stopped_after_its_timeout_and_its_gpus_freed(db: be
     let events = p.events(&stopped).await;
     assert_eq!(events, ["Created", "Admitted", "Running", "IdleTimeout", "StopRequested", "Cancelled"]);
     assert_eq!(p.phase("t", "waiting").await, Phase::Running, "its GPUs went to the work that waited");
+    // Training reports no activity: nothing would read it.
+    let training = berth_app::workload::workload_activity(&p.ctx.db, &p.actor, "t", "waiting", p.ctx.clock.now()).await;
+    assert!(
+        matches!(&training, Err(berth_core::Error::Conflict { field: Some(field), .. }) if field == "/spec/kind"),
+        "{training:?}"
+    );
     let late = berth_app::workload::workload_activity(&p.ctx.db, &job, "t", "nb", p.ctx.clock.now()).await;
     assert!(matches!(late, Err(berth_core::Error::Conflict { .. })), "{late:?}");
 }
