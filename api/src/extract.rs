@@ -59,9 +59,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(crate::strict::Strict(&mut de)).map_err(|e| {
         let field = pointer(e.path(), &e.inner().to_string());
-        json_problem(field, e.into_inner())
+        json_problem(bytes, field, e.into_inner())
     })?;
-    de.end().map_err(|e| json_problem(String::new(), e))?;
+    de.end().map_err(|e| json_problem(bytes, String::new(), e))?;
     Ok(value)
 }
 
@@ -95,14 +95,28 @@ fn nul_at(value: &serde_json::Value, at: String) -> Option<String> {
     }
 }
 
-fn json_problem(field: String, e: serde_json::Error) -> ApiError {
+/// 422 naming the field for a well-formed document of the wrong shape, else 400. serde's
+/// reader reports some wrong types as syntax (a `null` where a name of a kind belongs:
+/// "expected value"), so a syntax error in a document that parses is a wrong shape too.
+fn json_problem(bytes: &[u8], field: String, e: serde_json::Error) -> ApiError {
+    let well_formed = || serde_json::from_slice::<serde_json::Value>(bytes).ok();
+    let message = if e.is_data() {
+        Some(strip_position(&e.to_string()))
+    } else if let Some(document) = e.is_syntax().then(well_formed).flatten() {
+        Some(match document.pointer(&field) {
+            Some(serde_json::Value::Null) => "must not be null".to_owned(),
+            _ => format!("invalid value: {}", strip_position(&e.to_string())),
+        })
+    } else {
+        None
+    };
     // What a client sent (an unknown key, a value) is echoed only in part: a 900 KB key
     // made a 900 KB error.
     let field = clip(field, 256);
-    if e.is_data() {
-        berth_core::Error::invalid(field, clip(strip_position(&e.to_string()), 512)).into()
-    } else {
-        Problem::bad_request(Some(field).filter(|f| !f.is_empty()), clip(format!("malformed JSON: {e}"), 512)).into()
+    match message {
+        Some(message) => berth_core::Error::invalid(field, clip(message, 512)).into(),
+        None => Problem::bad_request(Some(field).filter(|f| !f.is_empty()), clip(format!("malformed JSON: {e}"), 512))
+            .into(),
     }
 }
 
@@ -114,8 +128,8 @@ fn clip(text: String, max: usize) -> String {
     }
 }
 
-/// The JSON pointer of a serde path. For an unknown field, serde reports the path of the
-/// object holding it, so the field's own name is appended from the message.
+/// The JSON pointer of a serde path. For an unknown or missing field, serde reports the
+/// path of the object holding it, so the field's own name is appended from the message.
 fn pointer(path: &serde_path_to_error::Path, message: &str) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
@@ -127,13 +141,17 @@ fn pointer(path: &serde_path_to_error::Path, message: &str) -> String {
             Segment::Unknown => {}
         }
     }
-    if let Some(field) = unknown_field(message)
+    if let Some(field) = unknown_field(message).or_else(|| missing_field(message))
         && !out.ends_with(&format!("/{field}"))
     {
         out.push('/');
         out.push_str(&berth_core::validation::escape_pointer(field));
     }
     out
+}
+
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
 }
 
 fn unknown_field(message: &str) -> Option<&str> {

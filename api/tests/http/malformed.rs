@@ -188,3 +188,40 @@ async fn malformed_requests_get_4xx_problems_and_change_nothing(db: berth_store:
     }
     assert_eq!(s.table_counts().await, before, "the database is unchanged");
 }
+
+/// A well-formed document of the wrong shape is a 422 naming the field itself: a missing
+/// field by its own name (not its parent's), a `null` where a value belongs (which serde's
+/// reader reports as a syntax error) as such. Only a document that does not parse is a 400.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_well_formed_body_of_the_wrong_shape_names_the_field_at_fault(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    let w = "/api/v1/teams/nlp/workloads/w";
+    let spec = WorkloadBody::new().json();
+    let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut body = spec.clone();
+        edit(&mut body);
+        body
+    };
+    let cases = [
+        (edited(&|b| b["spec"]["kind"] = json!(null)), "/spec/kind", "must not be null"),
+        (edited(&|b| b["spec"]["priority"] = json!(null)), "/spec/priority", "null"),
+        (edited(&|b| b["spec"]["kind"] = json!("gaming")), "/spec/kind", "unknown variant"),
+        (edited(&|b| b["spec"].as_object_mut().unwrap().remove("tasks").map(drop).unwrap()), "/spec/tasks", "missing"),
+        (
+            edited(&|b| b["spec"]["tasks"]["resources"].as_object_mut().unwrap().remove("gpus").map(drop).unwrap()),
+            "/spec/tasks/resources/gpus",
+            "missing",
+        ),
+        (json!({}), "/spec", "missing field `spec`"),
+    ];
+    for (body, field, words) in cases {
+        let reply = s.put(w, &body).await;
+        reply.assert_problem(422, Some(field));
+        assert!(reply.body.to_string().contains(words), "{field}: {}", reply.body);
+    }
+    let reply =
+        s.http.put(s.url(w)).header("content-type", "application/json").body(r#"{"spec": nul}"#).send().await.unwrap();
+    assert_eq!(reply.status().as_u16(), 400, "a document that does not parse");
+    assert_eq!(s.get(w).await.status.as_u16(), 404, "nothing written");
+}
