@@ -93,6 +93,13 @@ async fn cluster_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
     // The kind of an existing cluster is immutable.
     s.put_ok("/api/v1/clusters/c1", &sim_cluster("h100"), 201).await;
     s.put("/api/v1/clusters/c1", &slurm("http://127.0.0.1:6820")).await.assert_problem(422, Some("/spec/kind"));
+    // So are a simulated cluster's nodes (its jobs are placed on them); its faults are not.
+    let mut grown = sim_cluster("h100");
+    grown["spec"]["sim"]["node_groups"][0]["count"] = json!(4);
+    s.put("/api/v1/clusters/c1", &grown).await.assert_problem(422, Some("/spec/sim/node_groups"));
+    let mut failed = sim_cluster("h100");
+    failed["spec"]["sim"]["failed_nodes"] = json!(["g1-0"]);
+    assert_eq!(s.put_ok("/api/v1/clusters/c1", &failed, 200).await.body["metadata"]["generation"], 2);
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

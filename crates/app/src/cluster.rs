@@ -42,6 +42,18 @@ pub async fn cluster_apply(
                 format!("is immutable: this cluster is {}; delete and recreate it to change", c.spec.kind.as_str()),
             ));
         }
+        // A simulated cluster's nodes are its state: its jobs are placed on them, and its
+        // journal is replayed onto them at a restart.
+        if let Some(c) = &existing
+            && let (Some(was), Some(is)) = (&c.spec.sim, &input.spec.sim)
+            && was.node_groups != is.node_groups
+        {
+            return Err(Error::invalid(
+                "/spec/sim/node_groups",
+                "are fixed when a simulated cluster is created; delete and recreate it to change them \
+                 (spec.sim.failed_nodes takes nodes out and brings them back)",
+            ));
+        }
         let cur = existing.as_ref().map(|c| current(&c.metadata, &c.spec)).transpose()?;
         let (cluster, applied) = match apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)? {
             ApplyAction::Unchanged => return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged)),
