@@ -2220,14 +2220,16 @@ export interface components {
             /**
              * Format: double
              * @description GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
-             *     the team was created until now at the latest.
+             *     the team was created until now at the latest; absent for a caller who may not read
+             *     its whole subtree (a member of a department: whether the guarantee sat idle depends
+             *     on teams below it).
              */
-            guaranteed_gpu_hours: number;
+            guaranteed_gpu_hours?: number | null;
             /**
              * Format: double
-             * @description Of those, the GPU-hours its subtree did not use.
+             * @description Of those, the GPU-hours its subtree did not use; absent as the above.
              */
-            idle_guarantee_gpu_hours: number;
+            idle_guarantee_gpu_hours?: number | null;
         };
         /** @description A service account's tokens, without their text. */
         TokenList: {

@@ -247,10 +247,14 @@ pub struct TeamUsage {
     /// The team's and every team's below it: what a department spent.
     pub subtree: UsageAmounts,
     /// GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
-    /// the team was created until now at the latest.
-    pub guaranteed_gpu_hours: f64,
-    /// Of those, the GPU-hours its subtree did not use.
-    pub idle_guarantee_gpu_hours: f64,
+    /// the team was created until now at the latest; absent for a caller who may not read
+    /// its whole subtree (a member of a department: whether the guarantee sat idle depends
+    /// on teams below it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guaranteed_gpu_hours: Option<f64>,
+    /// Of those, the GPU-hours its subtree did not use; absent as the above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_guarantee_gpu_hours: Option<f64>,
 }
 
 /// `GET /api/v1/usage/report`: GPU-hours and cost over `[from, to)`, of the work the
@@ -313,13 +317,15 @@ impl Visibility {
 }
 
 /// The report over `intervals` (already limited to what the caller may read and to those
-/// touching the period). `guarantees` are those of the teams whose whole subtree the
-/// caller may read; `shown` says which teams' totals the caller may see; `now` ends the
-/// idle guarantee (the future is not idle yet).
+/// touching the period). `guarantees` are those of `guaranteed`, the teams whose whole
+/// subtree the caller may read (the others' guarantees are not shown); `shown` says which
+/// teams' totals the caller may see; `now` ends the idle guarantee (the future is not idle
+/// yet).
 pub fn report(
     req: &ReportRequest,
     intervals: &[Interval],
     guarantees: &[Guarantee],
+    guaranteed: &BTreeSet<String>,
     shown: &Visibility,
     now: DateTime<Utc>,
 ) -> UsageReport {
@@ -386,8 +392,12 @@ pub fn report(
         if e.parent.is_none() {
             e.parent.clone_from(&g.parent);
         }
-        e.guaranteed_gpu_hours += g.gpus * hours(from, to);
-        e.idle_guarantee_gpu_hours += idle(g.gpus, used, from, to);
+        *e.guaranteed_gpu_hours.get_or_insert(0.0) += g.gpus * hours(from, to);
+        *e.idle_guarantee_gpu_hours.get_or_insert(0.0) += idle(g.gpus, used, from, to);
+    }
+    for t in teams.values_mut().filter(|t| guaranteed.contains(&t.team)) {
+        t.guaranteed_gpu_hours.get_or_insert(0.0);
+        t.idle_guarantee_gpu_hours.get_or_insert(0.0);
     }
     let mut rows: Vec<(RowKey, UsageRow)> = rows.into_iter().collect();
     rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -642,7 +652,8 @@ mod tests {
             group_by: vec![GroupBy::Team],
             bucket: Some(Bucket::Day),
         };
-        let r = report(&req, &[i], &[], &Visibility::All, t("2026-11-05T00:00:00Z"));
+        let shown = BTreeSet::from(["nlp".to_owned()]);
+        let r = report(&req, &[i], &[], &shown, &Visibility::All, t("2026-11-05T00:00:00Z"));
         assert_eq!(r.rows.len(), 2);
         assert_eq!(r.rows[0].bucket, Some(t("2026-11-01T00:00:00Z")));
         assert!((r.rows[0].gpu_hours - 6.0).abs() < 1e-9);
@@ -653,6 +664,9 @@ mod tests {
         assert_eq!(research.own.gpu_hours, 0.0);
         let nlp = r.teams.iter().find(|t| t.team == "nlp").unwrap();
         assert_eq!(nlp.parent.as_deref(), Some("research"));
+        // nlp's guarantee is shown (none), research's is not.
+        assert_eq!((nlp.guaranteed_gpu_hours, nlp.idle_guarantee_gpu_hours), (Some(0.0), Some(0.0)));
+        assert_eq!((research.guaranteed_gpu_hours, research.idle_guarantee_gpu_hours), (None, None));
     }
 
     #[test]
@@ -674,13 +688,14 @@ mod tests {
             gpus: 8.0,
             since: t("2026-10-01T00:00:00Z"),
         };
-        let r = report(&req, &[a, b], &[g], &Visibility::All, t("2026-11-01T04:00:00Z"));
+        let r =
+            report(&req, &[a, b], &[g], &BTreeSet::from(["nlp".into()]), &Visibility::All, t("2026-11-01T04:00:00Z"));
         assert_eq!(r.rows.len(), 2);
         assert!((r.totals.gpu_hours - (8.0 + 16.0)).abs() < 1e-9);
         let nlp = &r.teams[0];
-        assert!((nlp.guaranteed_gpu_hours - 32.0).abs() < 1e-9);
+        assert_eq!(nlp.guaranteed_gpu_hours, Some(32.0));
         // 8 idle for 1 h, 4 idle for 2 h, 0 for the last hour.
-        assert!((nlp.idle_guarantee_gpu_hours - 16.0).abs() < 1e-9, "{}", nlp.idle_guarantee_gpu_hours);
+        assert_eq!(nlp.idle_guarantee_gpu_hours, Some(16.0));
     }
 
     #[test]

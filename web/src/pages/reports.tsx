@@ -296,9 +296,14 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
   const t = byOwner.totals;
   const { bounds, layers } = teamLayers(byTime, bucket);
   const top = topConsumers(byOwner.rows, TOP_CONSUMERS);
+  // Guarantees the caller may not see (a member's team with teams below it) are absent.
   const idle = byOwner.teams
-    .filter((u) => u.guaranteed_gpu_hours > 0)
-    .sort((a, b) => b.idle_guarantee_gpu_hours - a.idle_guarantee_gpu_hours || a.team.localeCompare(b.team));
+    .flatMap((u) =>
+      (u.guaranteed_gpu_hours ?? 0) > 0
+        ? [{ team: u.team, guaranteed: u.guaranteed_gpu_hours ?? 0, idle: u.idle_guarantee_gpu_hours ?? 0 }]
+        : [],
+    )
+    .sort((a, b) => b.idle - a.idle || a.team.localeCompare(b.team));
   const budgets = teams
     .filter((team) => (team.spec.budgets ?? []).length > 0 || (team.status.budgets ?? []).length > 0)
     .sort((a, b) => a.metadata.name.localeCompare(b.metadata.name));
@@ -439,9 +444,9 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
                 {idle.map((u) => (
                   <tr data-idle-team={u.team}>
                     <th scope="row">{u.team}</th>
-                    <td class="num">{hours(u.guaranteed_gpu_hours)}</td>
-                    <td class="num">{hours(u.idle_guarantee_gpu_hours)}</td>
-                    <td class="num">{percent(u.idle_guarantee_gpu_hours, u.guaranteed_gpu_hours)}</td>
+                    <td class="num">{hours(u.guaranteed)}</td>
+                    <td class="num">{hours(u.idle)}</td>
+                    <td class="num">{percent(u.idle, u.guaranteed)}</td>
                   </tr>
                 ))}
               </tbody>
