@@ -378,7 +378,11 @@ async fn create_batch(
         return Err(match first {
             Some(i) => Error::conflict(
                 format!("/items/{i}/metadata/name"),
-                format!("workload {team}/{} already exists; PUT it to change it", names[i]),
+                format!(
+                    "workload {team}/{} already exists (a name is unique in its team until the workload is \
+                     deleted): choose another, or give metadata.generate_name",
+                    names[i]
+                ),
             ),
             None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
         });

@@ -657,9 +657,22 @@ async fn create(
     }
     let labels: serde_json::Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     let mut metadata = json!({"labels": labels});
+    let prefix = |label: &str| json!(format!("{}-", &label[..label.len().min(57)]));
     match r.name.as_deref().map(|n| (n, submit::dns_label(n))) {
-        Some((n, Some(label))) if label == n => metadata["name"] = json!(label),
-        Some((_, Some(label))) => metadata["generate_name"] = json!(format!("{}-", &label[..label.len().min(57)])),
+        Some((n, Some(label))) if label == n => {
+            // sbatch runs a script again under the same job name; a name is unique in a team,
+            // so one already taken (the last run's) gets a generated end.
+            let path = format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(&label));
+            match c.get_opt(&path).await? {
+                Some(taken) => {
+                    let phase = cell(&taken["status"]["phase"]);
+                    eprintln!("{team}/{label} exists ({phase}): this one gets a name of its own");
+                    metadata["generate_name"] = prefix(&label);
+                }
+                None => metadata["name"] = json!(label),
+            }
+        }
+        Some((_, Some(label))) => metadata["generate_name"] = prefix(&label),
         _ => metadata["generate_name"] = json!("job-"),
     }
     let body = json!({"items": [{"metadata": metadata, "spec": spec}]});
@@ -720,6 +733,21 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
             println!("workload {team}/{name} cancelled");
         } else {
             println!("workload {team}/{name} is being cancelled: its job gets the grace period to stop");
+        }
+    }
+    Ok(0)
+}
+
+pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
+    let team = env.team(team).await?;
+    let w = env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name)), None).await?;
+    if !structured(env.out, &w) {
+        // Removed at once when it has no job (pending) or has ended.
+        let gone = ["Pending", "Succeeded", "Failed", "Cancelled"];
+        if w["status"]["phase"].as_str().is_none_or(|p| gone.contains(&p)) {
+            println!("workload {team}/{name} deleted");
+        } else {
+            println!("workload {team}/{name} is being deleted: its job gets the grace period to stop");
         }
     }
     Ok(0)

@@ -110,6 +110,13 @@ enum Command {
         #[arg(long)]
         team: Option<String>,
     },
+    /// Delete a workload: its job is stopped (with the grace period) and its record removed,
+    /// which frees its name.
+    Delete {
+        name: String,
+        #[arg(long)]
+        team: Option<String>,
+    },
     /// From a job told to stop: say its checkpoint is written, so its job is stopped now
     /// and its GPUs released (instead of at the end of its grace period).
     #[command(after_help = "Example, in a batch script:\n  trap 'save_checkpoint && berth checkpointed' TERM\n\n\
@@ -254,6 +261,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Submit(args) => commands::submit(&env, args).await,
         Command::Run(args) => commands::run(&env, args).await,
         Command::Cancel { name, team } => commands::cancel(&env, &name, team).await,
+        Command::Delete { name, team } => commands::delete(&env, &name, team).await,
         Command::Checkpointed { .. } => unreachable!("answered above"),
         Command::Logs { name, team, follow, tail, task, attempt } => {
             commands::logs(&env, &name, team, commands::LogOptions { follow, tail, task, attempt }).await

@@ -9,8 +9,8 @@
 //! | `--ntasks`, `-n`; `--ntasks-per-node` | `tasks.count` |
 //! | `--gres=gpu[:TYPE]:N`, `--gpus-per-node` | N GPUs per node, split over its tasks; TYPE names a flavor by its name or its `slurm.gres_type` |
 //! | `--gpus`, `-G`; `--gpus-per-task` | GPUs in all, or per task |
-//! | `--cpus-per-task`, `-c`; `--mem` (per node); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
-//! | `--time`, `-t` | `max_runtime_seconds` |
+//! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
+//! | `--time`, `-t` (`0`, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
 //! | `--partition`, `-p` | the flavor a cluster's Slurm partition of that name holds |
 //!
 //! Other `#SBATCH` options are listed on standard error and left out.
@@ -151,6 +151,10 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--ntasks" => r.tasks = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
             "--ntasks-per-node" => r.tasks_per_node = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
             "--cpus-per-task" => r.cpus_per_task = Some(v.parse().map_err(|_| bad("not a number of CPUs"))?),
+            // No limit, as sbatch reads these.
+            "--time" if ["0", "unlimited", "infinite"].contains(&v.to_ascii_lowercase().as_str()) => {
+                r.time_seconds = None
+            }
             "--time" => {
                 r.time_seconds =
                     Some(slurm_time(v).ok_or_else(|| bad("not a Slurm time (minutes, HH:MM:SS, D-HH:MM…)"))?)
@@ -174,7 +178,10 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
                     _ => r.gpus_per_task = Some(n),
                 }
             }
-            "--mem" => r.mem_per_node_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 32G)"))?),
+            // `--mem=0`: all of a node's memory, so no request of a size.
+            "--mem" => {
+                r.mem_per_node_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 32G)"))?).filter(|&m| m > 0)
+            }
             "--mem-per-cpu" => r.mem_per_cpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 4G)"))?),
             "--priority" => r.priority = Some(v.parse().map_err(|_| bad("not a number"))?),
             _ => r.ignored.push(w.clone()),
@@ -270,6 +277,21 @@ pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
         (None, None, Some(g)) => g / f64::from(tasks),
         (None, None, None) => 0.0,
     };
+    // Each task gets whole GPUs, or a share of one in hundredths: a node's or the job's GPUs
+    // that do not split so over its tasks are refused here, naming what was asked.
+    let hundredths = gpus * 100.0;
+    if r.gpus_per_task.is_none()
+        && (gpus > 1.0 && gpus.fract() != 0.0 || (hundredths - hundredths.round()).abs() > 1e-9)
+    {
+        let (asked, over) = match r.gpus_per_node {
+            Some(g) => (format!("{g} GPUs a node"), format!("{per_node_tasks} tasks a node")),
+            None => (format!("{} GPUs", r.gpus_total.unwrap_or_default()), format!("{tasks} tasks")),
+        };
+        bail!(
+            "{asked} over {over} is {gpus:.2} GPUs a task; a task gets whole GPUs or a share of one: \
+             ask for a multiple of the tasks, or give --gpus-per-task"
+        );
+    }
     let mut resources = json!({"flavors": [flavor], "gpus": gpus});
     if let Some(c) = r.cpus_per_task {
         resources["cpus"] = json!(c);
@@ -333,6 +355,26 @@ mod tests {
         );
         assert_eq!((spec["kind"].as_str(), spec["max_runtime_seconds"].as_u64()), (Some("training"), Some(3600)));
         assert_eq!(dns_label("Train_LLM").as_deref(), Some("train-llm"));
+    }
+
+    #[test]
+    fn no_time_limit_all_memory_and_gpus_that_do_not_split_over_the_tasks() {
+        for unlimited in ["0", "UNLIMITED", "infinite"] {
+            let r = read(&format!("#SBATCH -t 1:00:00\n#SBATCH --time={unlimited} --mem=0\n"));
+            assert_eq!((r.time_seconds, r.mem_per_node_mib), (None, None), "{unlimited}");
+            let spec = spec(&r, "h100", "").unwrap();
+            assert!(
+                spec.get("max_runtime_seconds").is_none() && spec["tasks"]["resources"].get("memory_mib").is_none()
+            );
+        }
+        let err = spec(&read("#SBATCH --ntasks=3 --gres=gpu:h100:8\n"), "h100", "").unwrap_err().to_string();
+        assert!(err.starts_with("8 GPUs a node over 3 tasks a node is 2.67 GPUs a task"), "{err}");
+        let err = spec(&read("#SBATCH -n 3 --gpus=2\n"), "h100", "").unwrap_err().to_string();
+        assert!(err.starts_with("2 GPUs over 3 tasks"), "{err}");
+        let even = spec(&read("#SBATCH --ntasks=4 --gres=gpu:8\n"), "h100", "").unwrap();
+        assert_eq!(even["tasks"], json!({"count": 4, "resources": {"flavors": ["h100"], "gpus": 2.0}}));
+        let shared = spec(&read("#SBATCH --ntasks=4 --gres=gpu:1\n"), "h100", "").unwrap();
+        assert_eq!(shared["tasks"]["resources"]["gpus"], 0.25);
     }
 
     #[test]

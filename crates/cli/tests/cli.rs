@@ -300,6 +300,27 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         "{printed}"
     );
 
+    // The same script again, as sbatch runs it: the name is taken by the first run, so this
+    // one gets a name of its own; `delete` removes it and frees its name.
+    w.wait_for("train ends", &["get", "workload", "train", "--team", "nlp"], |w| w["status"]["phase"] == "Succeeded");
+    let again = w.berth_as(&alice, &["submit", "-o", "json", &script]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(text(&again.stderr).contains("nlp/train exists (Succeeded): this one gets a name of its own"));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    let name = again["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(name.starts_with("train-") && name.len() == "train-".len() + 5, "{name}");
+    let deleted = w.berth_as(&alice, &["delete", &name]);
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    w.wait_for("its record is gone", &["get", "workloads", "--team", "nlp"], |l| {
+        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["metadata"]["name"] != name.as_str()))
+    });
+    // GPUs that do not split over the tasks are refused, naming what was asked.
+    let uneven =
+        w.write("uneven.sbatch", "#!/bin/bash\n#SBATCH --ntasks=3 --gres=gpu:h100:8 --time=UNLIMITED\nhostname\n");
+    let refused = w.berth_as(&alice, &["submit", &uneven]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("8 GPUs a node over 3 tasks a node is 2.67 GPUs a task"));
+
     // A notebook: `endpoint` shows its owner where it answers and the token that opens
     // it; a teammate is refused.
     let nb = w.berth_as(
