@@ -6142,7 +6142,10 @@ export interface operations {
     list_team_workloads: {
         parameters: {
             query?: {
-                /** @description Only this team's workloads (on `/api/v1/workloads`). */
+                /**
+                 * @description Only this team's workloads (on `/api/v1/workloads`; 404 for a team the caller cannot
+                 *     read, as its path answers).
+                 */
                 team?: string;
                 /** @description Only workloads in this phase. */
                 phase?: components["schemas"]["Phase"];
@@ -7911,7 +7914,10 @@ export interface operations {
     list_all_workloads: {
         parameters: {
             query?: {
-                /** @description Only this team's workloads (on `/api/v1/workloads`). */
+                /**
+                 * @description Only this team's workloads (on `/api/v1/workloads`; 404 for a team the caller cannot
+                 *     read, as its path answers).
+                 */
                 team?: string;
                 /** @description Only workloads in this phase. */
                 phase?: components["schemas"]["Phase"];

@@ -54,7 +54,8 @@ pub struct WriteParams {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct WorkloadListParams {
-    /// Only this team's workloads (on `/api/v1/workloads`).
+    /// Only this team's workloads (on `/api/v1/workloads`; 404 for a team the caller cannot
+    /// read, as its path answers).
     pub team: Option<String>,
     /// Only workloads in this phase.
     pub phase: Option<Phase>,

@@ -423,6 +423,14 @@ pub async fn workload_list(
     mut filter: WorkloadFilter,
     page: &PageRequest<(String, String)>,
 ) -> Result<Page<Workload>, Error> {
+    // A team named by the filter is one named by the path: 404 out of the caller's reach.
+    let named = filter.team.take();
+    let team = match (team, named.as_deref()) {
+        (Some(path), Some(query)) if path != query => {
+            return Err(Error::invalid("team", format!("the path names team {path}; leave this out or name it")));
+        }
+        (path, query) => path.or(query),
+    };
     match team {
         Some(team) => {
             opctx.access().read_team(team)?;
