@@ -300,7 +300,7 @@ async fn slurm_and_kubernetes_run_side_by_side_under_one_quota(db: berth_store::
     let from = now - chrono::TimeDelta::hours(1);
     let intervals = berth_store::ledger::ledger_intervals(&p.ctx.db, from, now, now, None).await.unwrap();
     let req = ReportRequest { from, to: now, group_by: vec![GroupBy::Team, GroupBy::Backend], bucket: None };
-    let report = berth_core::usage::report(&req, &intervals, &[], &Visibility::All, now);
+    let report = berth_core::usage::report(&req, &intervals, &[], &Default::default(), &Visibility::All, now);
     let by: BTreeMap<&str, f64> = report.rows.iter().map(|r| (r.backend.as_deref().unwrap(), r.gpu_hours)).collect();
     assert!(report.rows.iter().all(|r| r.team.as_deref() == Some("nlp")), "{report:?}");
     assert_eq!(by.keys().copied().collect::<Vec<_>>(), ["kubernetes", "slurm"], "{report:?}");
