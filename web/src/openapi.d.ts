@@ -1606,13 +1606,16 @@ export interface components {
         };
         /**
          * @description Who submitted a workload: the subject of the token (a user's `sub`, or
-         *     `serviceaccount:{name}`) and its issuer.
+         *     `serviceaccount:{name}`) and its issuer; for a service account, also its uid (an account
+         *     created again under the same name is another owner: it inherits nothing).
          */
         Owner: {
             /** @example alice */
             subject: string;
             /** @example https://login.example.org */
             issuer: string;
+            /** Format: uuid */
+            service_account_uid?: string | null;
         };
         /**
          * @description How a cluster's nodes are chosen for each task of a workload.
@@ -1711,6 +1714,11 @@ export interface components {
             issuer: string;
             /** @description The service account, when the token is one of its tokens. */
             service_account?: string | null;
+            /**
+             * Format: uuid
+             * @description That account's uid.
+             */
+            service_account_uid?: string | null;
             /** @description The team owning that service account (absent for global accounts and users). */
             service_account_team?: string | null;
             /**

@@ -30,6 +30,13 @@ async fn a_service_account_created_again_under_an_old_name_inherits_nothing(db: 
     assert_eq!(post(&s, Some(&admin), "/api/v1/role-bindings", &global).await.status, 201);
     let on_nlp = json!({"subject": "serviceaccount:deployer", "role": "member", "team": "nlp"});
     assert_eq!(post(&s, Some(&admin), "/api/v1/role-bindings", &on_nlp).await.status, 201);
+    // It submits work to nlp.
+    let first = post(&s, Some(&admin), "/api/v1/service-accounts/deployer/tokens", &json!({"ttl_seconds": 600})).await;
+    let first = first.body["token"].as_str().unwrap().to_owned();
+    let work = crate::common::WorkloadBody::new().json();
+    let put = s.send_as(Some(&first), Method::PUT, "/api/v1/teams/nlp/workloads/deployed", Some(&work)).await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    assert_eq!(put.body["metadata"]["owner"]["service_account_uid"], sa.body["uid"], "{}", put.body);
 
     // The team goes, and its account with it; so do the account's bindings elsewhere.
     assert_eq!(s.delete("/api/v1/teams/tools").await.status, 200);
@@ -52,6 +59,13 @@ async fn a_service_account_created_again_under_an_old_name_inherits_nothing(db: 
     // A binding made now goes to the new account, and works.
     assert_eq!(post(&s, Some(&bob), "/api/v1/role-bindings", &on_nlp).await.status, 201);
     assert_eq!(s.send_as(Some(stolen), Method::GET, "/api/v1/teams/nlp/workloads", None).await.status, 200);
+    // The old account's work is not the new one's: a member changes only its own.
+    let mut changed = work.clone();
+    changed["spec"]["priority"] = json!(7);
+    let path = "/api/v1/teams/nlp/workloads/deployed";
+    s.send_as(Some(stolen), Method::PUT, path, Some(&changed)).await.assert_problem(403, None);
+    s.send_as(Some(stolen), Method::POST, &format!("{path}/cancel"), None).await.assert_problem(403, None);
+    s.send_as(Some(stolen), Method::DELETE, path, None).await.assert_problem(403, None);
 }
 
 /// A user whose subject reads `serviceaccount:NAME` (any issuer may send any `sub`) holds

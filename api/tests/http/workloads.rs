@@ -320,7 +320,7 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
         labels: Default::default(),
         spec: spec.clone(),
         status: WorkloadStatus::default(),
-        owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into() },
+        owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into(), service_account_uid: None },
         actor: berth_core::event::Actor::new("admin", None),
     };
     // Spawned together, they queue before any writer runs and make up one statement, which

@@ -50,6 +50,7 @@ impl OpContext {
             subject: subject.to_owned(),
             issuer: "berth".into(),
             service_account: None,
+            service_account_uid: None,
             service_account_team: None,
             grants: vec![Grant { role: Role::PlatformAdmin, team: None }],
             workload: None,

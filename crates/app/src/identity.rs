@@ -26,7 +26,7 @@ use crate::context::OpContext;
 /// `Ok(Err(_))` when the token is refused; `Err(_)` when the store fails.
 pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<Result<Principal, AuthError>, Error> {
     let mut grants = verified.grants;
-    let mut service_account_team = None;
+    let (mut service_account_team, mut service_account_uid) = (None, None);
     if let Some((account, id)) = &verified.service_account {
         let uid = if verified.subject == service_account_subject(account) {
             store::sa_token_use(db, account, *id, &berth_auth::token_sha256(token)).await?
@@ -35,6 +35,7 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         };
         let Some((uid, team)) = uid else { return Ok(Err(AuthError::Revoked)) };
         service_account_team = team;
+        service_account_uid = Some(uid);
         grants.extend(store::grants_of_account(db, uid).await?);
     } else if verified.workload.is_none() {
         // (A workload's own token has no role bindings: it acts for its job alone.)
@@ -46,6 +47,7 @@ pub async fn principal(db: &PgPool, token: &str, verified: Verified) -> Result<R
         subject: verified.subject,
         issuer: verified.issuer,
         service_account: verified.service_account.map(|(name, _)| name),
+        service_account_uid,
         service_account_team,
         grants,
         workload: verified.workload,

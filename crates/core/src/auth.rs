@@ -105,6 +105,9 @@ pub struct Principal {
     /// The service account, when the token is one of its tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// That account's uid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_account_uid: Option<Uuid>,
     /// The team owning that service account (absent for global accounts and users).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_account_team: Option<String>,
@@ -141,7 +144,7 @@ impl Principal {
         } else {
             self.subject.clone()
         };
-        Owner { subject, issuer: self.issuer.clone() }
+        Owner { subject, issuer: self.issuer.clone(), service_account_uid: self.service_account_uid }
     }
 }
 
@@ -573,6 +576,7 @@ mod tests {
             subject: "u".into(),
             issuer: "berth".into(),
             service_account: None,
+            service_account_uid: None,
             service_account_team: None,
             grants: grants.iter().map(|(role, team)| Grant { role: *role, team: team.map(str::to_owned) }).collect(),
             workload: None,

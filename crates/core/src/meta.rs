@@ -42,13 +42,16 @@ pub struct ObjectMeta {
 }
 
 /// Who submitted a workload: the subject of the token (a user's `sub`, or
-/// `serviceaccount:{name}`) and its issuer.
+/// `serviceaccount:{name}`) and its issuer; for a service account, also its uid (an account
+/// created again under the same name is another owner: it inherits nothing).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Owner {
     #[schema(example = "alice")]
     pub subject: String,
     #[schema(example = "https://login.example.org")]
     pub issuer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_uid: Option<uuid::Uuid>,
 }
 
 /// Metadata as a client sends it in a PUT body.

@@ -361,6 +361,7 @@ async fn a_reclaim_is_told_to_each_team_without_the_other_teams_names(db: berth_
             subject: format!("member-of-{team}"),
             issuer: "berth".into(),
             service_account: None,
+            service_account_uid: None,
             service_account_team: None,
             grants: vec![Grant { role: Role::Member, team: Some(team.into()) }],
             workload: None,
