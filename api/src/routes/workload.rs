@@ -81,6 +81,9 @@ pub struct WorkloadListParams {
 
 impl WorkloadListParams {
     fn filter(&self) -> Result<WorkloadFilter, berth_core::Error> {
+        if self.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
+            return Err(berth_core::Error::invalid("owner", "must name a subject, or be me"));
+        }
         if let Some(part) = &self.name_contains {
             berth_core::validation::check_name_part(part)
                 .map_err(|m| berth_core::Error::invalid("name_contains", m))?;

@@ -370,6 +370,12 @@ async fn team_admins_manage_their_subtree_and_its_role_bindings(db: berth_store:
     let bind = json!({"subject": "dan", "role": "member", "team": "llm"});
     let created = s.send_as(Some(&bob), Method::POST, "/api/v1/role-bindings", Some(&bind)).await;
     assert_eq!(created.status, 201, "{}", created.body);
+    let twice = s.send_as(Some(&bob), Method::POST, "/api/v1/role-bindings", Some(&bind)).await;
+    twice.assert_problem(409, Some("/subject"));
+    let broken = json!({"subject": "dan\nroot", "role": "member", "team": "llm"});
+    s.send_as(Some(&bob), Method::POST, "/api/v1/role-bindings", Some(&broken))
+        .await
+        .assert_problem(422, Some("/subject"));
     let global = json!({"subject": "dan", "role": "viewer"});
     assert_eq!(s.send_as(Some(&bob), Method::POST, "/api/v1/role-bindings", Some(&global)).await.status, 403);
     let dan = token("dan", &[]);

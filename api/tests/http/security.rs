@@ -335,6 +335,7 @@ async fn every_route_refuses_a_caller_with_no_grant_on_the_team(db: berth_store:
     s.send_as(Some(&nina), Method::GET, "/api/v1/workloads?team=nosuch", None).await.assert_problem(404, None);
     let both = s.send_as(Some(&nina), Method::GET, "/api/v1/teams/nlp/workloads?team=vision", None).await;
     both.assert_problem(422, Some("team"));
+    s.send_as(Some(&nina), Method::GET, "/api/v1/workloads?owner=", None).await.assert_problem(422, Some("owner"));
 }
 
 /// The review's memory amplification: a member stores many large workloads and lists them

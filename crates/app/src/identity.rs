@@ -129,7 +129,11 @@ pub async fn role_binding_create(db: &PgPool, opctx: &OpContext, new: &NewRoleBi
         },
         identity,
     )
-    .await?;
+    .await
+    .map_err(|e| match e {
+        Error::Conflict { .. } => Error::conflict("/subject", format!("{} holds this role here already", new.subject)),
+        e => e,
+    })?;
     let name = binding.id.to_string();
     audit(&mut tx, &opctx.actor, AuditVerb::Create, "role-binding", binding.team.as_deref(), &name, binding.id).await?;
     tx.commit().await.map_err(berth_store::db_error)?;

@@ -485,6 +485,8 @@ impl NewRoleBinding {
         let mut v = Validator::default();
         v.check(!self.subject.trim().is_empty(), "/subject", || "must not be empty".into());
         v.text("/subject", &self.subject, 256);
+        // A token's `sub` with a line break is refused as malformed: no binding names one.
+        v.check(!self.subject.contains(['\n', '\t']), "/subject", || "must not contain control characters".into());
         if let Some(issuer) = &self.issuer {
             v.check(self.service_account().is_none(), "/issuer", || {
                 "a service account's tokens are Berth's own: omit issuer".into()
