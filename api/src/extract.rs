@@ -102,13 +102,11 @@ fn json_problem(bytes: &[u8], field: String, e: serde_json::Error) -> ApiError {
     let well_formed = || serde_json::from_slice::<serde_json::Value>(bytes).ok();
     let message = if e.is_data() {
         Some(strip_position(&e.to_string()))
-    } else if let Some(document) = e.is_syntax().then(well_formed).flatten() {
-        Some(match document.pointer(&field) {
+    } else {
+        e.is_syntax().then(well_formed).flatten().map(|document| match document.pointer(&field) {
             Some(serde_json::Value::Null) => "must not be null".to_owned(),
             _ => format!("invalid value: {}", strip_position(&e.to_string())),
         })
-    } else {
-        None
     };
     // What a client sent (an unknown key, a value) is echoed only in part: a 900 KB key
     // made a 900 KB error.
