@@ -27,6 +27,7 @@ on_every_release!(
     jobs_are_listed_by_a_new_backend_and_across_a_slurmctld_restart,
     a_pinned_version_is_spoken_or_the_versions_on_offer_are_named,
     tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards,
+    a_job_without_a_runtime_limit_gets_the_longest_its_partition_allows,
 );
 
 use std::collections::BTreeMap;
@@ -398,4 +399,22 @@ async fn tasks_of_a_fraction_of_a_gpu_run_on_gpu_shards(cluster: &str) {
     odd.gpus_per_task = 30;
     let Err(BackendError::Rejected(why)) = b.submit(&odd).await else { panic!("0.3 GPU cannot be shards") };
     assert!(why.contains("whole number of shards"), "{why}");
+}
+
+/// Work without `max_runtime_seconds` asks for its partition's MaxTime: left out, Slurm
+/// gives the partition's DefaultTime (an hour here) and kills it then.
+async fn a_job_without_a_runtime_limit_gets_the_longest_its_partition_allows(cluster: &str) {
+    let dev = DevCluster::get(cluster);
+    let b = backend(&dev, &dev.token);
+    let unlimited = JobRequest { max_runtime_seconds: None, ..job(1, 1, &["x"], "#!/bin/bash\nsleep 1\n") };
+    let submitted = b.submit(&unlimited).await.unwrap();
+    let field = |text: &str, key: &str| {
+        text.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_owned).unwrap_or_default()
+    };
+    let partition = dev.output("scontrol", &["show", "partition", &dev.partition]);
+    let (max, default) = (field(&partition, "MaxTime="), field(&partition, "DefaultTime="));
+    assert!(!max.is_empty() && max != default, "the dev partitions have both: {partition}");
+    let shown = dev.output("scontrol", &["show", "job", &submitted.job_id]);
+    assert_eq!(field(&shown, "TimeLimit="), max, "{shown}");
+    wait_for(&b, unlimited.key, "final", |j| j.state.is_final()).await;
 }

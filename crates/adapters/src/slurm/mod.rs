@@ -48,7 +48,7 @@ use serde_json::Value;
 use self::v0_0_38::V0038;
 use self::v0_0_40::V0040;
 use self::v0_0_41::V0041;
-use self::wire::{ApiError, Dialect, Gpus, Job, Submission, describe, errors};
+use self::wire::{ApiError, Dialect, Gpus, Job, Submission, TimeLimit, describe, errors};
 use crate::backend::{BackendError, ClusterBackend, Inventory, InventoryNode, JobKey, JobRequest, JobState, JobStatus};
 
 /// How long one call to slurmrestd may take (slurmrestd answers after about 9 s when
@@ -328,8 +328,9 @@ impl SlurmCluster {
         self.partitions.iter().find(|p| p.flavor == flavor)
     }
 
-    /// What the job request becomes in Slurm.
-    fn submission(&self, job: &JobRequest) -> Result<Submission, BackendError> {
+    /// What the job request becomes in Slurm. `longest` is the partition's `MaxTime` (in
+    /// minutes; `None`: unlimited), asked for work without a runtime limit.
+    fn submission(&self, job: &JobRequest, longest: Option<u64>) -> Result<Submission, BackendError> {
         let partition = self.partition_of(&job.flavor).ok_or_else(|| {
             BackendError::Rejected(format!("this cluster maps no partition to flavor {}", job.flavor))
         })?;
@@ -375,7 +376,10 @@ impl SlurmCluster {
             shards_per_node: shards_per_task.map(|s| s * u32::try_from(most_tasks_on_a_node).unwrap_or(u32::MAX)),
             cpus_per_task: job.cpus_per_task.map(|c| c.ceil() as u32),
             memory_mib_per_node: job.memory_mib_per_task.map(|m| m * most_tasks_on_a_node),
-            time_limit_minutes: job.max_runtime_seconds.map(|s| s.div_ceil(60)),
+            time_limit: Some(match job.max_runtime_seconds {
+                Some(s) => TimeLimit::Minutes(s.div_ceil(60)),
+                None => longest.map_or(TimeLimit::Unlimited, TimeLimit::Minutes),
+            }),
             environment,
             working_directory: self.working_directory.clone(),
         })
@@ -560,7 +564,20 @@ impl ClusterBackend for SlurmCluster {
             return Ok(status(&found));
         }
         let api = self.api().await?;
-        let body = api.submit_body(&self.submission(job)?);
+        // Work without a runtime limit runs as long as its partition allows: left out, the
+        // time limit would be the partition's DefaultTime (an hour, often), and asked for as
+        // unlimited above a MaxTime, the job would pend for good.
+        let longest = match job.max_runtime_seconds {
+            Some(_) => None,
+            None => {
+                let name = self.partition_of(&job.flavor).map(|p| p.name.as_str());
+                let partitions = api
+                    .parse_partitions(&self.get("partitions").await?)
+                    .map_err(|e| self.bad_answer("partitions", &e))?;
+                partitions.into_iter().find(|p| Some(p.name.as_str()) == name).and_then(|p| p.max_time_minutes)
+            }
+        };
+        let body = api.submit_body(&self.submission(job, longest)?);
         let answer = self.call(Method::POST, "job/submit", Some(&body)).await?;
         let id = api.submitted_job_id(&answer).ok_or_else(|| {
             BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&errors(&answer))))
@@ -672,7 +689,7 @@ mod tests {
     #[test]
     fn a_two_node_gang_becomes_this_exact_submit_body() {
         let c = cluster(Some("h100"));
-        let body = V0038.submit_body(&c.submission(&request(2, 800, &["n1", "n2"])).unwrap());
+        let body = V0038.submit_body(&c.submission(&request(2, 800, &["n1", "n2"]), None).unwrap());
         let uid = Uuid::nil();
         assert_eq!(
             body,
@@ -698,10 +715,43 @@ mod tests {
         );
     }
 
+    /// Work without a runtime limit asks for its partition's MaxTime (left out, Slurm would
+    /// give it the DefaultTime: killed after an hour on the dev clusters), or for no limit
+    /// where the partition has none (asked above a MaxTime, the job would pend for good).
+    #[test]
+    fn work_without_a_limit_asks_for_the_partitions_longest_time() {
+        let c = cluster(Some("h100"));
+        let unlimited = JobRequest { max_runtime_seconds: None, ..request(1, 100, &["n1"]) };
+        let capped = c.submission(&unlimited, Some(1440)).unwrap();
+        assert_eq!(capped.time_limit, Some(TimeLimit::Minutes(1440)));
+        let open = c.submission(&unlimited, None).unwrap();
+        assert_eq!(open.time_limit, Some(TimeLimit::Unlimited));
+        assert_eq!(
+            c.submission(&request(1, 100, &["n1"]), Some(1440)).unwrap().time_limit,
+            Some(TimeLimit::Minutes(61))
+        );
+        assert_eq!(V0038.submit_body(&open)["job"]["time_limit"], json!(4_294_967_295_u64));
+        for dialect in DIALECTS.iter().filter(|d| d.version() != "v0.0.38") {
+            let job = &dialect.submit_body(&open)["job"];
+            assert_eq!(job["time_limit"], json!({"set": true, "infinite": true, "number": 0}), "{}", dialect.version());
+        }
+        // The partitions' MaxTime as 22.05 and 24.11 or later answer it.
+        let v38 = br#"{"partitions": [{"name": "gpu", "state": "UP", "max_time_limit": 1440},
+                                      {"name": "open", "state": "UP", "max_time_limit": 4294967295}]}"#;
+        let max = |p: Vec<wire::Partition>| p.into_iter().map(|p| p.max_time_minutes).collect::<Vec<_>>();
+        assert_eq!(max(V0038.parse_partitions(v38).unwrap()), [Some(1440), None]);
+        let v40 = br#"{"partitions": [{"name": "gpu", "partition": {"state": ["UP"]},
+                                       "maximums": {"time": {"set": true, "infinite": false, "number": 1440}}},
+                                      {"name": "open", "maximums": {"time": {"set": true, "infinite": true, "number": 0}}}]}"#;
+        for dialect in DIALECTS.iter().filter(|d| d.version() != "v0.0.38") {
+            assert_eq!(max(dialect.parse_partitions(v40).unwrap()), [Some(1440), None], "{}", dialect.version());
+        }
+    }
+
     #[test]
     fn from_v0_0_40_on_the_script_is_in_the_job_and_gpus_are_tres() {
         let c = cluster(Some("h100"));
-        let submission = c.submission(&request(2, 800, &["n1", "n2"])).unwrap();
+        let submission = c.submission(&request(2, 800, &["n1", "n2"]), None).unwrap();
         for dialect in DIALECTS.iter().filter(|d| d.version() != "v0.0.38") {
             let body = dialect.submit_body(&submission);
             let job = &body["job"];
@@ -724,14 +774,14 @@ mod tests {
         .unwrap();
         let c = SlurmCluster::new(&spec, "secret-token".into()).unwrap();
         // Three quarter-GPU tasks, two of them on one node: 2 shards each, 4 on that node.
-        let s = c.submission(&request(3, 25, &["n1", "n1", "n2"])).unwrap();
+        let s = c.submission(&request(3, 25, &["n1", "n1", "n2"]), None).unwrap();
         assert_eq!((&s.gpus_per_task, s.shards_per_task, s.shards_per_node), (&None, Some(2), Some(4)));
         assert_eq!(V0038.submit_body(&s)["job"]["gres"], "shard:4");
         assert_eq!(V0041("v0.0.45").submit_body(&s)["job"]["tres_per_task"], "gres/shard:2");
-        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 30, &["n1"])) else { panic!() };
+        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 30, &["n1"]), None) else { panic!() };
         assert!(why.contains("0.3 GPU per task is not a whole number of shards"), "{why}");
         // Whole GPUs stay GPUs.
-        assert_eq!(c.submission(&request(1, 200, &["n1"])).unwrap().shards_per_task, None);
+        assert_eq!(c.submission(&request(1, 200, &["n1"]), None).unwrap().shards_per_task, None);
     }
 
     #[test]
@@ -747,12 +797,12 @@ mod tests {
     #[test]
     fn tasks_sharing_a_node_ask_for_its_memory_together_and_untyped_gpus_have_no_type() {
         let c = cluster(None);
-        let s = c.submission(&request(3, 200, &["n1", "n1", "n2"])).unwrap();
+        let s = c.submission(&request(3, 200, &["n1", "n1", "n2"]), None).unwrap();
         assert_eq!(
             (s.nodes, s.tasks, s.gpus_per_task.map(|g| g.typed_count()), s.memory_mib_per_node),
             (2, 3, Some("2".to_owned()), Some(8192))
         );
-        let cpu_only = c.submission(&request(1, 0, &["n1"])).unwrap();
+        let cpu_only = c.submission(&request(1, 0, &["n1"]), None).unwrap();
         assert_eq!(cpu_only.gpus_per_task, None);
         assert!(cpu_only.script.starts_with("#!/bin/bash\nexec 'python'"), "one task runs without srun");
     }
@@ -760,15 +810,15 @@ mod tests {
     #[test]
     fn requests_slurm_cannot_express_are_rejected_with_the_reason() {
         let c = cluster(Some("h100"));
-        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 50, &["n1"])) else { panic!() };
+        let Err(BackendError::Rejected(why)) = c.submission(&request(1, 50, &["n1"]), None) else { panic!() };
         assert!(why.contains("has no GPU shards") && why.contains("shards_per_gpu"), "{why}");
         let mut other = request(1, 100, &["n1"]);
         other.flavor = "a100".into();
-        let Err(BackendError::Rejected(why)) = c.submission(&other) else { panic!() };
+        let Err(BackendError::Rejected(why)) = c.submission(&other, None) else { panic!() };
         assert!(why.contains("a100"), "{why}");
         let mut nothing = request(1, 100, &["n1"]);
         nothing.run.command.clear();
-        assert!(matches!(c.submission(&nothing), Err(BackendError::Rejected(_))));
+        assert!(matches!(c.submission(&nothing, None), Err(BackendError::Rejected(_))));
     }
 
     #[test]

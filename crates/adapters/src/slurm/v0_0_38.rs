@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::wire::{self, Dialect, Job, Node, Partition, Submission};
+use super::wire::{self, Dialect, INFINITE, Job, Node, Partition, Submission, TimeLimit};
 
 /// The API of Slurm 22.05.
 pub struct V0038;
@@ -32,7 +32,13 @@ impl Dialect for V0038 {
             ("gres", s.shards_per_node.map(|n| Value::from(format!("shard:{n}")))),
             ("cpus_per_task", s.cpus_per_task.map(Value::from)),
             ("memory_per_node", s.memory_mib_per_node.map(Value::from)),
-            ("time_limit", s.time_limit_minutes.map(Value::from)),
+            (
+                "time_limit",
+                s.time_limit.map(|t| match t {
+                    TimeLimit::Minutes(m) => Value::from(m),
+                    TimeLimit::Unlimited => Value::from(INFINITE),
+                }),
+            ),
         ];
         for (key, value) in fields {
             if let Some(v) = value {
@@ -191,6 +197,8 @@ struct PartitionV38 {
     name: String,
     #[serde(default)]
     state: String,
+    #[serde(default)]
+    max_time_limit: Option<u64>,
 }
 
 fn parse_partitions(body: &[u8]) -> Result<Vec<Partition>, serde_json::Error> {
@@ -198,6 +206,10 @@ fn parse_partitions(body: &[u8]) -> Result<Vec<Partition>, serde_json::Error> {
     Ok(answer
         .partitions
         .into_iter()
-        .map(|p| Partition { up: p.state.eq_ignore_ascii_case("UP"), name: p.name })
+        .map(|p| Partition {
+            up: p.state.eq_ignore_ascii_case("UP"),
+            max_time_minutes: p.max_time_limit.filter(|&m| m < INFINITE - 1),
+            name: p.name,
+        })
         .collect())
 }

@@ -11,7 +11,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::wire::{self, Dialect, Job, Node, Partition, Submission};
+use super::wire::{self, Dialect, Job, Node, Partition, Submission, TimeLimit};
 
 /// The API of Slurm 23.11 and 24.05, deprecated in 24.11.
 pub struct V0040;
@@ -82,7 +82,13 @@ pub(super) fn submit_body(s: &Submission) -> Value {
         ),
         ("cpus_per_task", s.cpus_per_task.map(Value::from)),
         ("memory_per_node", s.memory_mib_per_node.map(|m| number(i64::try_from(m).unwrap_or(i64::MAX)))),
-        ("time_limit", s.time_limit_minutes.map(|m| number(i64::try_from(m).unwrap_or(i64::MAX)))),
+        (
+            "time_limit",
+            s.time_limit.map(|t| match t {
+                TimeLimit::Minutes(m) => number(i64::try_from(m).unwrap_or(i64::MAX)),
+                TimeLimit::Unlimited => json!({"set": true, "infinite": true, "number": 0}),
+            }),
+        ),
     ];
     for (key, value) in fields {
         if let Some(v) = value {
@@ -295,6 +301,14 @@ struct PartitionV40 {
     name: String,
     #[serde(default)]
     partition: PartitionState,
+    #[serde(default)]
+    maximums: PartitionMaximums,
+}
+
+#[derive(Default, Deserialize)]
+struct PartitionMaximums {
+    #[serde(default)]
+    time: Number,
 }
 
 #[derive(Default, Deserialize)]
@@ -308,7 +322,11 @@ pub(super) fn parse_partitions(body: &[u8]) -> Result<Vec<Partition>, serde_json
     Ok(answer
         .partitions
         .into_iter()
-        .map(|p| Partition { up: p.partition.state.iter().any(|s| s.eq_ignore_ascii_case("UP")), name: p.name })
+        .map(|p| Partition {
+            up: p.partition.state.iter().any(|s| s.eq_ignore_ascii_case("UP")),
+            max_time_minutes: p.maximums.time.get().and_then(|m| u64::try_from(m).ok()),
+            name: p.name,
+        })
         .collect())
 }
 

@@ -172,7 +172,19 @@ pub struct Node {
 pub struct Partition {
     pub name: String,
     pub up: bool,
+    /// Its `MaxTime` in minutes; `None`: unlimited.
+    pub max_time_minutes: Option<u64>,
 }
+
+/// A job's time limit as Slurm takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeLimit {
+    Minutes(u64),
+    Unlimited,
+}
+
+/// Slurm's `INFINITE` (a `uint32_t` of all ones), where a version takes a plain number.
+pub const INFINITE: u64 = 0xffff_ffff;
 
 /// A batch job to submit.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,7 +202,8 @@ pub struct Submission {
     pub shards_per_node: Option<u32>,
     pub cpus_per_task: Option<u32>,
     pub memory_mib_per_node: Option<u64>,
-    pub time_limit_minutes: Option<u64>,
+    /// `None`: the partition's `DefaultTime`.
+    pub time_limit: Option<TimeLimit>,
     pub environment: BTreeMap<String, String>,
     pub working_directory: String,
 }
