@@ -776,6 +776,18 @@ fn refuse_change_of_what_runs(team: &str, name: &str, w: &Workload, new: &Worklo
             ),
         ));
     }
+    // The backend enforces the limit the job was submitted with (Slurm's time limit, a
+    // Kubernetes Job's deadline): a change after that would be a spec the job does not keep.
+    if w.status.backend_ref.is_some() && w.spec.max_runtime_seconds != new.max_runtime_seconds {
+        return Err(Error::invalid(
+            "/spec/max_runtime_seconds",
+            format!(
+                "{team}/{name} runs ({}) under the time limit its job was submitted with; cancel and resubmit to \
+                 change it",
+                phase.as_str()
+            ),
+        ));
+    }
     match w.spec.fixed_field_changed(new) {
         Some(field) => Err(Error::invalid(
             &field,

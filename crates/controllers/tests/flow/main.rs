@@ -705,32 +705,36 @@ async fn estimated_starts_match_the_actual_starts_when_runtimes_are_known(db: be
     assert!(errors.iter().all(|e| (-2..=4 * STEP + 2).contains(e)), "{errors:?}");
 }
 
-/// A workload waiting for work without a runtime limit has no estimate.
+/// A workload waiting for work without a runtime limit has no estimate; one waiting for
+/// work with a limit has one, when that limit is reached. A running workload's limit cannot
+/// change: its job keeps the one it was submitted with.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
     p.team("a", None, 16, None).await;
     p.cluster("c", 2, json!({})).await;
-    p.submit("a", "forever", 2, 8.0, json!({})).await;
+    p.submit("a", "forever", 1, 8.0, json!({})).await;
+    p.submit("a", "limited", 1, 8.0, json!({"max_runtime_seconds": 3600})).await;
     p.step().await;
+    // next takes the node limited frees; wide needs forever's too.
     p.submit("a", "next", 1, 8.0, json!({"max_runtime_seconds": 600})).await;
+    p.submit("a", "wide", 2, 8.0, json!({"max_runtime_seconds": 600})).await;
     p.step().await;
     let status = berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
-    assert_eq!((status.pending, status.estimated), (1, 0));
-    assert!(p.workload("a", "next").await.status.estimated_start.is_none());
-    // Once the first has a limit, the second has an estimate: when the limit is reached.
-    // (A running workload's limit can change: it holds nothing.)
-    let input = serde_json::from_value(json!({"spec": {"kind": "training",
-        "tasks": {"count": 2, "resources": {"flavors": ["h100"], "gpus": 8.0}},
-        "sim": {"duration_seconds": 600}, "max_runtime_seconds": 3600}}))
-    .unwrap();
-    berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "a", "forever", &input, None).await.unwrap();
-    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
-    let forever = p.workload("a", "forever").await;
+    assert_eq!((status.pending, status.estimated), (2, 1));
+    assert!(p.workload("a", "wide").await.status.estimated_start.is_none());
+    let limited = p.workload("a", "limited").await;
     let e = p.workload("a", "next").await.status.estimated_start.expect("an estimate");
-    let expected = forever.status.started_at.unwrap() + chrono::TimeDelta::seconds(3600);
+    let expected = limited.status.started_at.unwrap() + chrono::TimeDelta::seconds(3600);
     assert!((e.at - expected).num_seconds().abs() <= 1, "{} vs {expected}", e.at);
-    assert!(e.basis.starts_with("when a/forever reaches its max_runtime_seconds"), "{}", e.basis);
+    assert!(e.basis.starts_with("when a/limited reaches its max_runtime_seconds"), "{}", e.basis);
+    let input = serde_json::from_value(json!({"spec": {"kind": "training",
+        "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 8.0}},
+        "sim": {"duration_seconds": 600}, "max_runtime_seconds": 7200}}))
+    .unwrap();
+    let refused = berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "a", "limited", &input, None).await;
+    let Err(berth_core::Error::Invalid(errors)) = refused else { panic!("{refused:?}") };
+    assert_eq!(errors[0].field, "/spec/max_runtime_seconds");
 }
 
 /// Every attempt that held GPUs leaves one ledger record with the facts of its run: a
