@@ -584,6 +584,7 @@ pub async fn workload_cancel(
             finished_at: Some(now),
             pending_reason: None,
             queue_position: None,
+            estimated_start: None,
             cancellation,
             ..w.status.clone()
         };

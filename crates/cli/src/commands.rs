@@ -567,9 +567,13 @@ impl Shape {
         }
         set!(team => team, name => name, flavor => flavor, tasks => tasks, nodes => nodes, cpus => cpus_per_task, priority => priority, preemptible => preemptible, kind => kind, sim_seconds => sim_seconds, gpus => gpus_per_task);
         if let Some(t) = &self.time {
-            r.time_seconds = Some(
-                submit::slurm_time(t).ok_or_else(|| anyhow!("--time {t}: not a time (4h, 30m, 01:00:00, 1-12:00)"))?,
-            );
+            r.time_seconds = if submit::no_time_limit(t) {
+                None
+            } else {
+                Some(submit::slurm_time(t).ok_or_else(|| {
+                    anyhow!("--time {t}: not a time (4h, 30m, 01:00:00, 1-12:00; UNLIMITED for none)")
+                })?)
+            };
         }
         for l in &self.labels {
             let (k, v) = l.split_once('=').ok_or_else(|| anyhow!("--label {l}: not key=value"))?;

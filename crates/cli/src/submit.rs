@@ -151,10 +151,7 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--ntasks" => r.tasks = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
             "--ntasks-per-node" => r.tasks_per_node = Some(v.parse().map_err(|_| bad("not a number of tasks"))?),
             "--cpus-per-task" => r.cpus_per_task = Some(v.parse().map_err(|_| bad("not a number of CPUs"))?),
-            // No limit, as sbatch reads these.
-            "--time" if ["0", "unlimited", "infinite"].contains(&v.to_ascii_lowercase().as_str()) => {
-                r.time_seconds = None
-            }
+            "--time" if no_time_limit(v) => r.time_seconds = None,
             "--time" => {
                 r.time_seconds =
                     Some(slurm_time(v).ok_or_else(|| bad("not a Slurm time (minutes, HH:MM:SS, D-HH:MM…)"))?)
@@ -202,6 +199,11 @@ fn gres(v: &str) -> Option<(Option<String>, f64)> {
         ["gpu", t, n] => Some((Some((*t).to_owned()), n.parse().ok()?)),
         _ => None,
     }
+}
+
+/// No time limit, as sbatch reads `--time`: `0`, `UNLIMITED`, `INFINITE`.
+pub fn no_time_limit(v: &str) -> bool {
+    ["0", "unlimited", "infinite"].contains(&v.trim().to_ascii_lowercase().as_str())
 }
 
 /// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`; also `4h`,
@@ -367,6 +369,7 @@ mod tests {
                 spec.get("max_runtime_seconds").is_none() && spec["tasks"]["resources"].get("memory_mib").is_none()
             );
         }
+        assert!(no_time_limit(" Infinite") && !no_time_limit("00:00:00"));
         let err = spec(&read("#SBATCH --ntasks=3 --gres=gpu:h100:8\n"), "h100", "").unwrap_err().to_string();
         assert!(err.starts_with("8 GPUs a node over 3 tasks a node is 2.67 GPUs a task"), "{err}");
         let err = spec(&read("#SBATCH -n 3 --gpus=2\n"), "h100", "").unwrap_err().to_string();

@@ -288,6 +288,7 @@ fn finished(
         finished_at: Some(at),
         pending_reason: None,
         queue_position: None,
+        estimated_start: None,
         ..w.status.clone()
     }
 }

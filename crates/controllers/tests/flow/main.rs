@@ -735,6 +735,10 @@ async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgP
     let refused = berth_app::workload::workload_apply(&p.ctx.db, &p.actor, "a", "limited", &input, None).await;
     let Err(berth_core::Error::Invalid(errors)) = refused else { panic!("{refused:?}") };
     assert_eq!(errors[0].field, "/spec/max_runtime_seconds");
+    // Cancelled, next waits no more: it has no estimate.
+    let next = berth_app::workload::workload_cancel(&p.ctx.db, &p.actor, "a", "next", None).await.unwrap();
+    assert_eq!(next.status.phase, Phase::Cancelled);
+    assert!(next.status.estimated_start.is_none(), "{:?}", next.status);
 }
 
 /// Every attempt that held GPUs leaves one ledger record with the facts of its run: a
