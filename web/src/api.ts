@@ -77,7 +77,7 @@ async function authorized(path: string, init: RequestInit & { headers: Record<st
     try {
       response = await fetch(path, init);
     } catch (e) {
-      throw new ApiError(0, "Berth did not answer", String(e));
+      throw new ApiError(0, "Berth did not answer", `Berth did not answer (${e instanceof Error ? e.message : e})`);
     }
     if (response.status !== 401 || attempt > 0 || !session()?.refresh || !(await refreshSession().catch(() => false)))
       return response;

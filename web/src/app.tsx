@@ -31,6 +31,9 @@ const PAGES: {
 /// Pages reached by links, not listed in the navigation.
 const DETAILS = [{ hash: "#/workload/", view: WorkloadDetail }];
 
+/// A sign-in under way (the start-up check runs once).
+let signingIn = false;
+
 export function App() {
   const [me, setMe] = useState<Me | null>(null);
   const [checking, setChecking] = useState(savedToken() !== null || returningFromProvider());
@@ -53,6 +56,10 @@ export function App() {
   useEffect(() => {
     if (!checking) return;
     if (returningFromProvider() && !login) return; // wait for the provider's address
+    // Once: the provider's address arriving must not ask again (the second answer, without
+    // the token the first one's 401 let go, said "no bearer token").
+    if (signingIn) return;
+    signingIn = true;
     (async () => {
       if (returningFromProvider()) {
         if (!login?.oidc) throw new Error("Berth names no identity provider to finish signing in with");
@@ -63,16 +70,25 @@ export function App() {
       setMe(await api<Me>("/api/v1/me"));
     })()
       .catch((e) => {
-        saveToken(null);
+        // Only a refused token is let go: Berth answering 503 (a database failover) or 429
+        // at a reload keeps the session for the next try.
+        if (!(e instanceof ApiError) || e.status === 401) saveToken(null);
         setFailed(e instanceof ApiError ? e.message : String(e instanceof Error ? e.message : e));
       })
-      .finally(() => setChecking(false));
+      .finally(() => {
+        signingIn = false;
+        setChecking(false);
+      });
   }, [checking, login]);
 
   if (checking) return <p class="loading">Signing in…</p>;
   if (!me) return <SignIn login={login} failed={failed} onSignedIn={setMe} />;
   const page = PAGES.find((p) => hash.startsWith(p.hash));
-  const View = page?.view ?? DETAILS.find((d) => hash.startsWith(d.hash))?.view ?? PAGES[0].view;
+  // A page left out of the navigation for this role is not shown by its address either.
+  const View =
+    page?.for && !page.for(me)
+      ? NotYours
+      : (page?.view ?? DETAILS.find((d) => hash.startsWith(d.hash))?.view ?? PAGES[0].view);
   return (
     <div class="shell">
       <header>
@@ -102,6 +118,14 @@ export function App() {
         <View key={hash} me={me} />
       </main>
     </div>
+  );
+}
+
+function NotYours() {
+  return (
+    <p class="error" role="alert">
+      This page is not for your role: your token grants none of what it shows.
+    </p>
   );
 }
 
@@ -186,10 +210,17 @@ export function usePoll<T>(
   const [tick, setTick] = useState(0);
   useEffect(() => {
     let live = true;
-    const run = () =>
+    // A tick while the last load is unanswered is skipped: a slow Berth got a new request
+    // from each open page every 5 s on top of those still waiting.
+    let loading = false;
+    const run = () => {
+      if (loading) return;
+      loading = true;
       load()
         .then((v) => live && (setValue(v), setError(null)))
-        .catch((e) => live && setError(ApiError.of(e)));
+        .catch((e) => live && setError(ApiError.of(e)))
+        .finally(() => (loading = false));
+    };
     run();
     const timer = setInterval(run, ms);
     return () => {

@@ -302,7 +302,38 @@ test("the audit page shows who changed what, filtered through the API, to admins
   await viewer.close();
   const member = await signedIn(berth.token("member", "vision"));
   assert.equal(await member.getByRole("link", { name: "Audit" }).count(), 0);
+  // Nor by its address: it showed the 403 and "Loading…" under it, and the access page
+  // its forms, which then failed.
+  for (const hash of ["#/audit", "#/access"]) {
+    await member.goto(berth.origin + "/" + hash);
+    await member.getByRole("alert").filter({ hasText: "not for your role" }).waitFor();
+    assert.equal(await member.getByRole("button", { name: "Create account" }).count(), 0, hash);
+  }
   await member.close();
+});
+
+test("a reload while Berth answers 503 keeps the session; only a refused token signs out", async () => {
+  const page = await signedIn();
+  // A database failover: the next /me answers 503.
+  await page.route("**/api/v1/me", (route) =>
+    route.fulfill({ status: 503, contentType: "application/problem+json", body: JSON.stringify({ title: "Service Unavailable", status: 503, detail: "database unreachable" }) }),
+  );
+  await page.reload();
+  await page.getByRole("alert").filter({ hasText: "database unreachable" }).waitFor();
+  assert.notEqual(await page.evaluate(() => sessionStorage.getItem("berth.session")), null, "the token was let go");
+  await page.unroute("**/api/v1/me");
+  await page.reload();
+  await page.getByRole("navigation", { name: "Pages" }).waitFor();
+  // A refused token is let go, with the API's reason, once (the provider's address
+  // arriving asked again, without the token).
+  const asked = [];
+  page.on("request", (r) => r.url().endsWith("/api/v1/me") && asked.push(r.headers().authorization ?? "none"));
+  await page.evaluate(() => sessionStorage.setItem("berth.session", JSON.stringify({ token: "not-a-token" })));
+  await page.reload();
+  await page.getByLabel("Access token").waitFor();
+  assert.deepEqual(asked, ["Bearer not-a-token"]);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("berth.session")), null);
+  await page.close();
 });
 
 test("a team admin creates a sub-team and gives it a flavor quota; the audit page shows that change before and after", async () => {

@@ -252,10 +252,8 @@ async fn csv_parses_and_each_caller_sees_only_what_it_may(db: berth_store::PgPoo
     assert!(near(&member["totals"]["gpu_hours"], 22.0), "{member}");
     let names: Vec<&str> = member["teams"].as_array().unwrap().iter().map(|t| t["team"].as_str().unwrap()).collect();
     assert_eq!(names, ["nlp"], "a member of nlp does not see its department's totals");
-    // Nor how much of nlp's guarantee lay idle: not shown (it read 0, as if nlp had none).
-    let nlp = &member["teams"][0];
-    assert_eq!((nlp.get("guaranteed_gpu_hours"), nlp.get("idle_guarantee_gpu_hours")), (None, None), "{member}");
-    assert!(near(&admin["teams"][0]["guaranteed_gpu_hours"], 384.0), "its admin's: {admin}");
+    // nlp has no team below it: its member sees how much of its guarantee lay idle.
+    assert!(near(&member["teams"][0]["guaranteed_gpu_hours"], 384.0), "{member}");
     // A member of the department sees its own work only: not its department's use, so
     // not how much of its guarantee lay idle either.
     let dept_member = report(token("dm", &[(Role::Member, Some("research"))])).await;
@@ -273,6 +271,13 @@ async fn csv_parses_and_each_caller_sees_only_what_it_may(db: berth_store::PgPoo
     let reused = report(nlp_admin).await;
     assert!(near(&reused["totals"]["gpu_hours"], 22.0), "{reused}");
     assert!(!reused.to_string().contains("carol"), "{reused}");
+    // Now that nlp has a team below it, that depends on work its member may not read: not
+    // shown (it read 0, as if nlp had no guarantee). Its admin sees it.
+    let member = report(token("m", &[(Role::Member, Some("nlp"))])).await;
+    let nlp = &member["teams"][0];
+    assert_eq!(nlp["team"], "nlp", "{member}");
+    assert_eq!((nlp.get("guaranteed_gpu_hours"), nlp.get("idle_guarantee_gpu_hours")), (None, None), "{member}");
+    assert!(near(&reused["teams"][0]["guaranteed_gpu_hours"], 384.0), "{reused}");
     let admin = report(token("ra", &[(Role::TeamAdmin, Some("research"))])).await;
     assert!(near(&admin["totals"]["gpu_hours"], 30.0), "{admin}");
     let nobody = report(token("n", &[])).await;

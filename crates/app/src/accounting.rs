@@ -67,9 +67,15 @@ pub async fn usage_report(
     };
     let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
     // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs to
-    // see (a member of a department sees only its own work, not its department's).
-    let guaranteed: BTreeSet<String> =
-        teams.iter().map(|t| &t.metadata.name).filter(|t| access.reads_subtree(t)).cloned().collect();
+    // see (a member of a department sees only its own work, not its department's; a member
+    // of a team with none below it, all of it).
+    let parents: BTreeSet<&str> = teams.iter().filter_map(|t| t.spec.parent.as_deref()).collect();
+    let guaranteed: BTreeSet<String> = teams
+        .iter()
+        .map(|t| &t.metadata.name)
+        .filter(|t| access.reads_subtree(t) || !parents.contains(t.as_str()) && access.can_read_team(t))
+        .cloned()
+        .collect();
     let guarantees: Vec<Guarantee> = teams
         .iter()
         .filter(|t| guaranteed.contains(&t.metadata.name))

@@ -249,7 +249,7 @@ pub struct TeamUsage {
     /// GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
     /// the team was created until now at the latest; absent for a caller who may not read
     /// its whole subtree (a member of a department: whether the guarantee sat idle depends
-    /// on teams below it).
+    /// on teams below it; a member of a team with none below it sees it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guaranteed_gpu_hours: Option<f64>,
     /// Of those, the GPU-hours its subtree did not use; absent as the above.

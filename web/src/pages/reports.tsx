@@ -427,7 +427,11 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
       <section aria-labelledby="idle-heading">
         <h2 id="idle-heading">Idle guarantees</h2>
         {idle.length === 0 ? (
-          <p class="muted">No team had a guarantee in this period.</p>
+          <p class="muted">
+            {byOwner.teams.some((u) => u.guaranteed_gpu_hours === undefined)
+              ? "No team whose teams below you all may read had a guarantee in this period (how much of a department's guarantee lay idle depends on work you may not read)."
+              : "No team had a guarantee in this period."}
+          </p>
         ) : (
           <>
             <p class="muted">GPU-hours a team's guarantees stood for (since it exists, up to now) that its subtree left unused.</p>
@@ -458,7 +462,10 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
       <section aria-labelledby="budgets-heading">
         <h2 id="budgets-heading">Budgets</h2>
         {budgets.length === 0 ? (
-          <p class="muted">No team has a budget.</p>
+          <p class="muted">
+            No team you may read has a budget. (An ancestor team's budget that stops your work is named in its pending
+            reason.)
+          </p>
         ) : (
           <>
             <p class="muted">Each budget's current period, whatever period the report above covers.</p>
