@@ -104,6 +104,17 @@ test("an admin previews a quota change, sees the API's message next to a bad fie
   await page.getByRole("button", { name: "Edit quotas of nlp" }).click();
   const guaranteed = page.getByLabel("Guaranteed GPUs (h100)");
   const limit = page.getByLabel("Limit (GPUs) (h100)");
+  // Not a whole number, or nothing: said beside the field, and nothing asked of the API
+  // ("abc" went as null, an empty weight as 0).
+  const asked = [];
+  page.on("request", (r) => r.url().includes("/preview") && asked.push(r.url()));
+  await guaranteed.fill("abc");
+  await page.getByLabel("Weight (h100)").fill("");
+  await page.getByRole("button", { name: "Preview" }).click();
+  await page.locator("#q-0-guaranteed-error").filter({ hasText: "must be a whole number of GPUs" }).waitFor();
+  await page.locator("#q-0-weight-error").filter({ hasText: "must be a whole number" }).waitFor();
+  assert.deepEqual(asked, []);
+  await page.getByLabel("Weight (h100)").fill("1");
   // A limit below the guarantee: the API's message shows beside the limit field.
   await guaranteed.fill("16");
   await limit.fill("6");

@@ -275,6 +275,7 @@ function NewTeam({ parents, topLevel, onDone }: { parents: string[]; topLevel: b
 }
 
 type Draft = { flavor: string; guaranteed: string; limit: string; weight: string };
+const FIELDS = ["guaranteed", "limit", "weight"] as const;
 
 function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const name = team.metadata.name;
@@ -302,6 +303,19 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
       }),
     );
   const run = async (what: "preview" | "save") => {
+    // Whole numbers, as the API takes them: "abc" went as null and an empty field as 0,
+    // which the preview showed as a guarantee of 0 with no word next to the field.
+    const wrong = draft.flatMap((d, i) =>
+      FIELDS.filter((f) => !(f === "limit" && d.limit.trim() === "") && !/^\d+$/.test(d[f].trim())).map((f) => ({
+        field: `/spec/quotas/${i}/${f}`,
+        message: f === "weight" ? "must be a whole number" : "must be a whole number of GPUs",
+      })),
+    );
+    if (wrong.length > 0) {
+      setPreview(null);
+      setProblem(new ApiError(422, "Invalid quota", "", wrong));
+      return;
+    }
     setBusy(true);
     setProblem(null);
     try {
@@ -329,7 +343,6 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
     setProblem(null);
     setDraft(next);
   };
-  const FIELDS = ["guaranteed", "limit", "weight"] as const;
   const input = (i: number, field: (typeof FIELDS)[number], label: string) => (
     <Field id={`q-${i}-${field}`} label={`${label} (${draft[i].flavor})`} problem={problem} field={`/spec/quotas/${i}/${field}`}>
       {(a) => (
