@@ -576,8 +576,9 @@ export interface paths {
          *     lines; with `follow=true` the answer streams each new line until the task ends.
          *     Kubernetes jobs answer from their pods' logs, simulated jobs from the lines they write,
          *     Slurm jobs from their output file where berthd can read it (a filesystem shared with the
-         *     cluster; its last MiB, no following). Where the output cannot be read, or before the
-         *     workload has a job, the answer is 409 saying why and where it is.
+         *     cluster; its last MiB, then, followed, what it gains, read every second). Where the
+         *     output cannot be read, or before the workload has a job, the answer is 409 saying why
+         *     and where it is.
          */
         get: operations["get_workload_logs"];
         put?: never;
@@ -2230,7 +2231,7 @@ export interface components {
              * @description GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
              *     the team was created until now at the latest; absent for a caller who may not read
              *     its whole subtree (a member of a department: whether the guarantee sat idle depends
-             *     on teams below it).
+             *     on teams below it; a member of a team with none below it sees it).
              */
             guaranteed_gpu_hours?: number | null;
             /**

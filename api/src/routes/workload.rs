@@ -252,8 +252,9 @@ pub struct LogsParams {
 /// lines; with `follow=true` the answer streams each new line until the task ends.
 /// Kubernetes jobs answer from their pods' logs, simulated jobs from the lines they write,
 /// Slurm jobs from their output file where berthd can read it (a filesystem shared with the
-/// cluster; its last MiB, no following). Where the output cannot be read, or before the
-/// workload has a job, the answer is 409 saying why and where it is.
+/// cluster; its last MiB, then, followed, what it gains, read every second). Where the
+/// output cannot be read, or before the workload has a job, the answer is 409 saying why
+/// and where it is.
 #[utoipa::path(get, path = "/api/v1/teams/{team}/workloads/{name}/logs", tag = "workloads",
     params(("team" = String, Path, description = "Team name"), ("name" = String, Path, description = "Workload name"), LogsParams),
     responses(

@@ -945,6 +945,19 @@ async fn a_new_user_runs_two_gpus_and_half_a_gpu_on_slurm_of_every_release_and_r
         assert_eq!(logs.2, "shards 2\n", "{name}: 4 shards per GPU");
     }
 
+    // Followed (`berth logs -f`): what the job prints as it prints it, until it ends (it
+    // answered at once with what the file held then).
+    let printing = json!({"spec": {"kind": "batch",
+        "run": {"script": "#!/bin/bash\necho one\nsleep 3\necho two\nsleep 1\necho done\n"},
+        "tasks": {"count": 1, "resources": {"flavors": ["slurm-2605"], "gpus": 1}}}});
+    created(b.call(Method::PUT, "/api/v1/teams/research/workloads/printing", Some(&printing)).await);
+    b.wait_for_phase("research", "printing", "Running").await;
+    let chunks = follow(&b, "/api/v1/teams/research/workloads/printing/logs?follow=true").await;
+    let text: String = chunks.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(text, "one\ntwo\ndone\n", "{chunks:?}");
+    let (first, last) = (chunks[0].0, chunks[chunks.len() - 1].0);
+    assert!(last - first >= Duration::from_secs(2), "read over the run, not at its end: {chunks:?}");
+
     // A cluster pinned to a version its slurmrestd does not serve is unreachable at once,
     // and says what it offers.
     let mut pinned = devs[0].apply_body("slurm-2205", "BERTH_CREDENTIAL_S2205");

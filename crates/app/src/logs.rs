@@ -33,7 +33,7 @@ pub struct LogsQuery {
 
 /// What a task of the workload's job printed: all of it (a Slurm file up to its last
 /// [`MAX_BYTES`]), or its last `tail` lines, and with `follow` each new line until the task
-/// ends (where the backend serves logs; a Slurm file is read as it is).
+/// ends (a Slurm file: what it gains, read every second until the attempt has ended).
 ///
 /// # Errors
 /// [`Error::NotFound`]; [`Error::Invalid`] for an attempt the workload has not reached or a
@@ -73,8 +73,15 @@ pub async fn workload_logs(
         .await?
         .ok_or_else(|| Error::conflict("status.admission.cluster", format!("cluster {cluster_name} is gone")))?;
     if cluster.spec.kind == ClusterKind::Slurm {
-        let text = slurm_output(job.filter(|_| attempt == current), query.tail).await?;
-        return Ok(futures_util::stream::once(async move { Ok(text) }).boxed());
+        let job = job.filter(|_| attempt == current);
+        let (text, end) = slurm_output(job, query.tail).await?;
+        let first = futures_util::stream::once(async move { Ok(text) });
+        return Ok(match (query.follow && !workload.status.phase.is_final(), job.and_then(|j| j.output.clone())) {
+            (true, Some(path)) => {
+                first.chain(follow_output(db.clone(), workload.metadata.uid, current, path, end)).boxed()
+            }
+            _ => first.boxed(),
+        });
     }
     let backend = backends.backend(&cluster).map_err(|e| unreadable(&cluster_name, &e))?;
     let key = JobKey { workload: workload.metadata.uid, attempt };
@@ -91,8 +98,55 @@ fn unreadable(cluster: &str, e: &BackendError) -> Error {
     }
 }
 
-/// A Slurm job's output file, read here where the filesystem is shared with the cluster.
-async fn slurm_output(job: Option<&berth_core::workload::BackendRef>, tail: Option<u32>) -> Result<String, Error> {
+/// How often a followed Slurm output file is read again.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a Slurm job's output file gains from `offset` on, read every [`FOLLOW_EVERY`] until
+/// the workload's `attempt` has ended (then once more). Slurm serves no output, so this is
+/// `tail -f` of the file berthd reads.
+fn follow_output(
+    db: sqlx::PgPool,
+    uid: uuid::Uuid,
+    attempt: u32,
+    path: String,
+    offset: u64,
+) -> impl futures_util::Stream<Item = Result<String, BackendError>> {
+    futures_util::stream::unfold(Some(offset), move |offset| {
+        let (db, path) = (db.clone(), path.clone());
+        async move {
+            let mut offset = offset?;
+            loop {
+                tokio::time::sleep(FOLLOW_EVERY).await;
+                // Asked before the read, so that what the job printed last is read after it ended.
+                let ended = match berth_store::workload::workload_fetch_many(&db, &[uid]).await {
+                    Ok(found) => found.first().is_none_or(|w| w.status.phase.is_final() || w.status.attempt != attempt),
+                    Err(e) => return Some((Err(BackendError::Unreachable(e.to_string())), None)),
+                };
+                let read = {
+                    let path = path.clone();
+                    tokio::task::spawn_blocking(move || read_from(&path, offset)).await
+                };
+                let (text, end) = match read {
+                    Ok(Ok(read)) => read,
+                    Ok(Err(why)) => return Some((Err(BackendError::Rejected(why)), None)),
+                    Err(e) => return Some((Err(BackendError::Rejected(e.to_string())), None)),
+                };
+                offset = end;
+                let next = (!ended).then_some(offset);
+                if !text.is_empty() || ended {
+                    return (!text.is_empty() || next.is_some()).then_some((Ok(text), next));
+                }
+            }
+        }
+    })
+}
+
+/// A Slurm job's output file, read here where the filesystem is shared with the cluster,
+/// and where it ended then.
+async fn slurm_output(
+    job: Option<&berth_core::workload::BackendRef>,
+    tail: Option<u32>,
+) -> Result<(String, u64), Error> {
     let Some(job) = job else {
         return Err(Error::conflict(
             "attempt",
@@ -122,11 +176,42 @@ async fn slurm_output(job: Option<&berth_core::workload::BackendRef>, tail: Opti
     })
 }
 
-/// Reads a job's output file. The job's own user can replace it, so it must still be a
-/// regular file when opened, not a link (which could point at berthd's secrets) or a
-/// FIFO (which would block).
-fn read_output(path: &str, tail: Option<u32>) -> Result<String, String> {
-    let mut file =
+/// Reads a job's output file (its last [`MAX_BYTES`]), and where it ended. The job's own
+/// user can replace it, so it must still be a regular file when opened, not a link (which
+/// could point at berthd's secrets) or a FIFO (which would block).
+fn read_output(path: &str, tail: Option<u32>) -> Result<(String, u64), String> {
+    let (mut file, len) = open_output(path)?;
+    let start = len.saturating_sub(MAX_BYTES);
+    let (text, end) = read_span(&mut file, start)?;
+    Ok((
+        match tail {
+            None => text,
+            Some(n) => {
+                let lines: Vec<&str> = text.split_inclusive('\n').collect();
+                lines[lines.len().saturating_sub(n as usize)..].concat()
+            }
+        },
+        end,
+    ))
+}
+
+/// What the output file holds from `offset` on (at most [`MAX_BYTES`]), and where that ends.
+fn read_from(path: &str, offset: u64) -> Result<(String, u64), String> {
+    let (mut file, len) = open_output(path)?;
+    // A file cut shorter (the job's user truncated it) is read from its start again.
+    read_span(&mut file, if len < offset { 0 } else { offset })
+}
+
+fn read_span(file: &mut std::fs::File, start: u64) -> Result<(String, u64), String> {
+    file.seek(SeekFrom::Start(start)).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    Ok((String::from_utf8_lossy(&bytes).into_owned(), start + bytes.len() as u64))
+}
+
+/// The output file opened safely, and its length.
+fn open_output(path: &str) -> Result<(std::fs::File, u64), String> {
+    let file =
         std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(
             |e| match e.raw_os_error() {
                 Some(libc::ELOOP) => "it is a symbolic link".to_owned(),
@@ -141,18 +226,7 @@ fn read_output(path: &str, tail: Option<u32>) -> Result<String, String> {
     if meta.nlink() != 1 {
         return Err("it has more than one name".into());
     }
-    let start = meta.len().saturating_sub(MAX_BYTES);
-    file.seek(SeekFrom::Start(start)).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    file.take(MAX_BYTES).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&bytes);
-    Ok(match tail {
-        None => text.into_owned(),
-        Some(n) => {
-            let lines: Vec<&str> = text.split_inclusive('\n').collect();
-            lines[lines.len().saturating_sub(n as usize)..].concat()
-        }
-    })
+    Ok((file, meta.len()))
 }
 
 #[cfg(test)]
@@ -166,9 +240,16 @@ mod tests {
         let out = dir.join("slurm-1.out");
         std::fs::write(&out, "one\ntwo\nthree\n").unwrap();
         let path = out.to_str().unwrap();
-        assert_eq!(read_output(path, None).unwrap(), "one\ntwo\nthree\n");
-        assert_eq!(read_output(path, Some(2)).unwrap(), "two\nthree\n");
-        assert_eq!(read_output(path, Some(9)).unwrap(), "one\ntwo\nthree\n");
+        assert_eq!(read_output(path, None).unwrap(), ("one\ntwo\nthree\n".to_owned(), 14));
+        assert_eq!(read_output(path, Some(2)).unwrap().0, "two\nthree\n");
+        assert_eq!(read_output(path, Some(9)).unwrap().0, "one\ntwo\nthree\n");
+        // Followed: what it gains after where the last read ended; from the start again
+        // when it was cut shorter.
+        std::fs::write(&out, "one\ntwo\nthree\nfour\n").unwrap();
+        assert_eq!(read_from(path, 14).unwrap(), ("four\n".to_owned(), 19));
+        assert_eq!(read_from(path, 19).unwrap(), (String::new(), 19));
+        std::fs::write(&out, "new\n").unwrap();
+        assert_eq!(read_from(path, 19).unwrap(), ("new\n".to_owned(), 4));
 
         let secret = dir.join("secret");
         std::fs::write(&secret, "jwt signing key").unwrap();
