@@ -230,6 +230,15 @@ test("the workloads table filters by phase through the API", async () => {
     return JSON.stringify(shown.sort()) === JSON.stringify(expected);
   });
   await page.screenshot({ path: join(ARTIFACTS, "workloads.png"), fullPage: true });
+  // The address keeps the filter: Back from a workload's page, or a reload, shows the
+  // same rows (both reset it to all).
+  assert.equal(new URL(page.url()).hash, "#/workloads?phase=Running");
+  await page.locator("tr[data-workload] a").first().click();
+  await page.waitForURL((u) => u.hash.startsWith("#/workload/"));
+  await page.goBack();
+  assert.equal(await page.getByLabel("Phase").inputValue(), "Running");
+  await page.reload();
+  assert.equal(await page.getByLabel("Phase").inputValue(), "Running");
   await page.close();
 });
 

@@ -1,4 +1,4 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { ApiError, Me, PHASES, Page, Team, Workload, WorkloadEvent, abilities, all, api, apiText, gpusOf } from "../api";
 import { Pager, useCursors, usePoll } from "../app";
 import { fmt } from "./overview";
@@ -76,6 +76,16 @@ export function Workloads() {
   if (search) query.set("name_contains", search);
   const cursor = cursors.cursor;
   if (cursor) query.set("cursor", cursor);
+  // The address keeps the filters, for Back from a workload's page, a reload or a link
+  // (without reloading the page).
+  useEffect(() => {
+    const kept = new URLSearchParams();
+    for (const [key, value] of [["team", team], ["phase", phase], ["kind", kind], ["owner", mine ? "me" : ""], ["name_contains", search]]) {
+      if (value) kept.set(key, value);
+    }
+    const address = kept.toString() ? `#/workloads?${kept}` : "#/workloads";
+    if (location.hash !== address) history.replaceState(null, "", address);
+  }, [team, phase, kind, mine, search]);
   const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60000);
   const [page, error] = usePoll(() => api<Page<Workload>>(`/api/v1/workloads?${query}`), [team, phase, kind, mine, search, cursor]);
   const now = Date.now();
