@@ -376,10 +376,10 @@ impl SlurmCluster {
             shards_per_node: shards_per_task.map(|s| s * u32::try_from(most_tasks_on_a_node).unwrap_or(u32::MAX)),
             cpus_per_task: job.cpus_per_task.map(|c| c.ceil() as u32),
             memory_mib_per_node: job.memory_mib_per_task.map(|m| m * most_tasks_on_a_node),
-            time_limit: Some(match job.max_runtime_seconds {
+            time_limit: match job.max_runtime_seconds {
                 Some(s) => TimeLimit::Minutes(s.div_ceil(60)),
                 None => longest.map_or(TimeLimit::Unlimited, TimeLimit::Minutes),
-            }),
+            },
             environment,
             working_directory: self.working_directory.clone(),
         })
@@ -723,13 +723,10 @@ mod tests {
         let c = cluster(Some("h100"));
         let unlimited = JobRequest { max_runtime_seconds: None, ..request(1, 100, &["n1"]) };
         let capped = c.submission(&unlimited, Some(1440)).unwrap();
-        assert_eq!(capped.time_limit, Some(TimeLimit::Minutes(1440)));
+        assert_eq!(capped.time_limit, TimeLimit::Minutes(1440));
         let open = c.submission(&unlimited, None).unwrap();
-        assert_eq!(open.time_limit, Some(TimeLimit::Unlimited));
-        assert_eq!(
-            c.submission(&request(1, 100, &["n1"]), Some(1440)).unwrap().time_limit,
-            Some(TimeLimit::Minutes(61))
-        );
+        assert_eq!(open.time_limit, TimeLimit::Unlimited);
+        assert_eq!(c.submission(&request(1, 100, &["n1"]), Some(1440)).unwrap().time_limit, TimeLimit::Minutes(61));
         assert_eq!(V0038.submit_body(&open)["job"]["time_limit"], json!(4_294_967_295_u64));
         for dialect in DIALECTS.iter().filter(|d| d.version() != "v0.0.38") {
             let job = &dialect.submit_body(&open)["job"];

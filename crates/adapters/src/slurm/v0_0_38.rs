@@ -34,7 +34,7 @@ impl Dialect for V0038 {
             ("memory_per_node", s.memory_mib_per_node.map(Value::from)),
             (
                 "time_limit",
-                s.time_limit.map(|t| match t {
+                Some(match s.time_limit {
                     TimeLimit::Minutes(m) => Value::from(m),
                     TimeLimit::Unlimited => Value::from(INFINITE),
                 }),

@@ -84,7 +84,7 @@ pub(super) fn submit_body(s: &Submission) -> Value {
         ("memory_per_node", s.memory_mib_per_node.map(|m| number(i64::try_from(m).unwrap_or(i64::MAX)))),
         (
             "time_limit",
-            s.time_limit.map(|t| match t {
+            Some(match s.time_limit {
                 TimeLimit::Minutes(m) => number(i64::try_from(m).unwrap_or(i64::MAX)),
                 TimeLimit::Unlimited => json!({"set": true, "infinite": true, "number": 0}),
             }),

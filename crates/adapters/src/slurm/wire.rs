@@ -202,8 +202,8 @@ pub struct Submission {
     pub shards_per_node: Option<u32>,
     pub cpus_per_task: Option<u32>,
     pub memory_mib_per_node: Option<u64>,
-    /// `None`: the partition's `DefaultTime`.
-    pub time_limit: Option<TimeLimit>,
+    /// Always given: left out, Slurm would give the partition's `DefaultTime`.
+    pub time_limit: TimeLimit,
     pub environment: BTreeMap<String, String>,
     pub working_directory: String,
 }
