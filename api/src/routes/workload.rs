@@ -84,6 +84,9 @@ impl WorkloadListParams {
         if self.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
             return Err(berth_core::Error::invalid("owner", "must name a subject, or be me"));
         }
+        if self.team.as_deref().is_some_and(str::is_empty) {
+            return Err(berth_core::Error::invalid("team", "must name a team"));
+        }
         if let Some(part) = &self.name_contains {
             berth_core::validation::check_name_part(part)
                 .map_err(|m| berth_core::Error::invalid("name_contains", m))?;
@@ -109,7 +112,10 @@ impl WorkloadListParams {
 /// List workloads across the teams the caller can see, ordered by team then name, with
 /// filters.
 #[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadListParams),
-    responses((status = 200, description = "A page of workloads", body = WorkloadList)))]
+    responses(
+        (status = 200, description = "A page of workloads", body = WorkloadList),
+        (status = 404, description = "`team` names no team the caller can see",
+            content_type = "application/problem+json", body = crate::problem::Problem)))]
 async fn list_all_workloads(
     State(s): State<AppState>,
     OpCtx(opctx): OpCtx,

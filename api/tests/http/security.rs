@@ -336,6 +336,7 @@ async fn every_route_refuses_a_caller_with_no_grant_on_the_team(db: berth_store:
     let both = s.send_as(Some(&nina), Method::GET, "/api/v1/teams/nlp/workloads?team=vision", None).await;
     both.assert_problem(422, Some("team"));
     s.send_as(Some(&nina), Method::GET, "/api/v1/workloads?owner=", None).await.assert_problem(422, Some("owner"));
+    s.send_as(Some(&nina), Method::GET, "/api/v1/workloads?team=", None).await.assert_problem(422, Some("team"));
 }
 
 /// The review's memory amplification: a member stores many large workloads and lists them
