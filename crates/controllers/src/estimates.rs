@@ -57,10 +57,8 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
                 if !r.preempting {
                     return at_limit;
                 }
-                let grace = crate::cancel_grace(&config, w, &world.clusters[r.cluster].spec);
-                let stops =
-                    w.status.cancel_requested_at.unwrap_or(world.now) + TimeDelta::from_std(grace).unwrap_or_default();
-                Some(at_limit.map_or(stops.timestamp(), |l| l.min(stops.timestamp())))
+                let stops = crate::stops_by(&config, w, &world.clusters[r.cluster].spec, world.now).timestamp();
+                Some(at_limit.map_or(stops, |l| l.min(stops)))
             })
             .collect();
         let runtimes: Vec<Option<i64>> = built.pending.iter().map(|&i| limit(i)).collect();

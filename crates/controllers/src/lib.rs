@@ -271,6 +271,13 @@ pub fn cancel_grace(config: &Config, w: &Workload, cluster: &ClusterSpec) -> Dur
     w.spec.checkpoint.map_or(server, |c| cluster.checkpoint_grace(c.grace_seconds, server))
 }
 
+/// When a workload told to stop (at its cancel, or `now` if not yet sent) is stopped at the
+/// latest: the end of its grace period on `cluster`.
+pub fn stops_by(config: &Config, w: &Workload, cluster: &ClusterSpec, now: DateTime<Utc>) -> DateTime<Utc> {
+    let grace = cancel_grace(config, w, cluster);
+    w.status.cancel_requested_at.unwrap_or(now) + chrono::TimeDelta::from_std(grace).unwrap_or_default()
+}
+
 /// A final phase.
 fn finished(
     w: &Workload,

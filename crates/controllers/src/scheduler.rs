@@ -162,9 +162,12 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     // A victim's grace period runs from its cancel (sent after this cycle if not yet).
     let now = world.now;
     let stops_by = |i: usize| {
-        let w = &world.workloads[built.running[i]];
-        let grace = crate::cancel_grace(&ctx.config, w, &world.clusters[s.running[i].cluster].spec);
-        w.status.cancel_requested_at.unwrap_or(now) + chrono::Duration::from_std(grace).unwrap_or_default()
+        crate::stops_by(
+            &ctx.config,
+            &world.workloads[built.running[i]],
+            &world.clusters[s.running[i].cluster].spec,
+            now,
+        )
     };
 
     let submitted: std::collections::HashMap<uuid::Uuid, Option<chrono::DateTime<chrono::Utc>>> = plan
