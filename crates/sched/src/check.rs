@@ -202,6 +202,7 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     }
 
     let known = Known::of(s, plan, ancestors, &states, &kept_subtree);
+    out.extend(hold_violations(s, plan, &known, &states, &gone));
     // The scheduler's view of quota: what holds GPUs now, plus what waits for victims.
     for w in &plan.waiting {
         if let Reason::WaitingForReclaim { flavor, .. } = w.reason {
@@ -226,8 +227,11 @@ struct Known {
     share: Vec<f64>,
     pools: Vec<Pool>,
     pool_at: Vec<Option<usize>>,
-    /// The workload each held node is held for.
-    held: BTreeMap<NodeIx, PendingIx>,
+    /// The workloads each held node is held for (several only while they wait for
+    /// victims).
+    held: BTreeMap<NodeIx, Vec<PendingIx>>,
+    /// Held nodes whose every holder waits for victims.
+    held_for_reclaims: BTreeSet<NodeIx>,
     /// Workloads that may pause their team's borrowing, with the flavor: waiting for
     /// reclaim, or starving with nodes held and either only allowed to run in-quota or
     /// holding quota within the guarantee. (In-quota is judged against what keeps running,
@@ -244,7 +248,18 @@ impl Known {
         for pool in &mut pools {
             cheapest_first(s, &mut pool.running);
         }
-        let held = plan.waiting.iter().flat_map(|w| w.reserved_nodes.iter().map(move |&n| (n, w.workload))).collect();
+        let mut held: BTreeMap<NodeIx, Vec<PendingIx>> = BTreeMap::new();
+        for w in &plan.waiting {
+            for &n in &w.reserved_nodes {
+                held.entry(n).or_default().push(w.workload);
+            }
+        }
+        let reclaiming: BTreeSet<PendingIx> = (plan.waiting.iter())
+            .filter(|w| matches!(w.reason, Reason::WaitingForReclaim { .. }))
+            .map(|w| w.workload)
+            .collect();
+        let held_for_reclaims =
+            held.iter().filter(|(_, h)| h.iter().all(|w| reclaiming.contains(w))).map(|(&n, _)| n).collect();
         let flavors = s.flavors.len();
         let pausing = plan
             .waiting
@@ -263,7 +278,7 @@ impl Known {
                 }
             })
             .collect();
-        Self { ancestors, impossible, share, pools, pool_at, held, pausing }
+        Self { ancestors, impossible, share, pools, pool_at, held, held_for_reclaims, pausing }
     }
 
     /// Per `team * flavors + flavor`: a workload of the team pauses its borrowing.
@@ -276,11 +291,24 @@ impl Known {
     }
 
     /// Whether waiting `w` fits, given `states`, on the nodes of `pool` that are not held
-    /// for another workload (within one topology block when it requires one).
-    fn fits_on_open_nodes(&self, s: &Snapshot, states: &[NodeState], pool: &Pool, w: PendingIx) -> bool {
+    /// for another workload (within one topology block when it requires one); with
+    /// `reclaiming`, also on nodes held for other workloads' reclaims (what `states` says
+    /// is free there is what `w`'s own victims would free).
+    fn fits_on_open_nodes(
+        &self,
+        s: &Snapshot,
+        states: &[NodeState],
+        pool: &Pool,
+        w: PendingIx,
+        reclaiming: bool,
+    ) -> bool {
         let p = &s.pending[w];
-        let open: Vec<NodeIx> =
-            pool.nodes.iter().copied().filter(|n| self.held.get(n).is_none_or(|&h| h == w)).collect();
+        let open: Vec<NodeIx> = (pool.nodes.iter().copied())
+            .filter(|n| {
+                self.held.get(n).is_none_or(|h| h.iter().all(|&h| h == w))
+                    || (reclaiming && self.held_for_reclaims.contains(n) && !self.held[n].contains(&w))
+            })
+            .collect();
         let node_sets: Vec<Vec<NodeIx>> = if p.topology == TopologyPolicy::Required {
             pool.groups.iter().map(|g| g.iter().copied().filter(|n| open.contains(n)).collect()).collect()
         } else {
@@ -288,6 +316,49 @@ impl Known {
         };
         node_sets.iter().any(|nodes| place(&mut states.to_vec(), nodes, &p.tasks, None).is_some())
     }
+}
+
+/// A node is held for several workloads only while each waits for victims, and the work
+/// waiting for victims on a cluster and flavor fits in what is free there (after this
+/// plan's admissions) once the work told to stop is gone: no two count on the same GPUs.
+fn hold_violations(
+    s: &Snapshot,
+    plan: &Plan,
+    known: &Known,
+    states: &[NodeState],
+    gone: &dyn Fn(RunningIx) -> bool,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let reason = |w: PendingIx| &plan.waiting.iter().find(|x| x.workload == w).expect("holders wait").reason;
+    for (n, holders) in known.held.iter().filter(|(_, h)| h.len() > 1) {
+        if !holders.iter().all(|&w| matches!(reason(w), Reason::WaitingForReclaim { .. })) {
+            out.push(format!("node {n} is held for {holders:?}, not all of which wait for victims"));
+        }
+    }
+    let mut counted_on: BTreeMap<(usize, FlavorIx), u64> = BTreeMap::new();
+    for w in &plan.waiting {
+        if let Reason::WaitingForReclaim { cluster, flavor, .. } = w.reason {
+            *counted_on.entry((cluster, flavor)).or_default() += u64::from(s.pending[w.workload].tasks.total_gpus());
+        }
+    }
+    for ((c, f), needed) in counted_on {
+        let free: u64 = (s.nodes.iter().enumerate())
+            .filter(|(_, node)| node.cluster == c && node.flavor == f)
+            .map(|(n, _)| u64::from(states[n].free_gpus()))
+            .sum();
+        let freed: u64 = (s.running.iter().enumerate())
+            .filter(|&(v, r)| r.cluster == c && r.flavor == f && gone(v))
+            .map(|(_, r)| u64::from(r.tasks.total_gpus()))
+            .sum();
+        if needed > free + freed {
+            out.push(format!(
+                "work waiting for victims counts on {} GPUs of flavor {f} on cluster {c}, but only {} will be free",
+                gpus(needed),
+                gpus(free + freed)
+            ));
+        }
+    }
+    out
 }
 
 /// The quota a starving workload's reservation holds along with its nodes: (flavor,
@@ -346,7 +417,7 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
             }
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
-                if known.fits_on_open_nodes(s, states, pool, w) {
+                if known.fits_on_open_nodes(s, states, pool, w, false) {
                     out.push(format!(
                         "pending {w} waits ({}) though it could run now on cluster {} in flavor {f}",
                         waiting.reason.code(),
@@ -508,11 +579,24 @@ fn reclaim_violations(
         }
     }
     let paused = known.paused(s);
+    // What work waiting for victims ahead in the queue counts on, per subtree: it is
+    // counted again where that work will run. (Work behind it reclaimed after its visit.)
+    let mut counted = vec![0u64; s.teams.len() * flavors];
     let mut out = Vec::new();
-    // (One waiting for its preemptor waits by rule, whatever room there is.)
-    let by_rule =
-        |w: &&Waiting| matches!(w.reason, Reason::WaitingForReclaim { .. } | Reason::WaitingForPreemptor { .. });
-    for waiting in plan.waiting.iter().filter(|w| !by_rule(w)) {
+    for waiting in &plan.waiting {
+        // (One waiting for its preemptor waits by rule, whatever room there is.)
+        match &waiting.reason {
+            Reason::WaitingForReclaim { victims, .. } => {
+                for r in victims.iter().map(|&v| &s.running[v]) {
+                    for &a in &ancestors[r.team] {
+                        counted[a * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
+                    }
+                }
+                continue;
+            }
+            Reason::WaitingForPreemptor { .. } => continue,
+            _ => {}
+        }
         let w = waiting.workload;
         let p = &s.pending[w];
         let requested = u64::from(p.tasks.total_gpus());
@@ -526,6 +610,11 @@ fn reclaim_violations(
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
                 let mut local: Vec<NodeState> = states.to_vec();
+                // On nodes held for other workloads' reclaims, only what is released here.
+                for &n in known.held_for_reclaims.iter().filter(|n| !known.held[n].contains(&w)) {
+                    local[n] = local[n].drained();
+                }
+                let unreleased = local.clone();
                 let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
                 // What releasing lowers each team's subtree by (an ancestor's limit may be
                 // what blocks it).
@@ -562,22 +651,27 @@ fn reclaim_violations(
                 // Within the team's own guarantee once the stopping work here is gone.
                 let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested
                     <= s.teams[p.team].quotas[f].guaranteed_hundredths();
-                let within_limits = in_quota
-                    && ancestors[p.team].iter().all(|&a| {
-                        s.teams[a].quotas[f]
-                            .limit
-                            .is_none_or(|l| subtree[a * flavors + f] - freed[a] + requested <= u64::from(l * ONE_GPU))
-                    });
-                // (Nor past the guarantee of a team above that holds quota for a waiter.)
-                let over_held = ancestors[p.team].iter().any(|&a| {
-                    paused[a * flavors + f]
-                        && subtree[a * flavors + f] - freed[a] + requested
-                            > s.teams[a].quotas[f].guaranteed_hundredths()
-                });
-                if !within_limits || over_held || budget_stop(s, &ancestors[p.team], f, true).is_some() {
+                // Within every limit, and not past the guarantee of a team above that holds
+                // quota for a waiter; with `counted`, once what other workloads wait for is
+                // gone too.
+                let quota_holds = |counted: &[u64]| {
+                    let used = |a: usize| subtree[a * flavors + f] - counted[a * flavors + f] - freed[a];
+                    ancestors[p.team].iter().all(|&a| {
+                        s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU))
+                            && !(paused[a * flavors + f]
+                                && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths())
+                    })
+                };
+                let now = quota_holds(&vec![0; counted.len()]);
+                if !in_quota || !(now || quota_holds(&counted)) || budget_stop(s, &ancestors[p.team], f, true).is_some()
+                {
                     continue;
                 }
-                if known.fits_on_open_nodes(s, &local, pool, w) {
+                // (One that fits only once the victims of others are gone waits for them:
+                // nothing of its own needs to go.)
+                if known.fits_on_open_nodes(s, &local, pool, w, true)
+                    && (now || !known.fits_on_open_nodes(s, &unreleased, pool, w, true))
+                {
                     out.push(format!(
                         "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",
                         waiting.reason.code(),

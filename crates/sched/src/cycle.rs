@@ -244,14 +244,37 @@ struct Reclaim {
     nodes: Vec<NodeIx>,
 }
 
+/// Who a node is held for in this cycle.
+#[derive(Clone)]
+enum NodeHold {
+    Open,
+    /// For a starving workload, which alone may use it.
+    Starving(PendingIx),
+    /// For workloads waiting for their victims to go. Another workload may still reclaim
+    /// what its own victims free there (so a second workload of a team reclaiming does not
+    /// wait for the first one's victims to go before it preempts its own).
+    Reclaim(Vec<PendingIx>),
+}
+
+impl NodeHold {
+    /// Whether `w` may be placed on the node now: no other workload holds it.
+    fn open_to(&self, w: PendingIx) -> bool {
+        match self {
+            NodeHold::Open => true,
+            NodeHold::Starving(h) => *h == w,
+            NodeHold::Reclaim(holders) => holders.iter().all(|&h| h == w),
+        }
+    }
+}
+
 struct Cycle<'a> {
     s: &'a Snapshot,
     flavors: usize,
     states: Vec<NodeState>,
     pools: Vec<Pool>,
     pool_at: Vec<Option<usize>>,
-    /// The workload a node is held for (starving, or waiting for its victims).
-    reserved_for: Vec<Option<PendingIx>>,
+    /// Who each node is held for (starving, or waiting for victims).
+    holds: Vec<NodeHold>,
     /// The same, by workload.
     held: BTreeMap<PendingIx, Vec<NodeIx>>,
     /// The flavor whose quota a starving workload holds along with its nodes.
@@ -275,6 +298,8 @@ struct Cycle<'a> {
     /// …the part of that which is stopping or preempted in this plan (gone once its
     /// backend confirms)…
     subtree_stopping: Vec<u64>,
+    /// …the part of that which workloads waiting for victims in this plan count on…
+    subtree_counted_on: Vec<u64>,
     /// …and only what runs (and is not preempted), which decides who is above its share.
     running_used: Vec<u64>,
     share: Vec<f64>,
@@ -381,7 +406,7 @@ impl<'a> Cycle<'a> {
         Self {
             s,
             flavors,
-            reserved_for: vec![None; s.nodes.len()],
+            holds: vec![NodeHold::Open; s.nodes.len()],
             held: BTreeMap::new(),
             reserved_quota: BTreeMap::new(),
             misses: HashMap::new(),
@@ -391,6 +416,7 @@ impl<'a> Cycle<'a> {
             pool_reserved: vec![false; pools.len()],
             running_used,
             subtree_stopping,
+            subtree_counted_on: vec![0; s.teams.len() * flavors],
             states,
             pools,
             pool_at,
@@ -636,7 +662,7 @@ impl<'a> Cycle<'a> {
         for f in possible {
             // Capacity is reported before quota: quota is the reason only where there is
             // room (so a full flavor says so, whatever the limits).
-            let room = match self.quota(p, f, &[]) {
+            let room = match self.quota(p, f, None) {
                 Ok(in_quota) => match self.best_cluster(w, f) {
                     Ok(c) if p.flavor_policy == FlavorPolicy::BestFit => {
                         if fitting.as_ref().is_none_or(|(q, _, b)| (!in_quota, c.key) < (!*q, b.key)) {
@@ -666,30 +692,53 @@ impl<'a> Cycle<'a> {
         Err((quota_reason, attempts))
     }
 
-    /// Holds `nodes` for `w`: no other workload is placed on them in this cycle.
+    /// Holds `nodes` for starving `w`: no other workload is placed on them in this cycle.
     fn hold(&mut self, w: PendingIx, nodes: &[NodeIx]) {
         for &n in nodes {
-            if self.reserved_for[n].is_none() {
-                self.reserved_for[n] = Some(w);
-                self.held.entry(w).or_default().push(n);
-                let node = &self.s.nodes[n];
-                if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
-                    self.pools[pool].version += 1;
-                }
+            if matches!(self.holds[n], NodeHold::Open) {
+                self.holds[n] = NodeHold::Starving(w);
+                self.held_by(w, n);
             }
         }
     }
 
-    /// Whether `p` may take `f` once `victims` are gone: `Ok(in_quota)`, or why not.
-    fn quota(&self, p: &Pending, f: FlavorIx, victims: &[RunningIx]) -> Result<bool, Reason> {
+    /// Holds `nodes` for `w`, which waits for its victims: nothing is placed on them in
+    /// this cycle, and another reclaim only takes what its own victims free there.
+    fn hold_for_reclaim(&mut self, w: PendingIx, nodes: &[NodeIx]) {
+        for &n in nodes {
+            match &mut self.holds[n] {
+                NodeHold::Reclaim(holders) if holders.contains(&w) => continue,
+                NodeHold::Reclaim(holders) => holders.push(w),
+                hold => *hold = NodeHold::Reclaim(vec![w]),
+            }
+            if !self.held.get(&w).is_some_and(|held| held.contains(&n)) {
+                self.held_by(w, n);
+            }
+        }
+    }
+
+    fn held_by(&mut self, w: PendingIx, n: NodeIx) {
+        self.held.entry(w).or_default().push(n);
+        let node = &self.s.nodes[n];
+        if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
+            self.pools[pool].version += 1;
+        }
+    }
+
+    /// Whether `p` may take `f` now (`reclaim` is `None`), or once the `victims` it names
+    /// are gone (and with them what other workloads waiting for victims in this plan count
+    /// on, as those are already counted where they will run): `Ok(in_quota)`, or why not.
+    fn quota(&self, p: &Pending, f: FlavorIx, reclaim: Option<&[RunningIx]>) -> Result<bool, Reason> {
         let requested = u64::from(p.tasks.total_gpus());
         let freed = |a: TeamIx| -> u64 {
-            victims
+            let Some(victims) = reclaim else { return 0 };
+            let victims: u64 = victims
                 .iter()
                 .map(|&v| &self.s.running[v])
                 .filter(|v| v.flavor == f && self.ancestors[v.team].contains(&a))
                 .map(|v| u64::from(v.tasks.total_gpus()))
-                .sum()
+                .sum();
+            victims + self.subtree_counted_on[a * self.flavors + f]
         };
         let used = |a: TeamIx| self.subtree_used[a * self.flavors + f] - freed(a);
         for &a in &self.ancestors[p.team] {
@@ -829,7 +878,7 @@ impl<'a> Cycle<'a> {
         if self.held.is_empty() {
             return Cow::Borrowed(nodes);
         }
-        nodes.iter().copied().filter(|&n| self.reserved_for[n].is_none_or(|r| r == w)).collect()
+        nodes.iter().copied().filter(|&n| self.holds[n].open_to(w)).collect()
     }
 
     /// Tries the gang on one pool without changing anything.
@@ -934,7 +983,13 @@ impl<'a> Cycle<'a> {
         // are open again: whatever wants their flavor is visited again.
         let released = self.held.remove(&w).unwrap_or_default();
         for &n in &released {
-            self.reserved_for[n] = None;
+            self.holds[n] = match std::mem::replace(&mut self.holds[n], NodeHold::Open) {
+                NodeHold::Reclaim(mut holders) if holders.len() > 1 => {
+                    holders.retain(|&h| h != w);
+                    NodeHold::Reclaim(holders)
+                }
+                _ => NodeHold::Open,
+            };
             let node = &s.nodes[n];
             if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
                 self.pools[pool].version += 1;
@@ -1004,6 +1059,9 @@ impl<'a> Cycle<'a> {
             self.gone[v] = true;
             let victim = &s.running[v];
             let amount = u64::from(victim.tasks.total_gpus());
+            for &a in &self.ancestors[victim.team] {
+                self.subtree_counted_on[a * self.flavors + victim.flavor] += amount;
+            }
             let pool = &mut self.pools[found.pool];
             if victim.preempting {
                 pool.stopping -= amount;
@@ -1029,7 +1087,7 @@ impl<'a> Cycle<'a> {
         }
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.paused[p.team * self.flavors + f].get_or_insert(w);
-        self.hold(w, &found.nodes);
+        self.hold_for_reclaim(w, &found.nodes);
         let cluster = self.pools[found.pool].cluster;
         Some(Reason::WaitingForReclaim { cluster, flavor: f, victims: found.victims })
     }
@@ -1116,7 +1174,14 @@ impl<'a> Cycle<'a> {
         if candidates.is_empty() || pool.free + at_most < needed {
             return None;
         }
-        let open = self.open_nodes(w, &pool.nodes);
+        // On a node held for other reclaims, only what its victims free.
+        let (open, base): (Vec<NodeIx>, Vec<NodeState>) = (pool.nodes.iter())
+            .filter_map(|&n| match &self.holds[n] {
+                NodeHold::Starving(h) if *h != w => None,
+                NodeHold::Reclaim(holders) if !holders.contains(&w) => Some((n, self.states[n].drained())),
+                _ => Some((n, self.states[n])),
+            })
+            .unzip();
         let position: BTreeMap<NodeIx, usize> = open.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         // Node sets the gang may use, as positions into `open`.
         let node_sets: Vec<Vec<usize>> = if p.topology == TopologyPolicy::Required {
@@ -1124,7 +1189,6 @@ impl<'a> Cycle<'a> {
         } else {
             vec![(0..open.len()).collect()]
         };
-        let base: Vec<NodeState> = open.iter().map(|&n| self.states[n]).collect();
         let release = |states: &mut Vec<NodeState>, victims: &[RunningIx]| {
             for &v in victims {
                 let r = &s.running[v];
@@ -1136,7 +1200,7 @@ impl<'a> Cycle<'a> {
             }
         };
         let fits = |victims: &[RunningIx]| -> Option<Placed> {
-            if !matches!(self.quota(p, f, victims), Ok(true)) {
+            if !matches!(self.quota(p, f, Some(victims)), Ok(true)) {
                 return None;
             }
             let mut states = base.clone();
@@ -1172,10 +1236,20 @@ impl<'a> Cycle<'a> {
         for i in (0..chosen.len()).rev() {
             let mut fewer = chosen.clone();
             fewer.remove(i);
+            // (Work already stopping is kept to count on: once it is gone, nothing waits
+            // for the victims of other workloads.)
+            if fewer.is_empty() && s.running[chosen[i]].preempting {
+                continue;
+            }
             if let Some(found) = fits(&fewer) {
                 chosen = fewer;
                 placed = found;
             }
+        }
+        // (It would fit once other workloads' victims are gone: it waits for them, and
+        // preempts nothing.)
+        if chosen.is_empty() {
+            return None;
         }
         let new_victims = chosen.iter().filter(|&&v| !s.running[v].preempting).count();
         let lost: u64 = chosen
@@ -1224,7 +1298,7 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         let mut best: Option<(u64, Vec<NodeIx>, usize, FlavorIx)> = None;
         for &f in &p.flavors {
-            if self.quota(p, f, &[]).is_err() || !self.quota_holds_when_children_run(p, f) {
+            if self.quota(p, f, None).is_err() || !self.quota_holds_when_children_run(p, f) {
                 continue;
             }
             for (c, pool_ix) in self.allowed_pools(p, f) {

@@ -216,6 +216,18 @@ impl NodeState {
         self.shared_free[d] -= gpus as u8;
     }
 
+    /// The node with nothing free: what work on it gives back ([`Self::give`]) is all
+    /// there is to take.
+    pub fn drained(mut self) -> Self {
+        for d in self.shared_devices() {
+            self.shared_free[d] = 0;
+        }
+        self.whole_free = 0;
+        self.cpus_free = 0;
+        self.memory_free = 0;
+        self
+    }
+
     /// Gives back one task of `r` (`device`: the GPU a fractional task shared).
     pub fn give(&mut self, r: &Resources, device: Option<u8>) {
         self.cpus_free += r.cpus_milli;

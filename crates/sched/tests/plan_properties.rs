@@ -33,7 +33,7 @@ proptest! {
     fn every_plan_holds_the_invariants_and_is_deterministic(s in snapshots()) {
         s.validate().unwrap();
         let plan = schedule(&s).unwrap();
-        prop_assert_eq!(violations(&s, &plan), Vec::<String>::new());
+        prop_assert_eq!(violations(&s, &plan), Vec::<String>::new(), "{:?}", plan);
         prop_assert_eq!(schedule(&s).unwrap(), plan);
     }
 

@@ -1319,3 +1319,79 @@ fn best_fit_flavors_leave_whole_nodes_to_big_work_and_still_prefer_the_guarantee
     assert_eq!(w.s.flavors[plan.admissions[0].flavor], "h100");
     assert!(!plan.admissions[0].borrowed);
 }
+
+/// research is guaranteed 8 with a limit of 8; its child nlp has no guarantee, its child
+/// vision all 8. One 8-GPU node; nlp runs four borrowed 2-GPU jobs.
+fn nlp_borrows_vision_s_node() -> (World, Vec<usize>) {
+    let mut w = World::new(&["h100"]);
+    w.team("research", None, &[("h100", 8, Some(8), 1)]);
+    w.team("nlp", Some("research"), &[("h100", 0, Some(8), 1)]);
+    w.team("vision", Some("research"), &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let node = w.nodes(c, "h100", 1, 8, None);
+    for i in 0..4 {
+        w.run(&format!("n{i}"), "nlp", &node, 1, 2 * GPU, true, 0, 0);
+    }
+    (w, node)
+}
+
+#[test]
+fn a_second_reclaim_shares_the_node_the_first_holds_instead_of_waiting_for_its_victims() {
+    let (mut w, node) = nlp_borrows_vision_s_node();
+
+    // vision asks for 2: one nlp job is preempted for it, and vision waits on the node.
+    w.submit("reca", "vision", 1, 2 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan).len(), 1);
+    assert!(matches!(reason(&w, &plan, "reca"), Reason::WaitingForReclaim { .. }));
+    w.carry_out(&plan);
+
+    // While that job stops, vision asks for 2 more. nlp still runs 6 over its fair share
+    // of 4, and the node has room for both once two of nlp's jobs are gone: a second job
+    // is preempted now, for recb, on the node reca holds too. (It used to wait with
+    // NoClusterFits until reca's victim was gone, then preempt, and wait a second grace
+    // period.)
+    w.submit("recb", "vision", 1, 2 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan).len(), 1, "{plan:?}");
+    assert!(matches!(reason(&w, &plan, "reca"), Reason::WaitingForReclaim { .. }));
+    assert!(matches!(reason(&w, &plan, "recb"), Reason::WaitingForReclaim { .. }), "{plan:?}");
+    let victims = |id: &str| match reason(&w, &plan, id) {
+        Reason::WaitingForReclaim { victims, .. } => victims.clone(),
+        _ => unreachable!(),
+    };
+    assert!(victims("reca").iter().all(|v| !victims("recb").contains(v)), "each counts on its own victim");
+    for id in ["reca", "recb"] {
+        let held = &plan.waiting.iter().find(|x| w.s.pending[x.workload].id == id).unwrap().reserved_nodes;
+        assert_eq!(held, &node, "{id} holds the node");
+    }
+    w.carry_out(&plan);
+
+    // A third ask: nlp keeps 4 running against a fair share of 2 now, so a third job goes,
+    // again on the same node.
+    w.submit("recc", "vision", 1, 2 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan).len(), 1, "{plan:?}");
+    w.carry_out(&plan);
+    // Once the three victims are gone, all three run.
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["reca", "recb", "recc"]);
+}
+
+#[test]
+fn two_reclaims_in_one_cycle_each_preempt_for_themselves_on_one_node() {
+    // As above, with both asks in the same cycle: two nlp jobs go at once.
+    let (mut w, _) = nlp_borrows_vision_s_node();
+    w.submit("reca", "vision", 1, 2 * GPU, &["h100"]);
+    w.submit("recb", "vision", 1, 2 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan).len(), 2, "{plan:?}");
+    for id in ["reca", "recb"] {
+        assert!(matches!(reason(&w, &plan, id), Reason::WaitingForReclaim { .. }), "{id}: {plan:?}");
+    }
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["reca", "recb"]);
+}
