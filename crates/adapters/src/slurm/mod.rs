@@ -83,6 +83,10 @@ pub struct SlurmCluster {
     listing: tokio::sync::Mutex<Option<Listing>>,
     /// Jobs this backend submitted, with when, so that a reused listing still shows them.
     submitted: Mutex<Vec<(Instant, JobKey, u64)>>,
+    /// The partitions as last read (by the inventory, or a submit), with when: a submit
+    /// without a runtime limit reads its partition's MaxTime there while it is younger than
+    /// [`PARTITIONS_MAX_AGE`], instead of asking slurmrestd each time.
+    read_partitions: Mutex<Option<(Instant, Vec<wire::Partition>)>>,
 }
 
 /// A full listing of slurmctld's jobs. Listing is Slurm's most expensive call (every job
@@ -101,6 +105,9 @@ struct Listing {
 const LISTING_REUSE: u32 = 9;
 const LISTING_MAX_AGE: Duration = Duration::from_secs(15);
 const BURST_GAP: Duration = Duration::from_secs(1);
+/// How long a partition's MaxTime, once read, is used for submits (a change by Slurm's
+/// admin reaches new jobs within it; the inventory reads partitions every few seconds).
+const PARTITIONS_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// The JWT, kept out of `Debug` and logs.
 struct Token(String);
@@ -146,6 +153,7 @@ impl SlurmCluster {
             ids: Mutex::new(HashMap::new()),
             listing: tokio::sync::Mutex::new(None),
             submitted: Mutex::new(Vec::new()),
+            read_partitions: Mutex::new(None),
         })
     }
 
@@ -328,6 +336,29 @@ impl SlurmCluster {
         self.partitions.iter().find(|p| p.flavor == flavor)
     }
 
+    /// The cluster's partitions, read now (and kept for [`Self::longest_on`]).
+    async fn partitions_now(&self, api: &dyn Dialect) -> Result<Vec<wire::Partition>, BackendError> {
+        let partitions =
+            api.parse_partitions(&self.get("partitions").await?).map_err(|e| self.bad_answer("partitions", &e))?;
+        *self.read_partitions.lock().expect("partitions lock") = Some((Instant::now(), partitions.clone()));
+        Ok(partitions)
+    }
+
+    /// The MaxTime of `flavor`'s partition in minutes (`None`: unlimited), as read at most
+    /// [`PARTITIONS_MAX_AGE`] ago.
+    async fn longest_on(&self, api: &dyn Dialect, flavor: &str) -> Result<Option<u64>, BackendError> {
+        let name = self.partition_of(flavor).map(|p| p.name.as_str());
+        let longest = |partitions: &[wire::Partition]| {
+            partitions.iter().find(|p| Some(p.name.as_str()) == name).and_then(|p| p.max_time_minutes)
+        };
+        if let Some((at, partitions)) = &*self.read_partitions.lock().expect("partitions lock")
+            && at.elapsed() < PARTITIONS_MAX_AGE
+        {
+            return Ok(longest(partitions));
+        }
+        Ok(longest(&self.partitions_now(api).await?))
+    }
+
     /// What the job request becomes in Slurm. `longest` is the partition's `MaxTime` (in
     /// minutes; `None`: unlimited), asked for work without a runtime limit.
     fn submission(&self, job: &JobRequest, longest: Option<u64>) -> Result<Submission, BackendError> {
@@ -500,8 +531,7 @@ impl ClusterBackend for SlurmCluster {
     async fn inventory(&self) -> Result<Inventory, BackendError> {
         let api = self.api().await?;
         let nodes = api.parse_nodes(&self.get("nodes").await?).map_err(|e| self.bad_answer("nodes", &e))?;
-        let partitions =
-            api.parse_partitions(&self.get("partitions").await?).map_err(|e| self.bad_answer("partitions", &e))?;
+        let partitions = self.partitions_now(api).await?;
         let jobs = self.listed(false).await?;
         // A shard is its share of a GPU of the partition the node is in.
         let shards_per_gpu: HashMap<&str, u32> = nodes
@@ -569,13 +599,7 @@ impl ClusterBackend for SlurmCluster {
         // unlimited above a MaxTime, the job would pend for good.
         let longest = match job.max_runtime_seconds {
             Some(_) => None,
-            None => {
-                let name = self.partition_of(&job.flavor).map(|p| p.name.as_str());
-                let partitions = api
-                    .parse_partitions(&self.get("partitions").await?)
-                    .map_err(|e| self.bad_answer("partitions", &e))?;
-                partitions.into_iter().find(|p| Some(p.name.as_str()) == name).and_then(|p| p.max_time_minutes)
-            }
+            None => self.longest_on(api, &job.flavor).await?,
         };
         let body = api.submit_body(&self.submission(job, longest)?);
         let answer = self.call(Method::POST, "job/submit", Some(&body)).await?;
