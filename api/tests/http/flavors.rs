@@ -56,4 +56,13 @@ async fn a_flavor_in_use_cannot_be_deleted(db: berth_store::PgPool) {
     s.delete("/api/v1/flavors/h100").await.assert_problem(409, None);
     assert_eq!(s.delete("/api/v1/clusters/sim-a").await.status, 200);
     assert_eq!(s.delete("/api/v1/flavors/h100").await.status, 200);
+    // Unfinished work that wants it keeps it too (found without an index on the flavors
+    // of workloads, which every insert paid for).
+    s.put_ok("/api/v1/flavors/h100", &flavor("h100"), 201).await;
+    let work =
+        json!({"spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}});
+    s.put_ok("/api/v1/teams/nlp/workloads/w", &work, 201).await;
+    let refused = s.delete("/api/v1/flavors/h100").await;
+    refused.assert_problem(409, None);
+    assert!(refused.body["detail"].as_str().unwrap().contains("workload nlp/w"), "{}", refused.body);
 }
