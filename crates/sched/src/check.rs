@@ -611,10 +611,10 @@ fn reclaim_violations(
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
                 let mut local: Vec<NodeState> = states.to_vec();
                 // On nodes held for other workloads' reclaims, only what is released here.
+                let unreleased = local.clone();
                 for &n in known.held_for_reclaims.iter().filter(|n| !known.held[n].contains(&w)) {
                     local[n] = local[n].drained();
                 }
-                let unreleased = local.clone();
                 let mut taken: BTreeMap<usize, u64> = BTreeMap::new();
                 // What releasing lowers each team's subtree by (an ancestor's limit may be
                 // what blocks it).
@@ -667,10 +667,10 @@ fn reclaim_violations(
                 {
                     continue;
                 }
-                // (One that fits only once the victims of others are gone waits for them:
-                // nothing of its own needs to go.)
+                // (One that fits without releasing anything, on what is free on nodes held
+                // for reclaims or once the victims of others are gone, waits for them.)
                 if known.fits_on_open_nodes(s, &local, pool, w, true)
-                    && (now || !known.fits_on_open_nodes(s, &unreleased, pool, w, true))
+                    && !known.fits_on_open_nodes(s, &unreleased, pool, w, true)
                 {
                     out.push(format!(
                         "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",

@@ -240,8 +240,11 @@ type TeamKey = (u64, i64);
 struct Reclaim {
     key: (usize, u64, usize, ClusterIx),
     pool: usize,
+    /// Empty: it fits without victims of its own (in what is free on nodes held for other
+    /// reclaims, or once the victims those wait for are gone), so it waits.
     victims: Vec<RunningIx>,
-    nodes: Vec<NodeIx>,
+    /// The nodes it would run on, with what is free on each now that it will not use.
+    nodes: Vec<(NodeIx, NodeState)>,
 }
 
 /// Who a node is held for in this cycle.
@@ -250,10 +253,14 @@ enum NodeHold {
     Open,
     /// For a starving workload, which alone may use it.
     Starving(PendingIx),
-    /// For workloads waiting for their victims to go. Another workload may still reclaim
-    /// what its own victims free there (so a second workload of a team reclaiming does not
-    /// wait for the first one's victims to go before it preempts its own).
-    Reclaim(Vec<PendingIx>),
+    /// For workloads waiting for their victims to go, with what is free there now that
+    /// they will not use (`spare`). Another workload may still reclaim that and what its
+    /// own victims free there (so a second workload of a team reclaiming does not wait for
+    /// the first one's victims to go before it preempts its own).
+    Reclaim {
+        holders: Vec<PendingIx>,
+        spare: NodeState,
+    },
 }
 
 impl NodeHold {
@@ -262,7 +269,7 @@ impl NodeHold {
         match self {
             NodeHold::Open => true,
             NodeHold::Starving(h) => *h == w,
-            NodeHold::Reclaim(holders) => holders.iter().all(|&h| h == w),
+            NodeHold::Reclaim { holders, .. } => holders.iter().all(|&h| h == w),
         }
     }
 }
@@ -703,17 +710,26 @@ impl<'a> Cycle<'a> {
     }
 
     /// Holds `nodes` for `w`, which waits for its victims: nothing is placed on them in
-    /// this cycle, and another reclaim only takes what its own victims free there.
-    fn hold_for_reclaim(&mut self, w: PendingIx, nodes: &[NodeIx]) {
-        for &n in nodes {
+    /// this cycle, and another reclaim only takes what is free there and `w` will not use,
+    /// and what its own victims free. Nodes it held while starving are let go.
+    fn hold_for_reclaim(&mut self, w: PendingIx, nodes: Vec<(NodeIx, NodeState)>) {
+        for n in self.held.remove(&w).unwrap_or_default() {
+            self.holds[n] = NodeHold::Open;
+            self.reopened[self.s.nodes[n].flavor] = true;
+            let node = &self.s.nodes[n];
+            if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
+                self.pools[pool].version += 1;
+            }
+        }
+        for (n, left) in nodes {
             match &mut self.holds[n] {
-                NodeHold::Reclaim(holders) if holders.contains(&w) => continue,
-                NodeHold::Reclaim(holders) => holders.push(w),
-                hold => *hold = NodeHold::Reclaim(vec![w]),
+                NodeHold::Reclaim { holders, spare } => {
+                    holders.push(w);
+                    *spare = left;
+                }
+                hold => *hold = NodeHold::Reclaim { holders: vec![w], spare: left },
             }
-            if !self.held.get(&w).is_some_and(|held| held.contains(&n)) {
-                self.held_by(w, n);
-            }
+            self.held_by(w, n);
         }
     }
 
@@ -984,9 +1000,9 @@ impl<'a> Cycle<'a> {
         let released = self.held.remove(&w).unwrap_or_default();
         for &n in &released {
             self.holds[n] = match std::mem::replace(&mut self.holds[n], NodeHold::Open) {
-                NodeHold::Reclaim(mut holders) if holders.len() > 1 => {
+                NodeHold::Reclaim { mut holders, spare } if holders.len() > 1 => {
                     holders.retain(|&h| h != w);
-                    NodeHold::Reclaim(holders)
+                    NodeHold::Reclaim { holders, spare }
                 }
                 _ => NodeHold::Open,
             };
@@ -1087,7 +1103,7 @@ impl<'a> Cycle<'a> {
         }
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.paused[p.team * self.flavors + f].get_or_insert(w);
-        self.hold_for_reclaim(w, &found.nodes);
+        self.hold_for_reclaim(w, found.nodes);
         let cluster = self.pools[found.pool].cluster;
         Some(Reason::WaitingForReclaim { cluster, flavor: f, victims: found.victims })
     }
@@ -1107,9 +1123,13 @@ impl<'a> Cycle<'a> {
             let pools: Vec<(ClusterIx, usize)> =
                 self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
             for (_, pool) in pools {
-                if let Some(found) = self.reclaim_on(w, f, pool, in_quota_now, ignore_protection)
-                    && best.as_ref().is_none_or(|(_, b)| found.key < b.key)
-                {
+                let Some(found) = self.reclaim_on(w, f, pool, in_quota_now, ignore_protection) else { continue };
+                // It fits once the victims other workloads wait for are gone: it waits for
+                // them, and preempts nothing.
+                if found.victims.is_empty() {
+                    return None;
+                }
+                if best.as_ref().is_none_or(|(_, b)| found.key < b.key) {
                     best = Some((f, found));
                 }
             }
@@ -1174,11 +1194,11 @@ impl<'a> Cycle<'a> {
         if candidates.is_empty() || pool.free + at_most < needed {
             return None;
         }
-        // On a node held for other reclaims, only what its victims free.
+        // On a node held for other reclaims, what they leave free, and what its victims free.
         let (open, base): (Vec<NodeIx>, Vec<NodeState>) = (pool.nodes.iter())
             .filter_map(|&n| match &self.holds[n] {
                 NodeHold::Starving(h) if *h != w => None,
-                NodeHold::Reclaim(holders) if !holders.contains(&w) => Some((n, self.states[n].drained())),
+                NodeHold::Reclaim { holders, spare } if !holders.contains(&w) => Some((n, *spare)),
                 _ => Some((n, self.states[n])),
             })
             .unzip();
@@ -1199,13 +1219,14 @@ impl<'a> Cycle<'a> {
                 }
             }
         };
-        let fits = |victims: &[RunningIx]| -> Option<Placed> {
+        let fits = |victims: &[RunningIx]| -> Option<(Placed, Vec<NodeState>)> {
             if !matches!(self.quota(p, f, Some(victims)), Ok(true)) {
                 return None;
             }
             let mut states = base.clone();
             release(&mut states, victims);
-            node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks, None))
+            let placed = node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks, None))?;
+            Some((placed, states))
         };
         let mut taken: BTreeMap<TeamIx, u64> = BTreeMap::new();
         let mut chosen = Vec::new();
@@ -1231,7 +1252,7 @@ impl<'a> Cycle<'a> {
                 break;
             }
         }
-        let mut placed = placed?;
+        let (mut placed, mut after) = placed?;
         // Drop victims not needed after all, the most expensive first.
         for i in (0..chosen.len()).rev() {
             let mut fewer = chosen.clone();
@@ -1243,13 +1264,8 @@ impl<'a> Cycle<'a> {
             }
             if let Some(found) = fits(&fewer) {
                 chosen = fewer;
-                placed = found;
+                (placed, after) = found;
             }
-        }
-        // (It would fit once other workloads' victims are gone: it waits for them, and
-        // preempts nothing.)
-        if chosen.is_empty() {
-            return None;
         }
         let new_victims = chosen.iter().filter(|&&v| !s.running[v].preempting).count();
         let lost: u64 = chosen
@@ -1258,9 +1274,10 @@ impl<'a> Cycle<'a> {
             .filter(|r| !r.preempting)
             .map(|r| (s.now - r.started_at).max(0) as u64 * u64::from(r.tasks.total_gpus()))
             .sum();
-        let mut nodes: Vec<NodeIx> = placed.tasks.iter().map(|&(i, _)| open[i]).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
+        let mut nodes: Vec<(NodeIx, NodeState)> =
+            placed.tasks.iter().map(|&(i, _)| (open[i], base[i].left_free(after[i]))).collect();
+        nodes.sort_unstable_by_key(|&(n, _)| n);
+        nodes.dedup_by_key(|&mut (n, _)| n);
         Some(Reclaim {
             key: (new_victims, lost, s.clusters[pool.cluster].tier_rank(), pool.cluster),
             pool: pool_ix,

@@ -228,6 +228,18 @@ impl NodeState {
         self
     }
 
+    /// What is free on the node now (`self`) and still free `after` work planned on it
+    /// runs there (its victims gone): whole GPUs, CPU and memory (shared GPUs' free room
+    /// is left out). The work takes what its victims free first, so this is the lesser
+    /// of the two.
+    pub fn left_free(self, after: NodeState) -> Self {
+        let mut left = after.drained();
+        left.whole_free = self.whole_free.min(after.whole_free);
+        left.cpus_free = self.cpus_free.min(after.cpus_free);
+        left.memory_free = self.memory_free.min(after.memory_free);
+        left
+    }
+
     /// Gives back one task of `r` (`device`: the GPU a fractional task shared).
     pub fn give(&mut self, r: &Resources, device: Option<u8>) {
         self.cpus_free += r.cpus_milli;

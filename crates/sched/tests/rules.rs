@@ -1395,3 +1395,41 @@ fn two_reclaims_in_one_cycle_each_preempt_for_themselves_on_one_node() {
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["reca", "recb"]);
 }
+
+#[test]
+fn a_reclaim_whose_victim_stopped_first_waits_on_the_held_node_instead_of_preempting_again() {
+    // research (guaranteed 8, limit 8) holds vision (8) and nlp (0); nlp borrows node n
+    // (a 6-GPU and a 2-GPU job). Team d borrows node m (4 GPUs) and is above its fair share:
+    // e waits for GPUs too.
+    let mut w = World::new(&["h100"]);
+    w.team("research", None, &[("h100", 8, Some(8), 1)]);
+    w.team("vision", Some("research"), &[("h100", 8, None, 1)]);
+    w.team("nlp", Some("research"), &[("h100", 0, Some(8), 1)]);
+    w.team("d", None, &[("h100", 0, None, 1)]);
+    w.team("e", None, &[("h100", 0, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let n = w.nodes(c, "h100", 1, 8, None);
+    let m = w.nodes(c, "h100", 1, 4, None);
+    w.run("v1", "nlp", &n, 1, 6 * GPU, true, 0, 0);
+    w.run("v2", "nlp", &n, 1, 2 * GPU, true, 0, 10);
+    w.run("v3", "d", &m, 1, 4 * GPU, true, 0, 0);
+    w.submit("e1", "e", 1, 4 * GPU, &["h100"]);
+    w.submit("r1", "vision", 1, 6 * GPU, &["h100"]);
+    w.submit("r2", "vision", 1, 2 * GPU, &["h100"]);
+    // r1 reclaims v1 and r2 v2, both on n (d's job frees no room under research's limit).
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), ["v1", "v2"], "{plan:?}");
+    w.carry_out(&plan);
+    // v2 stops first. Its 2 GPUs are free on n, which r1 holds while v1 stops: r2 waits for
+    // them, and d's job is not preempted for r2 a second time.
+    w.finish_stopping_where(|r| r.id == "v2", false);
+    let plan = w.plan();
+    assert_eq!(preempted(&w, &plan), Vec::<String>::new(), "{plan:?}");
+    assert!(matches!(reason(&w, &plan, "r1"), Reason::WaitingForReclaim { .. }));
+    assert!(!matches!(reason(&w, &plan, "r2"), Reason::WaitingForReclaim { .. }), "{plan:?}");
+    w.carry_out(&plan);
+    // Once v1 is gone, both run on n.
+    w.finish_stopping(false);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["r1", "r2"], "{plan:?}");
+}
