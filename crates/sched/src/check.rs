@@ -654,16 +654,19 @@ fn reclaim_violations(
                 // Within every limit, and not past the guarantee of a team above that holds
                 // quota for a waiter; with `counted`, once what other workloads wait for is
                 // gone too.
-                let quota_holds = |counted: &[u64]| {
-                    let used = |a: usize| subtree[a * flavors + f] - counted[a * flavors + f] - freed[a];
+                let quota_holds = |counted: Option<&[u64]>| {
+                    let used =
+                        |a: usize| subtree[a * flavors + f] - counted.map_or(0, |c| c[a * flavors + f]) - freed[a];
                     ancestors[p.team].iter().all(|&a| {
                         s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU))
                             && !(paused[a * flavors + f]
                                 && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths())
                     })
                 };
-                let now = quota_holds(&vec![0; counted.len()]);
-                if !in_quota || !(now || quota_holds(&counted)) || budget_stop(s, &ancestors[p.team], f, true).is_some()
+                let now = quota_holds(None);
+                if !in_quota
+                    || !(now || quota_holds(Some(&counted)))
+                    || budget_stop(s, &ancestors[p.team], f, true).is_some()
                 {
                     continue;
                 }

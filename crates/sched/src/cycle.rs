@@ -716,10 +716,7 @@ impl<'a> Cycle<'a> {
         for n in self.held.remove(&w).unwrap_or_default() {
             self.holds[n] = NodeHold::Open;
             self.reopened[self.s.nodes[n].flavor] = true;
-            let node = &self.s.nodes[n];
-            if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
-                self.pools[pool].version += 1;
-            }
+            self.node_changed(n);
         }
         for (n, left) in nodes {
             match &mut self.holds[n] {
@@ -735,6 +732,11 @@ impl<'a> Cycle<'a> {
 
     fn held_by(&mut self, w: PendingIx, n: NodeIx) {
         self.held.entry(w).or_default().push(n);
+        self.node_changed(n);
+    }
+
+    /// A node was held or let go: what was cached of its pool no longer holds.
+    fn node_changed(&mut self, n: NodeIx) {
         let node = &self.s.nodes[n];
         if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
             self.pools[pool].version += 1;
@@ -1006,10 +1008,7 @@ impl<'a> Cycle<'a> {
                 }
                 _ => NodeHold::Open,
             };
-            let node = &s.nodes[n];
-            if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
-                self.pools[pool].version += 1;
-            }
+            self.node_changed(n);
         }
         for &n in &released {
             self.reopened[s.nodes[n].flavor] = true;
@@ -1124,8 +1123,8 @@ impl<'a> Cycle<'a> {
                 self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
             for (_, pool) in pools {
                 let Some(found) = self.reclaim_on(w, f, pool, in_quota_now, ignore_protection) else { continue };
-                // It fits once the victims other workloads wait for are gone: it waits for
-                // them, and preempts nothing.
+                // It fits without victims of its own (in what nodes held for other reclaims
+                // leave free, or once their victims are gone): it waits, and preempts nothing.
                 if found.victims.is_empty() {
                     return None;
                 }
