@@ -136,14 +136,24 @@ async fn a_job_runs_to_completed_with_its_gpus_and_output_and_a_failing_script_r
     assert_eq!(Some(&output), submitted.output.as_ref());
     assert_eq!(output, format!("{}/slurm-{}.out", dev.work_dir, submitted.job_id));
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "hello from test on 0,1\n");
-    // A resumed attempt (attempt 2 of resumable work) is told so, with the one before.
-    let mut resumed = job(1, 1, &["x"], "#!/bin/bash\necho \"$BERTH_ATTEMPT $BERTH_RESUME $BERTH_PREVIOUS_ATTEMPT\"\n");
+    // A resumed attempt (attempt 2 of resumable work) is told so, with the one before; and
+    // the workload's own variables reach it, Slurm's names included (an index of an array
+    // `berth submit` made: Slurm sets no SLURM_ARRAY_* of its own for a job not an array).
+    let mut resumed = job(
+        1,
+        1,
+        &["x"],
+        "#!/bin/bash\necho \"$BERTH_ATTEMPT $BERTH_RESUME $BERTH_PREVIOUS_ATTEMPT $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT\"\n",
+    );
     resumed.key.attempt = 2;
     resumed.resume = true;
+    resumed.run.env = [("SLURM_ARRAY_TASK_ID", "7"), ("SLURM_ARRAY_TASK_COUNT", "9")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
     b.submit(&resumed).await.unwrap();
     let done = wait_for(&b, resumed.key, "final", |j| j.state.is_final()).await;
     assert_eq!(done.state, JobState::Succeeded, "{done:?}");
-    assert_eq!(std::fs::read_to_string(done.output.expect("where the output is")).unwrap(), "2 1 1\n");
+    assert_eq!(std::fs::read_to_string(done.output.expect("where the output is")).unwrap(), "2 1 1 7 9\n");
     let failed = wait_for(&b, failing.key, "final", |j| j.state.is_final()).await;
     assert_eq!((failed.state, failed.exit_code), (JobState::Failed, Some(3)), "{failed:?}");
     assert!(failed.reason.as_deref().unwrap_or_default().starts_with("FAILED"), "{failed:?}");

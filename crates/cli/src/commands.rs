@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::apply::{self, Action};
-use crate::client::{Client, exit, seg};
+use crate::client::{ApiError, Client, exit, seg};
 use crate::config::{Config, Context};
 use crate::output::{self, Format, age, cell, gpus, structured, table};
 use crate::submit;
@@ -555,6 +555,9 @@ pub struct Shape {
     /// Labels, key=value
     #[arg(long = "label")]
     labels: Vec<String>,
+    /// A workload per index, as sbatch's --array: 0-15, 1,3,5, 0-15:4
+    #[arg(long, short = 'a')]
+    array: Option<String>,
     /// Check everything and show the workload; submit nothing
     #[arg(long)]
     dry_run: bool,
@@ -578,6 +581,9 @@ impl Shape {
         for l in &self.labels {
             let (k, v) = l.split_once('=').ok_or_else(|| anyhow!("--label {l}: not key=value"))?;
             r.labels.push((k.to_owned(), v.to_owned()));
+        }
+        if let Some(a) = &self.array {
+            r.array = Some(submit::Array::parse(a).map_err(|e| anyhow!("--array {a}: {e}"))?);
         }
         Ok(())
     }
@@ -644,7 +650,8 @@ pub async fn run(env: &Env<'_>, a: RunArgs) -> Result<i32> {
 }
 
 /// Resolves the flavor, builds the spec and creates the workload (a generated name when
-/// none is given, and an idempotency key so a retried submit is not doubled).
+/// none is given, and an idempotency key so a retried submit is not doubled); an array's
+/// workloads are created together, all or none.
 async fn create(
     env: &Env<'_>,
     r: submit::Request,
@@ -660,35 +667,114 @@ async fn create(
         spec["run"] = json!({"command": command, "image": r.image, "env": vars});
     }
     let labels: serde_json::Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-    let mut metadata = json!({"labels": labels});
-    let prefix = |label: &str| json!(format!("{}-", &label[..label.len().min(57)]));
-    match r.name.as_deref().map(|n| (n, submit::dns_label(n))) {
-        Some((n, Some(label))) if label == n => {
-            // sbatch runs a script again under the same job name; a name is unique in a team,
-            // so one already taken (the last run's) gets a generated end.
-            let path = format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(&label));
-            match c.get_opt(&path).await? {
-                Some(taken) => {
-                    let phase = cell(&taken["status"]["phase"]);
-                    eprintln!("{team}/{label} exists ({phase}): this one gets a name of its own");
-                    metadata["generate_name"] = prefix(&label);
+    let label = r.name.as_deref().map(|n| (n, submit::dns_label(n)));
+    let path = format!("/api/v1/teams/{}/workloads{}", seg(&team), if dry_run { "?dry_run=true" } else { "" });
+    let post = |items: Vec<Value>| {
+        let key = uuid::Uuid::new_v4().to_string();
+        c.send(c.request(reqwest::Method::POST, &path).header("Idempotency-Key", key).json(&json!({ "items": items })))
+    };
+    let answer = match &r.array {
+        None => {
+            let mut metadata = json!({"labels": labels});
+            let prefix = |label: &str| json!(format!("{}-", &label[..label.len().min(57)]));
+            match label {
+                // sbatch runs a script again under the same job name; a name is unique in a
+                // team, so one already taken (the last run's) gets a generated end.
+                Some((n, Some(label))) if label == n => {
+                    let path = format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(&label));
+                    match c.get_opt(&path).await? {
+                        Some(taken) => {
+                            let phase = cell(&taken["status"]["phase"]);
+                            eprintln!("{team}/{label} exists ({phase}): this one gets a name of its own");
+                            metadata["generate_name"] = prefix(&label);
+                        }
+                        None => metadata["name"] = json!(label),
+                    }
                 }
-                None => metadata["name"] = json!(label),
+                Some((_, Some(label))) => metadata["generate_name"] = prefix(&label),
+                _ => metadata["generate_name"] = json!("job-"),
+            }
+            post(vec![json!({"metadata": metadata, "spec": spec})]).await?
+        }
+        Some(array) => {
+            if let Some(n) = array.at_once {
+                eprintln!(
+                    "note: --array %{n} is not kept: every index is queued, and the team's quota decides how many run"
+                );
+            }
+            // NAME-INDEX, as Slurm's JOBID_INDEX, all labelled with the array's name.
+            let items = |base: &str| -> Vec<Value> {
+                let mut labels = labels.clone();
+                labels.insert(ARRAY_LABEL.to_owned(), json!(base));
+                let labels = Value::Object(labels);
+                let item = |i: u32| {
+                    let mut spec = spec.clone();
+                    for (k, v) in array.environment(i) {
+                        spec["run"]["env"][k] = json!(v);
+                    }
+                    json!({"metadata": {"name": format!("{base}-{i}"), "labels": labels}, "spec": spec})
+                };
+                array.indices.iter().map(|&i| item(i)).collect()
+            };
+            let last = array.indices[array.indices.len() - 1].to_string();
+            let room = 63 - 1 - last.len() - 6;
+            match label {
+                Some((_, Some(label))) => {
+                    let base = label[..label.len().min(room)].trim_end_matches('-');
+                    match post(items(base)).await {
+                        // The names are taken (the last run's array): this one gets a
+                        // random end, as sbatch would give it a new job id.
+                        Err(e) if names_taken(&e) => {
+                            let again = format!("{base}-{}", random_end());
+                            eprintln!("{team}/{base}-INDEX exists: this array is named {again}");
+                            post(items(&again)).await?
+                        }
+                        answer => answer?,
+                    }
+                }
+                _ => post(items(&format!("job-{}", random_end()))).await?,
             }
         }
-        Some((_, Some(label))) => metadata["generate_name"] = prefix(&label),
-        _ => metadata["generate_name"] = json!("job-"),
-    }
-    let body = json!({"items": [{"metadata": metadata, "spec": spec}]});
-    let path = format!("/api/v1/teams/{}/workloads{}", seg(&team), if dry_run { "?dry_run=true" } else { "" });
-    let key = uuid::Uuid::new_v4().to_string();
-    let answer = c.send(c.request(reqwest::Method::POST, &path).header("Idempotency-Key", key).json(&body)).await?;
-    let w = &answer["items"][0];
-    if !structured(env.out, w) {
-        let what = if dry_run { "would be submitted" } else { "submitted" };
-        println!("workload {}/{} {what} ({} GPUs of {flavor})", team, cell(&w["metadata"]["name"]), gpus(gpus_of(w)));
+    };
+    let what = if dry_run { "would be submitted" } else { "submitted" };
+    match &r.array {
+        None => {
+            let w = &answer["items"][0];
+            if !structured(env.out, w) {
+                let name = cell(&w["metadata"]["name"]);
+                println!("workload {team}/{name} {what} ({} GPUs of {flavor})", gpus(gpus_of(w)));
+            }
+        }
+        Some(array) => {
+            if !structured(env.out, &answer["items"]) {
+                let w = &answer["items"][0];
+                let base = cell(&w["metadata"]["labels"][ARRAY_LABEL]);
+                println!(
+                    "array {team}/{base}: {} workloads {what} ({base}-{} … {base}-{}, {} GPUs of {flavor} each); \
+                     berth get workloads --team {team} -l {ARRAY_LABEL}={base}",
+                    array.indices.len(),
+                    array.indices[0],
+                    array.indices[array.indices.len() - 1],
+                    gpus(gpus_of(w)),
+                );
+            }
+        }
     }
     Ok(0)
+}
+
+/// The label an array's workloads carry: the array's name.
+const ARRAY_LABEL: &str = "berth.dev/array";
+
+/// Whether the API refused a batch only because names in it are taken.
+fn names_taken(e: &ApiError) -> bool {
+    matches!(e, ApiError::Problem { status: 409, errors, .. }
+        if !errors.is_empty() && errors.iter().all(|(at, _)| at.ends_with("/metadata/name")))
+}
+
+/// Five random characters that end a DNS label.
+fn random_end() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..5].to_owned()
 }
 
 /// The flavor a request names: `--flavor`, else the GPU type (a flavor's name or its Slurm

@@ -206,13 +206,16 @@ environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
 
 const SUBMIT_HELP: &str = "The script's #SBATCH lines are read as sbatch reads them (--job-name, --nodes,
 --ntasks, --ntasks-per-node, --gres=gpu[:TYPE]:N, --gpus-per-node, --gpus, --gpus-per-task,
---cpus-per-task, --mem, --mem-per-cpu, --time, --partition); then its #BERTH lines, which
-take this command's options; then the command line. TYPE names a flavor by its name or its
-Slurm GRES type; a partition names the flavor a cluster's Slurm partition of that name holds.
+--cpus-per-task, --mem, --mem-per-cpu, --time, --partition, --array); then its #BERTH lines,
+which take this command's options; then the command line. TYPE names a flavor by its name or
+its Slurm GRES type; a partition names the flavor a cluster's Slurm partition of that name
+holds. An array is a workload per index, NAME-INDEX, each with SLURM_ARRAY_TASK_ID (and _MIN,
+_MAX, _COUNT, _STEP) set and the label berth.dev/array=NAME.
 
 Examples:
   berth submit train.sbatch
   berth submit --team nlp --gpus 8 --nodes 2 --time 4h train.sh
+  berth submit --name sweep --array 0-9 sweep.sh   # ten workloads, sweep-0 … sweep-9
   #BERTH --priority 10 --label project=llm     (in the script)";
 
 fn main() {

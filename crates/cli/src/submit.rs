@@ -12,6 +12,7 @@
 //! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
 //! | `--time`, `-t` (`0`, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
 //! | `--partition`, `-p` | the flavor a cluster's Slurm partition of that name holds |
+//! | `--array`, `-a` (`0-15`, `1,3,5`, `0-15:4`) | a workload per index, named `NAME-INDEX`, each with `SLURM_ARRAY_TASK_ID` (and `_MIN`, `_MAX`, `_COUNT`, `_STEP`) in its environment and the label `berth.dev/array=NAME`; a `%N` limit on how many run at once is not kept (Berth's quotas decide) |
 //!
 //! Other `#SBATCH` options are listed on standard error and left out.
 
@@ -43,6 +44,7 @@ pub struct Request {
     pub kind: Option<String>,
     pub sim_seconds: Option<f64>,
     pub labels: Vec<(String, String)>,
+    pub array: Option<Array>,
     /// `#SBATCH` options Berth does not read.
     pub ignored: Vec<String>,
 }
@@ -114,9 +116,10 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "-t" => "--time",
             "-p" => "--partition",
             "-G" => "--gpus",
+            "-a" => "--array",
             other => other,
         };
-        const TAKES_VALUE: [&str; 14] = [
+        const TAKES_VALUE: [&str; 15] = [
             "--job-name",
             "--nodes",
             "--ntasks",
@@ -131,6 +134,7 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--mem",
             "--mem-per-cpu",
             "--priority",
+            "--array",
         ];
         let takes = TAKES_VALUE.contains(&long);
         let value = if !takes {
@@ -181,11 +185,86 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             }
             "--mem-per-cpu" => r.mem_per_cpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 4G)"))?),
             "--priority" => r.priority = Some(v.parse().map_err(|_| bad("not a number"))?),
+            "--array" => r.array = Some(Array::parse(v).map_err(|e| bad(&e))?),
             _ => r.ignored.push(w.clone()),
         }
         i += 1;
     }
     Ok(())
+}
+
+/// A job array: sbatch's `--array` (`0-15`, `1,3,5-7`, `0-15:4`, `0-99%10`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Array {
+    /// The indices, ascending, each once.
+    pub indices: Vec<u32>,
+    /// The step of a single stepped range (`0-15:4`), else 1 (as Slurm's `SLURM_ARRAY_TASK_STEP`).
+    pub step: u32,
+    /// How many may run at once (`%N`): read so it can be said that it is not kept.
+    pub at_once: Option<u32>,
+}
+
+impl Array {
+    /// The most indices of one array: what one batch of workloads holds.
+    pub const MOST: usize = 1000;
+
+    /// Reads sbatch's `--array` value.
+    ///
+    /// # Errors
+    /// What is wrong with it, in words.
+    pub fn parse(v: &str) -> std::result::Result<Self, String> {
+        let (list, at_once) = match v.split_once('%') {
+            Some((list, n)) => {
+                (list, Some(n.parse::<u32>().ok().filter(|&n| n > 0).ok_or("%N: not a positive number")?))
+            }
+            None => (v, None),
+        };
+        let number = |s: &str| s.trim().parse::<u32>().map_err(|_| format!("{s:?} is not an index"));
+        let mut indices = std::collections::BTreeSet::new();
+        let mut steps = Vec::new();
+        for item in list.split(',') {
+            let (range, step) = match item.split_once(':') {
+                Some((range, step)) => {
+                    (range, step.parse::<u32>().ok().filter(|&s| s > 0).ok_or(format!("{item}: not a positive step"))?)
+                }
+                None => (item, 1),
+            };
+            let (first, last) = match range.split_once('-') {
+                Some((a, b)) => (number(a)?, number(b)?),
+                None => (number(range)?, number(range)?),
+            };
+            if first > last {
+                return Err(format!("{item}: the range ends before it starts"));
+            }
+            steps.push(step);
+            let mut i = first;
+            while i <= last {
+                indices.insert(i);
+                if indices.len() > Self::MOST {
+                    return Err(format!("more than {} indices: submit it in parts", Self::MOST));
+                }
+                i = match i.checked_add(step) {
+                    Some(next) => next,
+                    None => break,
+                };
+            }
+        }
+        let step = if steps.len() == 1 { steps[0] } else { 1 };
+        Ok(Self { indices: indices.into_iter().collect(), step, at_once })
+    }
+
+    /// What Slurm tells an array's task about the array (`SLURM_ARRAY_JOB_ID`, Slurm's id
+    /// of the whole array, has no counterpart: each index is a workload of its own).
+    pub fn environment(&self, index: u32) -> Vec<(&'static str, String)> {
+        let (min, max) = (self.indices[0], self.indices[self.indices.len() - 1]);
+        vec![
+            ("SLURM_ARRAY_TASK_ID", index.to_string()),
+            ("SLURM_ARRAY_TASK_MIN", min.to_string()),
+            ("SLURM_ARRAY_TASK_MAX", max.to_string()),
+            ("SLURM_ARRAY_TASK_COUNT", self.indices.len().to_string()),
+            ("SLURM_ARRAY_TASK_STEP", self.step.to_string()),
+        ]
+    }
 }
 
 /// `gpu:h100:2`, `gpu:2` → (type, count).
@@ -357,6 +436,37 @@ mod tests {
         );
         assert_eq!((spec["kind"].as_str(), spec["max_runtime_seconds"].as_u64()), (Some("training"), Some(3600)));
         assert_eq!(dns_label("Train_LLM").as_deref(), Some("train-llm"));
+    }
+
+    #[test]
+    fn an_array_reads_as_sbatch_reads_it() {
+        let a = |v: &str| Array::parse(v).unwrap();
+        assert_eq!(a("0-15:4"), Array { indices: vec![0, 4, 8, 12], step: 4, at_once: None });
+        assert_eq!(a("1,3,5-7%2"), Array { indices: vec![1, 3, 5, 6, 7], step: 1, at_once: Some(2) });
+        assert_eq!(a("4-6,5,1").indices, [1, 4, 5, 6], "ascending, each once");
+        assert_eq!(a("0-999").indices.len(), 1000);
+        assert_eq!(
+            a("7").environment(7)[..3],
+            [
+                ("SLURM_ARRAY_TASK_ID", "7".into()),
+                ("SLURM_ARRAY_TASK_MIN", "7".into()),
+                ("SLURM_ARRAY_TASK_MAX", "7".into())
+            ]
+        );
+        for (bad, says) in [
+            ("0-1000", "more than 1000 indices"),
+            ("3-1", "ends before it starts"),
+            ("1-9:0", "not a positive step"),
+            ("1-9%0", "%N: not a positive number"),
+            ("", "is not an index"),
+            ("1,,2", "is not an index"),
+            ("-3", "is not an index"),
+        ] {
+            let err = Array::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+        let r = read("#SBATCH -a 2-3 --job-name=x\n");
+        assert_eq!((r.array.map(|a| a.indices), r.ignored.len()), (Some(vec![2, 3]), 0));
     }
 
     #[test]

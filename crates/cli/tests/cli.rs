@@ -262,6 +262,89 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     assert_eq!(refused.status.code(), Some(3), "a bad token is refused: {}", text(&refused.stderr));
 }
 
+/// `#SBATCH --array` makes a workload per index, each told its index as Slurm tells it.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
+    let w = World::start(&db);
+    w.write("org.yaml", ORG);
+    w.write("cluster.json", CLUSTER);
+    let files = ["org.yaml", "cluster.json"].map(|f| w.dir.join(f).display().to_string());
+    w.ok(&["apply", "-f", &files[0], "-f", &files[1]]);
+    let alice = w.token("alice", "member", Some("nlp"));
+    let script = w.write(
+        "sweep.sbatch",
+        "#!/bin/bash\n#SBATCH -J sweep --gres=gpu:h100:1\n#SBATCH --array=1-5:2,8%2\n#BERTH --sim-seconds 600\n\npython sweep.py --seed $SLURM_ARRAY_TASK_ID\n",
+    );
+    let out = w.berth_as(&alice, &["submit", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout)
+            .starts_with("array nlp/sweep: 4 workloads submitted (sweep-1 … sweep-8, 1 GPUs of h100 each)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stdout).contains("berth get workloads --team nlp -l berth.dev/array=sweep"), "how to list them");
+    assert!(text(&out.stderr).contains("--array %2 is not kept"), "the limit left out is named: {}", text(&out.stderr));
+    let listed = w.json(&["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"]);
+    let mut names: Vec<&str> =
+        listed["items"].as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["sweep-1", "sweep-3", "sweep-5", "sweep-8"]);
+    let three = w.json(&["get", "workload", "sweep-3", "--team", "nlp"]);
+    let env = &three["spec"]["run"]["env"];
+    assert_eq!(
+        [
+            &env["SLURM_ARRAY_TASK_ID"],
+            &env["SLURM_ARRAY_TASK_MIN"],
+            &env["SLURM_ARRAY_TASK_MAX"],
+            &env["SLURM_ARRAY_TASK_COUNT"],
+            &env["SLURM_ARRAY_TASK_STEP"]
+        ],
+        ["3", "1", "8", "4", "1"],
+        "{env}"
+    );
+    assert!(three["spec"]["run"]["script"].as_str().unwrap().contains("--seed $SLURM_ARRAY_TASK_ID"));
+    assert_eq!(three["metadata"]["owner"]["subject"], "alice");
+    // Run again, as sbatch runs a script again: the names are taken, so the array gets a
+    // name of its own.
+    let again = w.berth_as(&alice, &["submit", "-o", "json", "--array", "0-2", &script]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let items: Value = serde_json::from_slice(&again.stdout).unwrap();
+    let names: Vec<&str> = items.as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    assert!(
+        text(&again.stderr).contains("nlp/sweep-INDEX exists: this array is named sweep-"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(names.len(), 3, "the command line's --array wins over the script's");
+    let base = names[0].strip_suffix("-0").unwrap();
+    assert!(base.starts_with("sweep-") && base.len() == "sweep-".len() + 5, "{base}");
+    assert_eq!(names, [0, 1, 2].map(|i| format!("{base}-{i}")));
+    assert_eq!(items[2]["spec"]["run"]["env"]["SLURM_ARRAY_TASK_ID"], "2");
+    assert_eq!(items[2]["metadata"]["labels"]["berth.dev/array"], base);
+    // What sbatch refuses is refused, naming the option; nothing is submitted.
+    for (array, says) in [
+        ("5-1", "the range ends before it starts"),
+        ("0-2000", "more than 1000 indices"),
+        ("1-4:0", "not a positive step"),
+        ("x", "is not an index"),
+    ] {
+        let refused = w.berth_as(&alice, &["submit", "--array", array, &script]);
+        assert_eq!(refused.status.code(), Some(2), "{array}: {}", text(&refused.stderr));
+        assert!(
+            text(&refused.stderr).contains(&format!("--array {array}: ")) && text(&refused.stderr).contains(says),
+            "{}",
+            text(&refused.stderr)
+        );
+    }
+    let listed = w.json(&["get", "workloads", "--team", "nlp"]);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 7);
+    // Each index runs as a workload of its own.
+    w.wait_for("the array runs", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
+        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Running"))
+    });
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels_work(db: PgPool) {
     let w = World::start(&db);
