@@ -345,6 +345,55 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
     assert_eq!((counts["workloads"], counts["events"]), (6, 6));
 }
 
+/// Submissions that come one at a time make groups of one; their statement is planned once
+/// per connection, not at each submission (which cost Postgres as much as writing them),
+/// and the connection goes back to the pool planning as before.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::PgPool) {
+    use berth_app::group_commit::{Submission, create};
+    use berth_core::workload::{WorkloadApply, WorkloadStatus};
+
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
+    let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
+    // One connection, so that each submission's writer takes the same one.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .unwrap();
+    let submission = |name: String| Submission {
+        uid: berth_core::WorkloadId::new(),
+        team_uid: berth_core::TeamId(nlp),
+        team: "nlp".into(),
+        name,
+        labels: Default::default(),
+        spec: spec.clone(),
+        status: WorkloadStatus::default(),
+        owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into(), service_account_uid: None },
+        actor: berth_core::event::Actor::new("admin", None),
+    };
+    for i in 0..8 {
+        assert!(create(&one, submission(format!("w{i}"))).await.unwrap().is_some(), "w{i} created");
+    }
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'WITH w AS (%INSERT INTO workloads%'",
+    )
+    .fetch_one(&one)
+    .await
+    .unwrap();
+    // Left to itself, Postgres plans each of the first five for its parameters.
+    assert_eq!((generic, custom), (8, 0));
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&one).await.unwrap();
+    assert_eq!(mode, "auto", "the connection is back as it was");
+    // Its connection killed, the next submission is written on another.
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&one).await.unwrap();
+    sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&db).await.unwrap();
+    assert!(create(&one, submission("after".into())).await.unwrap().is_some());
+    one.close().await;
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_queue_is_in_the_schedulers_order_and_the_summary_counts_phases(db: berth_store::PgPool) {
     use berth_core::auth::Role;

@@ -105,36 +105,56 @@ async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
         }
     }
     let mut writer = Writer(queue.clone(), false);
+    // One connection for as long as submissions keep coming, on which the statement is
+    // planned once (see `GenericPlans`); without one (the pool is exhausted), the pool's.
+    let mut conn = berth_store::GenericPlans::acquire(&db).await.ok();
     loop {
         let group: Vec<_> = {
             let mut q = lock(&queue);
             if q.waiting.is_empty() {
                 q.writers -= 1;
                 writer.1 = true;
-                return;
+                break;
             }
             let n = q.waiting.len().min(MOST_PER_STATEMENT);
             q.waiting.drain(..n).collect()
         };
         let (submissions, answers): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        for (answer, result) in answers.into_iter().zip(write_group(&db, &submissions).await) {
+        for (answer, result) in answers.into_iter().zip(write_group(&db, &mut conn, &submissions).await) {
             // The request may have gone away; its workload is written all the same.
             let _ = answer.send(result);
         }
         crate::change_notice::workloads_submitted(&db);
     }
+    if let Some(conn) = conn {
+        conn.give_back().await;
+    }
 }
 
-/// The answer to each submission of the group, in order.
-async fn write_group(db: &PgPool, submissions: &[Submission]) -> Vec<Answer> {
+/// The answer to each submission of the group, in order. Should the group's statement fail
+/// on the held connection, that connection is closed (it may be the one that broke) and
+/// the rest is written through the pool.
+async fn write_group(
+    db: &PgPool,
+    conn: &mut Option<berth_store::GenericPlans>,
+    submissions: &[Submission],
+) -> Vec<Answer> {
     let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
-    match store::workload_create_many(db, &new, crate::workload::CREATED_MESSAGE).await {
+    let message = crate::workload::CREATED_MESSAGE;
+    let written = match conn {
+        Some(held) => store::workload_create_many(held.connection(), &new, message).await,
+        None => store::workload_create_many(db, &new, message).await,
+    };
+    match written {
         Ok(created) => created.into_iter().map(Ok).collect(),
-        Err(e) if new.len() == 1 => vec![Err(e)],
-        Err(_) => {
+        Err(e) => {
+            *conn = None;
+            if new.len() == 1 {
+                return vec![Err(e)];
+            }
             let mut answers = Vec::with_capacity(new.len());
             for n in &new {
-                let alone = store::workload_create_many(db, std::slice::from_ref(n), crate::workload::CREATED_MESSAGE);
+                let alone = store::workload_create_many(db, std::slice::from_ref(n), message);
                 answers.push(alone.await.map(|mut created| created.pop().flatten()));
             }
             answers

@@ -190,6 +190,43 @@ pub async fn lock_team_tree(tx: &mut Tx<'_>) -> Result<(), Error> {
     Ok(())
 }
 
+/// A connection of the pool on which every statement is planned once, for any parameters
+/// (`plan_cache_mode = force_generic_plan`), instead of for the parameters of each call
+/// where Postgres finds that cheaper to run; for a statement run often with small arrays
+/// (a group commit's few rows), planning each call cost as much as running it. Given back
+/// with [`GenericPlans::give_back`], the connection returns to the pool as it was; dropped
+/// otherwise, it is closed, so no other caller gets it with the setting.
+pub struct GenericPlans(Option<sqlx::pool::PoolConnection<Postgres>>);
+
+impl GenericPlans {
+    /// # Errors
+    /// As [`db_error`].
+    pub async fn acquire(pool: &PgPool) -> Result<Self, Error> {
+        let mut conn = Self(Some(pool.acquire().await.map_err(db_error)?));
+        sqlx::query!("SET plan_cache_mode = force_generic_plan").execute(conn.connection()).await.map_err(db_error)?;
+        Ok(conn)
+    }
+
+    pub fn connection(&mut self) -> &mut PgConnection {
+        self.0.as_deref_mut().expect("held until given back")
+    }
+
+    /// Returns the connection to the pool with the setting undone.
+    pub async fn give_back(mut self) {
+        if sqlx::query!("RESET plan_cache_mode").execute(self.connection()).await.is_ok() {
+            drop(self.0.take());
+        }
+    }
+}
+
+impl Drop for GenericPlans {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
+}
+
 /// Begins a read-only transaction that sees one consistent snapshot of the database (for
 /// the scheduler, which reads several tables and must not see half of a change).
 ///
