@@ -52,8 +52,24 @@ impl fmt::Display for ApiError {
                 if !detail.is_empty() && errors.is_empty() {
                     write!(f, ": {detail}")?;
                 }
+                // The same refusal of many items of a batch (an array's) is said once.
+                let mut said: Vec<(String, &str, &str, usize)> = Vec::new();
                 for (field, message) in errors {
-                    write!(f, "\n  {field}: {message}")?;
+                    let key = field
+                        .strip_prefix("/items/")
+                        .and_then(|rest| rest.split_once('/'))
+                        .filter(|(index, _)| index.parse::<usize>().is_ok())
+                        .map_or_else(|| field.clone(), |(_, after)| format!("/items/*/{after}"));
+                    match said.iter().position(|(k, _, m, _)| *k == key && *m == message.as_str()) {
+                        Some(i) => said[i].3 += 1,
+                        None => said.push((key, field, message, 1)),
+                    }
+                }
+                for (_, field, message, times) in said {
+                    match times {
+                        1 => write!(f, "\n  {field}: {message}")?,
+                        n => write!(f, "\n  {field} (and {} more items alike): {message}", n - 1)?,
+                    }
                 }
                 Ok(())
             }

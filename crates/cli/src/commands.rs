@@ -628,7 +628,9 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     };
     let (sbatch, berth) = submit::directives(&script);
     let mut r = submit::Request::default();
-    submit::read_sbatch(&sbatch, &mut r)?;
+    for line in &sbatch {
+        submit::read_sbatch(line, &mut r)?;
+    }
     if !r.ignored.is_empty() {
         eprintln!("note: #SBATCH options Berth does not use: {}", r.ignored.join(" "));
     }
@@ -716,19 +718,29 @@ async fn create(
                 };
                 array.indices.iter().map(|&i| item(i)).collect()
             };
-            let last = array.indices[array.indices.len() - 1].to_string();
-            let room = 63 - 1 - last.len() - 6;
+            // Room for -INDEX (and, should the name be taken, a random end).
+            let room = 63 - 1 - array.indices[array.indices.len() - 1].to_string().len();
+            let again = |base: &str| {
+                let again = format!("{}-{}", submit::shortened(base, room - 6), random_end());
+                eprintln!("{team}/{base} (an array, or {base}-INDEX) exists: this array is named {again}");
+                again
+            };
             match label {
                 Some((_, Some(label))) => {
-                    let base = label[..label.len().min(room)].trim_end_matches('-');
-                    match post(items(base)).await {
-                        // The names are taken (the last run's array): this one gets a
-                        // random end, as sbatch would give it a new job id.
-                        Err(e) if names_taken(&e) => {
-                            let again = format!("{base}-{}", random_end());
-                            eprintln!("{team}/{base}-INDEX exists: this array is named {again}");
-                            post(items(&again)).await?
-                        }
+                    let mut base = submit::shortened(&label, room).to_owned();
+                    // An array of that name (the last run's, other indices maybe): as sbatch
+                    // gives each run a job id of its own, this one gets a name of its own.
+                    let path = format!(
+                        "/api/v1/teams/{}/workloads?label_selector={}&limit=1",
+                        seg(&team),
+                        seg(&format!("{ARRAY_LABEL}={base}"))
+                    );
+                    if c.get(&path).await?["items"].as_array().is_some_and(|items| !items.is_empty()) {
+                        base = again(&base);
+                    }
+                    match post(items(&base)).await {
+                        // Names taken by other workloads.
+                        Err(e) if names_taken(&e) => post(items(&again(&base))).await?,
                         answer => answer?,
                     }
                 }
@@ -749,12 +761,14 @@ async fn create(
             if !structured(env.out, &answer["items"]) {
                 let w = &answer["items"][0];
                 let base = cell(&w["metadata"]["labels"][ARRAY_LABEL]);
+                let (first, last) = (array.indices[0], array.indices[array.indices.len() - 1]);
+                let (count, names) = match array.indices.len() {
+                    1 => ("1 workload".to_owned(), format!("{base}-{first}")),
+                    n => (format!("{n} workloads"), format!("{base}-{first} … {base}-{last}")),
+                };
                 println!(
-                    "array {team}/{base}: {} workloads {what} ({base}-{} … {base}-{}, {} GPUs of {flavor} each); \
+                    "array {team}/{base}: {count} {what} ({names}, {} GPUs of {flavor} each); \
                      berth get workloads --team {team} -l {ARRAY_LABEL}={base}",
-                    array.indices.len(),
-                    array.indices[0],
-                    array.indices[array.indices.len() - 1],
                     gpus(gpus_of(w)),
                 );
             }

@@ -49,9 +49,9 @@ pub struct Request {
     pub ignored: Vec<String>,
 }
 
-/// The `#SBATCH` and `#BERTH` words of a script, in order (up to its first command, as
-/// sbatch reads them).
-pub fn directives(script: &str) -> (Vec<String>, Vec<String>) {
+/// The `#SBATCH` words of a script, line by line (an option's value is on its line), and
+/// its `#BERTH` words, in order (up to its first command, as sbatch reads them).
+pub fn directives(script: &str) -> (Vec<Vec<String>>, Vec<String>) {
     let (mut sbatch, mut berth) = (Vec::new(), Vec::new());
     for (i, line) in script.lines().enumerate() {
         let t = line.trim();
@@ -59,7 +59,7 @@ pub fn directives(script: &str) -> (Vec<String>, Vec<String>) {
             continue;
         }
         if let Some(rest) = t.strip_prefix("#SBATCH") {
-            sbatch.extend(words(rest));
+            sbatch.push(words(rest));
         } else if let Some(rest) = t.strip_prefix("#BERTH") {
             berth.extend(words(rest));
         } else if !(t.is_empty() || t.starts_with('#')) {
@@ -99,13 +99,17 @@ fn words(s: &str) -> Vec<String> {
     out
 }
 
-/// Reads sbatch's options into `r`.
+/// Reads the options of one `#SBATCH` line into `r`.
 pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
     let mut i = 0;
     while i < words.len() {
         let w = &words[i];
         let (opt, inline) = match w.split_once('=') {
             Some((o, v)) if o.starts_with("--") => (o.to_owned(), Some(v.to_owned())),
+            // A short option's value may follow it at once (`-a1-3`, `-Jtrain`).
+            _ if !w.starts_with("--") && w.len() > 2 && w.starts_with('-') && w.is_char_boundary(2) => {
+                (w[..2].to_owned(), Some(w[2..].to_owned()))
+            }
             _ => (w.clone(), None),
         };
         let long = match opt.as_str() {
@@ -137,6 +141,9 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--array",
         ];
         let takes = TAKES_VALUE.contains(&long);
+        // A short option that takes no value, or is not read, stays one word (`-vv`).
+        let (long, inline) =
+            if inline.is_some() && opt.len() == 2 && !takes { (w.as_str(), None) } else { (long, inline) };
         let value = if !takes {
             None
         } else if inline.is_some() {
@@ -331,12 +338,18 @@ fn mib(v: &str) -> Option<u64> {
     })
 }
 
-/// A DNS label from a job name, or `None` when it cannot be one.
+/// A DNS label from a job name (its first 63 characters), or `None` when it has no letter
+/// or digit.
 pub fn dns_label(name: &str) -> Option<String> {
     let s: String =
         name.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    let s = s.trim_matches('-').to_owned();
-    (!s.is_empty() && s.len() <= 63).then_some(s)
+    let s = shortened(s.trim_matches('-'), 63).to_owned();
+    (!s.is_empty()).then_some(s)
+}
+
+/// A DNS label's first `most` characters, without a `-` at the end.
+pub fn shortened(label: &str, most: usize) -> &str {
+    label[..label.len().min(most)].trim_end_matches('-')
 }
 
 /// The workload spec: `flavor` is the flavor the request's GPU type or partition named
@@ -416,7 +429,9 @@ mod tests {
     fn read(script: &str) -> Request {
         let (sbatch, _) = directives(script);
         let mut r = Request::default();
-        read_sbatch(&sbatch, &mut r).unwrap();
+        for line in &sbatch {
+            read_sbatch(line, &mut r).unwrap();
+        }
         r
     }
 
@@ -467,6 +482,21 @@ mod tests {
         }
         let r = read("#SBATCH -a 2-3 --job-name=x\n");
         assert_eq!((r.array.map(|a| a.indices), r.ignored.len()), (Some(vec![2, 3]), 0));
+        // A short option's value may follow it at once, as getopt reads it.
+        let r = read("#SBATCH -a1-2 -Jsweep -N2 -vv\n");
+        assert_eq!(
+            (r.array.map(|a| a.indices), r.name.as_deref(), r.nodes),
+            (Some(vec![1, 2]), Some("sweep"), Some(2))
+        );
+        assert_eq!(r.ignored, ["-vv"]);
+        // A value is on its option's line: a bare option does not take the next line's.
+        let (sbatch, _) = directives("#SBATCH -J\n#SBATCH --array=0-3\n");
+        let mut r = Request::default();
+        let err = read_sbatch(&sbatch[0], &mut r).unwrap_err().to_string();
+        assert_eq!(err, "#SBATCH -J: a value is missing");
+        // A long name is shortened to a DNS label, not dropped.
+        assert_eq!(dns_label(&"B".repeat(70)), Some("b".repeat(63)));
+        assert_eq!(shortened("ab-cd", 3), "ab");
     }
 
     #[test]

@@ -312,7 +312,7 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     let items: Value = serde_json::from_slice(&again.stdout).unwrap();
     let names: Vec<&str> = items.as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
     assert!(
-        text(&again.stderr).contains("nlp/sweep-INDEX exists: this array is named sweep-"),
+        text(&again.stderr).contains("nlp/sweep (an array, or sweep-INDEX) exists: this array is named sweep-"),
         "{}",
         text(&again.stderr)
     );
@@ -322,6 +322,19 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     assert_eq!(names, [0, 1, 2].map(|i| format!("{base}-{i}")));
     assert_eq!(items[2]["spec"]["run"]["env"]["SLURM_ARRAY_TASK_ID"], "2");
     assert_eq!(items[2]["metadata"]["labels"]["berth.dev/array"], base);
+    // Other indices under the same name are a new run too: one label, one run.
+    let third = w.berth_as(&alice, &["submit", "-o", "json", "--array", "20", &script]);
+    assert!(third.status.success(), "{}", text(&third.stderr));
+    assert!(text(&third.stderr).contains("nlp/sweep (an array, or sweep-INDEX) exists"), "{}", text(&third.stderr));
+    let items: Value = serde_json::from_slice(&third.stdout).unwrap();
+    let name = items[0]["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("sweep-") && name.ends_with("-20") && name != "sweep-20", "{name}");
+    // A name longer than a DNS label is shortened to leave room for the index.
+    let long = "x".repeat(70);
+    let out = w.berth_as(&alice, &["submit", "-o", "json", "--name", &long, "-a", "7", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let items: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(items[0]["metadata"]["name"], format!("{}-7", "x".repeat(61)));
     // What sbatch refuses is refused, naming the option; nothing is submitted.
     for (array, says) in [
         ("5-1", "the range ends before it starts"),
@@ -337,8 +350,17 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
             text(&refused.stderr)
         );
     }
+    // A refusal of every index is said once.
+    let refused = w.berth_as(&alice, &["submit", "--array", "0-99", "--priority", "5000", &script]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("/items/0/spec/priority (and 99 more items alike): must be"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(text(&refused.stderr).matches("/items/").count(), 1, "{}", text(&refused.stderr));
     let listed = w.json(&["get", "workloads", "--team", "nlp"]);
-    assert_eq!(listed["items"].as_array().unwrap().len(), 7);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 9);
     // Each index runs as a workload of its own.
     w.wait_for("the array runs", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
         l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Running"))
