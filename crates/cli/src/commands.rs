@@ -828,9 +828,22 @@ async fn flavor(c: &Client, r: &submit::Request) -> Result<String> {
     }
 }
 
+/// Cancels a workload, or (as scancel takes an array's job id) every workload of the array
+/// of that name that has not ended.
 pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
     let team = env.team(team).await?;
-    let w = env.client.post(&format!("/api/v1/teams/{}/workloads/{}/cancel", seg(&team), seg(name)), None).await?;
+    let c = env.client;
+    let w = match c.post(&format!("/api/v1/teams/{}/workloads/{}/cancel", seg(&team), seg(name)), None).await {
+        Err(e) if e.status() == Some(404) => {
+            let selector = seg(&format!("{ARRAY_LABEL}={name}"));
+            let array = c.list(&format!("/api/v1/teams/{}/workloads?label_selector={selector}", seg(&team))).await?;
+            if array.is_empty() {
+                return Err(e.into());
+            }
+            return cancel_array(env, &team, name, &array).await;
+        }
+        w => w?,
+    };
     if !structured(env.out, &w) {
         let phase = cell(&w["status"]["phase"]);
         if phase == "Cancelled" {
@@ -838,6 +851,28 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
         } else {
             println!("workload {team}/{name} is being cancelled: its job gets the grace period to stop");
         }
+    }
+    Ok(0)
+}
+
+async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
+    const ENDED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
+    let mut answers = Vec::new();
+    for w in array.iter().filter(|w| w["status"]["phase"].as_str().is_none_or(|p| !ENDED.contains(&p))) {
+        let path = format!("/api/v1/teams/{}/workloads/{}/cancel", seg(team), seg(&cell(&w["metadata"]["name"])));
+        match env.client.post(&path, None).await {
+            Ok(w) => answers.push(w),
+            // Ended or deleted meanwhile.
+            Err(e) if matches!(e.status(), Some(404 | 409)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !structured(env.out, &json!({"items": answers})) {
+        println!(
+            "array {team}/{name}: {} of its {} workloads cancelled (the others had ended)",
+            answers.len(),
+            array.len()
+        );
     }
     Ok(0)
 }

@@ -104,7 +104,8 @@ enum Command {
     /// Run a command in a container image (Kubernetes-style).
     #[command(after_help = "Example:\n  berth run --image ghcr.io/acme/train:1 --gpus 1 -- python train.py --epochs 3")]
     Run(commands::RunArgs),
-    /// Cancel a workload and keep its record (as scancel).
+    /// Cancel a workload and keep its record (as scancel); the name of an array cancels
+    /// each of its workloads.
     Cancel {
         name: String,
         #[arg(long)]

@@ -365,6 +365,27 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     w.wait_for("the array runs", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
         l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Running"))
     });
+    // One index is cancelled by its name; the array's name cancels the rest, as scancel
+    // cancels an array by its job id.
+    let one = w.berth_as(&alice, &["cancel", "sweep-5"]);
+    assert!(one.status.success(), "{}", text(&one.stderr));
+    w.wait_for("sweep-5 ends", &["get", "workload", "sweep-5", "--team", "nlp"], |w| {
+        w["status"]["phase"] == "Cancelled"
+    });
+    let all = w.berth_as(&alice, &["cancel", "sweep"]);
+    assert!(all.status.success(), "{}", text(&all.stderr));
+    assert!(
+        text(&all.stdout).contains("array nlp/sweep: 3 of its 4 workloads cancelled (the others had ended)"),
+        "{}",
+        text(&all.stdout)
+    );
+    w.wait_for("the array ends", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
+        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Cancelled"))
+    });
+    let other = w.json(&["get", "workload", names[0], "--team", "nlp"]);
+    assert_ne!(other["status"]["phase"], "Cancelled", "another run's array is left alone");
+    let none = w.berth_as(&alice, &["cancel", "nothing"]);
+    assert_eq!(none.status.code(), Some(3), "{}", text(&none.stderr));
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
