@@ -357,8 +357,10 @@ async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::Pg
     s.seed().await;
     let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
     let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
-    // One connection, so that each submission's writer takes the same one.
+    // One connection, so that each submission's writer takes the same one; not tested
+    // before it is handed out, as berthd's are not.
     let one = sqlx::postgres::PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(1)
         .connect_with((*db.connect_options()).clone())
         .await
@@ -389,7 +391,7 @@ async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::Pg
     assert_eq!(mode, "auto", "the connection is back as it was");
     // Its connection killed, the next submission is written on another.
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&one).await.unwrap();
-    sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&db).await.unwrap();
+    sqlx::query("SELECT pg_terminate_backend($1, 5000)").bind(pid).execute(&db).await.unwrap();
     assert!(create(&one, submission("after".into())).await.unwrap().is_some());
     one.close().await;
 }

@@ -16,6 +16,7 @@
 //! meanwhile) fails by itself.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use berth_core::event::Actor;
 use berth_core::meta::{Labels, Owner};
@@ -105,9 +106,10 @@ async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
         }
     }
     let mut writer = Writer(queue.clone(), false);
-    // One connection for as long as submissions keep coming, on which the statement is
-    // planned once (see `GenericPlans`); without one (the pool is exhausted), the pool's.
-    let mut conn = berth_store::GenericPlans::acquire(&db).await.ok();
+    // One connection for as long as submissions keep coming (up to `HELD_AT_MOST`, so that
+    // the pool's checks, a primary that moved among them, see it again), on which the
+    // statement is planned once (see `GenericPlans`); without one, the pool's.
+    let mut held: Option<(berth_store::GenericPlans, Instant)> = None;
     loop {
         let group: Vec<_> = {
             let mut q = lock(&queue);
@@ -119,39 +121,63 @@ async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
             let n = q.waiting.len().min(MOST_PER_STATEMENT);
             q.waiting.drain(..n).collect()
         };
+        if held.as_ref().is_some_and(|(_, since)| since.elapsed() >= HELD_AT_MOST)
+            && let Some((conn, _)) = held.take()
+        {
+            conn.give_back().await;
+        }
+        if held.is_none() {
+            match berth_store::GenericPlans::acquire(&db).await {
+                Ok(conn) => held = Some((conn, Instant::now())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "group commit: no connection of its own; writing through the pool")
+                }
+            }
+        }
         let (submissions, answers): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        for (answer, result) in answers.into_iter().zip(write_group(&db, &mut conn, &submissions).await) {
+        let mut conn = held.take();
+        let written = write_group(&db, conn.as_mut().map(|(c, _)| c), &submissions).await;
+        if written.kept_connection {
+            held = conn;
+        }
+        for (answer, result) in answers.into_iter().zip(written.answers) {
             // The request may have gone away; its workload is written all the same.
             let _ = answer.send(result);
         }
         crate::change_notice::workloads_submitted(&db);
     }
-    if let Some(conn) = conn {
+    if let Some((conn, _)) = held {
         conn.give_back().await;
     }
 }
 
-/// The answer to each submission of the group, in order. Should the group's statement fail
-/// on the held connection, that connection is closed (it may be the one that broke) and
-/// the rest is written through the pool.
-async fn write_group(
-    db: &PgPool,
-    conn: &mut Option<berth_store::GenericPlans>,
-    submissions: &[Submission],
-) -> Vec<Answer> {
+/// The longest a writer keeps one connection.
+const HELD_AT_MOST: Duration = Duration::from_secs(1);
+
+struct Written {
+    /// The answer to each submission of the group, in order.
+    answers: Vec<Answer>,
+    /// Whether the connection given may be used again.
+    kept_connection: bool,
+}
+
+/// Writes a group, on `conn` when given. Should its statement fail there, that connection
+/// is not used again (it may be the one that broke) and the group is written through the
+/// pool; should the group's statement fail, each submission is written alone.
+async fn write_group(db: &PgPool, conn: Option<&mut berth_store::GenericPlans>, submissions: &[Submission]) -> Written {
     let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
     let message = crate::workload::CREATED_MESSAGE;
-    let written = match conn {
-        Some(held) => store::workload_create_many(held.connection(), &new, message).await,
-        None => store::workload_create_many(db, &new, message).await,
-    };
-    match written {
+    let mut kept_connection = conn.is_some();
+    if let Some(conn) = conn {
+        match store::workload_create_many(conn.connection(), &new, message).await {
+            Ok(created) => return Written { answers: created.into_iter().map(Ok).collect(), kept_connection },
+            Err(_) => kept_connection = false,
+        }
+    }
+    let answers = match store::workload_create_many(db, &new, message).await {
         Ok(created) => created.into_iter().map(Ok).collect(),
-        Err(e) => {
-            *conn = None;
-            if new.len() == 1 {
-                return vec![Err(e)];
-            }
+        Err(e) if new.len() == 1 => vec![Err(e)],
+        Err(_) => {
             let mut answers = Vec::with_capacity(new.len());
             for n in &new {
                 let alone = store::workload_create_many(db, std::slice::from_ref(n), message);
@@ -159,7 +185,8 @@ async fn write_group(
             }
             answers
         }
-    }
+    };
+    Written { answers, kept_connection }
 }
 
 fn new_workload(s: &Submission) -> NewWorkload<'_> {

@@ -55,19 +55,22 @@ impl fmt::Display for ApiError {
                 // The same refusal of many items of a batch (an array's) is said once.
                 let mut said: Vec<(String, &str, &str, usize)> = Vec::new();
                 for (field, message) in errors {
-                    let key = field
-                        .strip_prefix("/items/")
-                        .and_then(|rest| rest.split_once('/'))
-                        .filter(|(index, _)| index.parse::<usize>().is_ok())
-                        .map_or_else(|| field.clone(), |(_, after)| format!("/items/*/{after}"));
+                    let key = any_item(field);
                     match said.iter().position(|(k, _, m, _)| *k == key && *m == message.as_str()) {
                         Some(i) => said[i].3 += 1,
                         None => said.push((key, field, message, 1)),
                     }
                 }
-                for (_, field, message, times) in said {
+                for (key, field, message, times) in said {
                     match times {
                         1 => write!(f, "\n  {field}: {message}")?,
+                        // A few are named each.
+                        2 | 3 => {
+                            for (other, _) in errors.iter().filter(|(g, m)| m.as_str() == message && any_item(g) == key)
+                            {
+                                write!(f, "\n  {other}: {message}")?;
+                            }
+                        }
                         n => write!(f, "\n  {field} (and {} more items alike): {message}", n - 1)?,
                     }
                 }
@@ -78,6 +81,15 @@ impl fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// A field of an item of a batch as of any item (`/items/7/spec` → `/items/*/spec`).
+fn any_item(field: &str) -> String {
+    field
+        .strip_prefix("/items/")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(index, _)| index.parse::<usize>().is_ok())
+        .map_or_else(|| field.to_owned(), |(_, after)| format!("/items/*/{after}"))
+}
 
 #[derive(Clone)]
 pub struct Client {
@@ -206,4 +218,27 @@ pub fn seg(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_refusal_of_many_items_is_said_once_and_of_a_few_each() {
+        let problem = |n: usize| ApiError::Problem {
+            status: 422,
+            title: "The request is invalid".into(),
+            detail: String::new(),
+            errors: (0..n)
+                .map(|i| (format!("/items/{i}/spec/priority"), "must be between -1000 and 1000".into()))
+                .chain([("/items/0/metadata/name".into(), "taken".into())])
+                .collect(),
+        };
+        assert_eq!(
+            problem(5).to_string(),
+            "422 The request is invalid\n  /items/0/spec/priority (and 4 more items alike): must be between -1000 and 1000\n  /items/0/metadata/name: taken"
+        );
+        assert_eq!(problem(2).to_string().matches("/spec/priority: must be").count(), 2, "{}", problem(2));
+    }
 }

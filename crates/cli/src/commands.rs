@@ -671,9 +671,18 @@ async fn create(
     let labels: serde_json::Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     let label = r.name.as_deref().map(|n| (n, submit::dns_label(n)));
     let path = format!("/api/v1/teams/{}/workloads{}", seg(&team), if dry_run { "?dry_run=true" } else { "" });
-    let post = |items: Vec<Value>| {
+    let post = async |items: Vec<Value>| -> Result<Value> {
+        let body = json!({ "items": items });
+        let size = body.to_string().len();
+        if size > BODY_MOST {
+            bail!(
+                "--array: {} workloads with this script make a request of {size} bytes; Berth takes at most \
+                 {BODY_MOST}: submit fewer indices at a time",
+                items.len()
+            );
+        }
         let key = uuid::Uuid::new_v4().to_string();
-        c.send(c.request(reqwest::Method::POST, &path).header("Idempotency-Key", key).json(&json!({ "items": items })))
+        Ok(c.send(c.request(reqwest::Method::POST, &path).header("Idempotency-Key", key).json(&body)).await?)
     };
     let answer = match &r.array {
         None => {
@@ -735,12 +744,18 @@ async fn create(
                         seg(&team),
                         seg(&format!("{ARRAY_LABEL}={base}"))
                     );
-                    if c.get(&path).await?["items"].as_array().is_some_and(|items| !items.is_empty()) {
+                    // A workload of that name would take the array's in `berth cancel`.
+                    let named = format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(&base));
+                    if c.get(&path).await?["items"].as_array().is_some_and(|items| !items.is_empty())
+                        || c.get_opt(&named).await?.is_some()
+                    {
                         base = again(&base);
                     }
                     match post(items(&base)).await {
                         // Names taken by other workloads.
-                        Err(e) if names_taken(&e) => post(items(&again(&base))).await?,
+                        Err(e) if e.downcast_ref::<ApiError>().is_some_and(names_taken) => {
+                            post(items(&again(&base))).await?
+                        }
                         answer => answer?,
                     }
                 }
@@ -779,6 +794,9 @@ async fn create(
 
 /// The label an array's workloads carry: the array's name.
 const ARRAY_LABEL: &str = "berth.dev/array";
+
+/// The largest request body the API takes (`berthd`'s `BODY_LIMIT`).
+const BODY_MOST: usize = 1024 * 1024;
 
 /// Whether the API refused a batch only because names in it are taken.
 fn names_taken(e: &ApiError) -> bool {
@@ -834,7 +852,8 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
     let team = env.team(team).await?;
     let c = env.client;
     let w = match c.post(&format!("/api/v1/teams/{}/workloads/{}/cancel", seg(&team), seg(name)), None).await {
-        Err(e) if e.status() == Some(404) => {
+        // (Only a name as arrays have: anything else would change the selector.)
+        Err(e) if e.status() == Some(404) && submit::dns_label(name).as_deref() == Some(name) => {
             let selector = seg(&format!("{ARRAY_LABEL}={name}"));
             let array = c.list(&format!("/api/v1/teams/{}/workloads?label_selector={selector}", seg(&team))).await?;
             if array.is_empty() {

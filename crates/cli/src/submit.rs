@@ -49,8 +49,10 @@ pub struct Request {
     pub ignored: Vec<String>,
 }
 
-/// The `#SBATCH` words of a script, line by line (an option's value is on its line), and
-/// its `#BERTH` words, in order (up to its first command, as sbatch reads them).
+/// The `#SBATCH` words of a script, line by line, and its `#BERTH` words, in order (up to
+/// its first command, as sbatch reads them). Unlike sbatch, which reads all `#SBATCH` words
+/// as one command line, an option's value must be on its line: a bare `#SBATCH -J` is
+/// refused rather than named after the next line's option.
 pub fn directives(script: &str) -> (Vec<Vec<String>>, Vec<String>) {
     let (mut sbatch, mut berth) = (Vec::new(), Vec::new());
     for (i, line) in script.lines().enumerate() {
@@ -230,9 +232,11 @@ impl Array {
         let mut indices = std::collections::BTreeSet::new();
         let mut steps = Vec::new();
         for item in list.split(',') {
+            // The item named where there are several.
+            let at = |what: &str| if list.contains(',') { format!("{item}: {what}") } else { what.to_owned() };
             let (range, step) = match item.split_once(':') {
                 Some((range, step)) => {
-                    (range, step.parse::<u32>().ok().filter(|&s| s > 0).ok_or(format!("{item}: not a positive step"))?)
+                    (range, step.parse::<u32>().ok().filter(|&s| s > 0).ok_or_else(|| at("not a positive step"))?)
                 }
                 None => (item, 1),
             };
@@ -241,7 +245,7 @@ impl Array {
                 None => (number(range)?, number(range)?),
             };
             if first > last {
-                return Err(format!("{item}: the range ends before it starts"));
+                return Err(at("the range ends before it starts"));
             }
             steps.push(step);
             let mut i = first;
@@ -480,6 +484,8 @@ mod tests {
             let err = Array::parse(bad).unwrap_err();
             assert!(err.contains(says), "{bad:?}: {err}");
         }
+        assert_eq!(Array::parse("1-9:0").unwrap_err(), "not a positive step", "said once with the option");
+        assert_eq!(Array::parse("1,9-3").unwrap_err(), "9-3: the range ends before it starts");
         let r = read("#SBATCH -a 2-3 --job-name=x\n");
         assert_eq!((r.array.map(|a| a.indices), r.ignored.len()), (Some(vec![2, 3]), 0));
         // A short option's value may follow it at once, as getopt reads it.

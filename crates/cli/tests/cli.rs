@@ -273,7 +273,7 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     let alice = w.token("alice", "member", Some("nlp"));
     let script = w.write(
         "sweep.sbatch",
-        "#!/bin/bash\n#SBATCH -J sweep --gres=gpu:h100:1\n#SBATCH --array=1-5:2,8%2\n#BERTH --sim-seconds 600\n\npython sweep.py --seed $SLURM_ARRAY_TASK_ID\n",
+        "#!/bin/bash\n#SBATCH -J sweep --gres=gpu:h100:1\n#SBATCH --array=1-5:2,8%2\n#BERTH --sim-seconds 36000\n\npython sweep.py --seed $SLURM_ARRAY_TASK_ID\n",
     );
     let out = w.berth_as(&alice, &["submit", &script]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -350,6 +350,19 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
             text(&refused.stderr)
         );
     }
+    // A workload named as the array would be is left its name (`berth cancel` takes it).
+    let plain = w.write("plain.sh", "#!/bin/bash\n#SBATCH --gres=gpu:h100:1\n#BERTH --sim-seconds 36000\nhostname\n");
+    w.berth_as(&alice, &["submit", "--name", "solo", &plain]);
+    let out = w.berth_as(&alice, &["submit", "-o", "json", "--name", "solo", "-a", "0-1", &plain]);
+    let items: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let base = items[0]["metadata"]["labels"]["berth.dev/array"].as_str().unwrap();
+    assert!(base.starts_with("solo-") && base.len() == "solo-".len() + 5, "{base}");
+    // An array too large for one request is refused before it is sent, naming the option.
+    let long =
+        w.write("long.sh", &format!("#!/bin/bash\n#SBATCH --gres=gpu:h100:1\n# {}\nhostname\n", "x".repeat(2000)));
+    let refused = w.berth_as(&alice, &["submit", "-a", "0-999", &long]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("--array: 1000 workloads with this script make a request of"));
     // A refusal of every index is said once.
     let refused = w.berth_as(&alice, &["submit", "--array", "0-99", "--priority", "5000", &script]);
     assert_eq!(refused.status.code(), Some(3), "{}", text(&refused.stderr));
@@ -360,11 +373,14 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     );
     assert_eq!(text(&refused.stderr).matches("/items/").count(), 1, "{}", text(&refused.stderr));
     let listed = w.json(&["get", "workloads", "--team", "nlp"]);
-    assert_eq!(listed["items"].as_array().unwrap().len(), 9);
+    assert_eq!(listed["items"].as_array().unwrap().len(), 12);
     // Each index runs as a workload of its own.
     w.wait_for("the array runs", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
         l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Running"))
     });
+    // What is not a name is not made a selector (`=sweep` would select the array sweep).
+    let odd = w.berth_as(&alice, &["cancel", "=sweep"]);
+    assert_eq!(odd.status.code(), Some(3), "{}", text(&odd.stderr));
     // One index is cancelled by its name; the array's name cancels the rest, as scancel
     // cancels an array by its job id.
     let one = w.berth_as(&alice, &["cancel", "sweep-5"]);
