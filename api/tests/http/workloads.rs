@@ -302,26 +302,36 @@ async fn a_submission_on_an_old_read_of_teams_and_flavors_finds_what_changed(db:
     assert_eq!(team_uid, new, "written in the team of that name now, not in {old}");
 }
 
-#[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool) {
-    use berth_app::group_commit::{Submission, create};
+/// A submission to the group commit, of nlp's usual workload by admin.
+fn submission(name: &str, team_uid: uuid::Uuid) -> berth_app::group_commit::Submission {
     use berth_core::workload::{WorkloadApply, WorkloadStatus};
-
-    let s = Server::start(db.clone()).await;
-    s.seed().await;
-    let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
-    let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
-    let taken_uid = berth_core::WorkloadId::new();
-    let submission = |name: &str, team_uid: uuid::Uuid| Submission {
-        uid: if name == "w3" || name == "w5" { taken_uid } else { berth_core::WorkloadId::new() },
+    berth_app::group_commit::Submission {
+        uid: berth_core::WorkloadId::new(),
         team_uid: berth_core::TeamId(team_uid),
         team: "nlp".into(),
         name: name.into(),
         labels: Default::default(),
-        spec: spec.clone(),
+        spec: serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec,
         status: WorkloadStatus::default(),
         owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into(), service_account_uid: None },
         actor: berth_core::event::Actor::new("admin", None),
+    }
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool) {
+    use berth_app::group_commit::create;
+
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
+    let taken_uid = berth_core::WorkloadId::new();
+    let submission = |name: &str, team_uid: uuid::Uuid| {
+        let mut s = submission(name, team_uid);
+        if name == "w3" || name == "w5" {
+            s.uid = taken_uid;
+        }
+        s
     };
     // Spawned together, they queue before any writer runs and make up one statement, which
     // fails: w3 and w5 share a uid. Each is then written alone, and only w5 fails. w6 names
@@ -350,13 +360,11 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
 /// and the connection goes back to the pool planning as before.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::PgPool) {
-    use berth_app::group_commit::{Submission, create};
-    use berth_core::workload::{WorkloadApply, WorkloadStatus};
+    use berth_app::group_commit::create;
 
     let s = Server::start(db.clone()).await;
     s.seed().await;
     let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
-    let spec = serde_json::from_value::<WorkloadApply>(WorkloadBody::new().json()).unwrap().spec;
     // One connection, so that each submission's writer takes the same one; not tested
     // before it is handed out, as berthd's are not.
     let one = sqlx::postgres::PgPoolOptions::new()
@@ -365,19 +373,8 @@ async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::Pg
         .connect_with((*db.connect_options()).clone())
         .await
         .unwrap();
-    let submission = |name: String| Submission {
-        uid: berth_core::WorkloadId::new(),
-        team_uid: berth_core::TeamId(nlp),
-        team: "nlp".into(),
-        name,
-        labels: Default::default(),
-        spec: spec.clone(),
-        status: WorkloadStatus::default(),
-        owner: berth_core::meta::Owner { subject: "admin".into(), issuer: "berth".into(), service_account_uid: None },
-        actor: berth_core::event::Actor::new("admin", None),
-    };
     for i in 0..8 {
-        assert!(create(&one, submission(format!("w{i}"))).await.unwrap().is_some(), "w{i} created");
+        assert!(create(&one, submission(&format!("w{i}"), nlp)).await.unwrap().is_some(), "w{i} created");
     }
     let (generic, custom): (i64, i64) = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'WITH w AS (%INSERT INTO workloads%'",
@@ -392,7 +389,7 @@ async fn submissions_one_at_a_time_are_not_planned_each_time(db: berth_store::Pg
     // Its connection killed, the next submission is written on another.
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&one).await.unwrap();
     sqlx::query("SELECT pg_terminate_backend($1, 5000)").bind(pid).execute(&db).await.unwrap();
-    assert!(create(&one, submission("after".into())).await.unwrap().is_some());
+    assert!(create(&one, submission("after", nlp)).await.unwrap().is_some());
     one.close().await;
 }
 

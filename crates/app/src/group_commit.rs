@@ -130,12 +130,7 @@ async fn write(db: PgPool, queue: Arc<Mutex<Queue>>) {
             held = hold(&db).await;
         }
         let (submissions, answers): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let mut conn = held.take();
-        let written = write_group(&db, conn.as_mut().map(|(c, _)| c), &submissions).await;
-        if written.kept_connection {
-            held = conn;
-        }
-        for (answer, result) in answers.into_iter().zip(written.answers) {
+        for (answer, result) in answers.into_iter().zip(write_group(&db, &mut held, &submissions).await) {
             // The request may have gone away; its workload is written all the same.
             let _ = answer.send(result);
         }
@@ -159,27 +154,24 @@ async fn hold(db: &PgPool) -> Option<(berth_store::GenericPlans, Instant)> {
     }
 }
 
-struct Written {
-    /// The answer to each submission of the group, in order.
-    answers: Vec<Answer>,
-    /// Whether the connection given may be used again.
-    kept_connection: bool,
-}
-
-/// Writes a group, on `conn` when given. Should its statement fail there, that connection
-/// is not used again (it may be the one that broke) and the group is written through the
-/// pool; should the group's statement fail, each submission is written alone.
-async fn write_group(db: &PgPool, conn: Option<&mut berth_store::GenericPlans>, submissions: &[Submission]) -> Written {
+/// The answer to each submission of the group, in order: written on the `held` connection
+/// when there is one. Should its statement fail there, that connection is let go (it may be
+/// the one that broke) and the group is written through the pool; should the group's
+/// statement fail, each submission is written alone.
+async fn write_group(
+    db: &PgPool,
+    held: &mut Option<(berth_store::GenericPlans, Instant)>,
+    submissions: &[Submission],
+) -> Vec<Answer> {
     let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
     let message = crate::workload::CREATED_MESSAGE;
-    let mut kept_connection = conn.is_some();
-    if let Some(conn) = conn {
-        match store::workload_create_many(conn.connection(), &new, message).await {
-            Ok(created) => return Written { answers: created.into_iter().map(Ok).collect(), kept_connection },
-            Err(_) => kept_connection = false,
+    if let Some((conn, _)) = held {
+        if let Ok(created) = store::workload_create_many(conn.connection(), &new, message).await {
+            return created.into_iter().map(Ok).collect();
         }
+        *held = None;
     }
-    let answers = match store::workload_create_many(db, &new, message).await {
+    match store::workload_create_many(db, &new, message).await {
         Ok(created) => created.into_iter().map(Ok).collect(),
         Err(e) if new.len() == 1 => vec![Err(e)],
         Err(_) => {
@@ -190,8 +182,7 @@ async fn write_group(db: &PgPool, conn: Option<&mut berth_store::GenericPlans>, 
             }
             answers
         }
-    };
-    Written { answers, kept_connection }
+    }
 }
 
 fn new_workload(s: &Submission) -> NewWorkload<'_> {
