@@ -101,3 +101,42 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     assert_eq!(after.0, before.0, "the feed's reads scanned the table ({before:?} → {after:?})");
     assert!(after.1 >= before.1 + 4, "the feed's reads went through the index ({before:?} → {after:?})");
 }
+
+/// Scans through the index `name` so far (statistics flushed as in [`scans`]).
+async fn index_scans(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+    sqlx::query_scalar("SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = $1")
+        .bind(name)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+/// The idle reaper's and the autoscaler's looks go through `workloads_serving` (of the
+/// inference and notebook workloads only), also with statistics from before most workloads
+/// ran, when `workloads_phase` looked the cheaper way to those `Running` and the reaper
+/// visited every running workload.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_serving_looks_go_through_their_index(db: PgPool) {
+    let mut conn = db.acquire().await.unwrap();
+    for statement in [
+        "INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')",
+        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
+           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', 'Pending', '{h100}',
+                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
+           FROM generate_series(1, 5000) AS i"#,
+        "ANALYZE workloads",
+        "UPDATE workloads SET phase = 'Running'",
+    ] {
+        sqlx::query(statement).execute(&mut *conn).await.unwrap();
+    }
+    let (serving, phase) =
+        (index_scans(&mut conn, "workloads_serving").await, index_scans(&mut conn, "workloads_phase").await);
+    let (before, _) = scans(&mut conn).await;
+    assert!(berth_store::workload::workload_list_idle_candidates(&mut *conn).await.unwrap().is_empty());
+    assert!(berth_store::workload::workload_list_serving(&mut *conn).await.unwrap().is_empty());
+    let (after, _) = scans(&mut conn).await;
+    assert_eq!(index_scans(&mut conn, "workloads_phase").await, phase, "through the phase index");
+    assert_eq!(after, before, "by a scan of the table");
+    assert_eq!(index_scans(&mut conn, "workloads_serving").await, serving + 2);
+}
