@@ -42,8 +42,8 @@ async fn the_spec_for_scheduling_is_computed_inline(db: PgPool) {
     assert!(plan.contains("jsonb_set(") && !plan.contains("workload_spec_for_scheduling("), "{plan}");
 }
 
-/// Scans of `workloads` so far, (sequential, by index), as this connection's statistics
-/// have been flushed (at once, not up to a second later).
+/// Scans of `workloads` so far (sequential, by index), with this connection's statistics
+/// flushed first (at once, not up to a second later).
 async fn scans(conn: &mut sqlx::PgConnection) -> (i64, i64) {
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
     sqlx::query_as("SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'workloads'")
