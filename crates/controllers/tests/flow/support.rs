@@ -46,6 +46,12 @@ impl Plane {
         plane
     }
 
+    /// The simulated clusters' clock, which moves only by [`Plane::advance`] (the
+    /// controllers' runs on from the wall clock as well).
+    pub fn sim_now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(self.clock.load(Ordering::SeqCst)).unwrap()
+    }
+
     /// Moves the simulated clusters' clock, and the controllers', forward.
     pub fn advance(&self, seconds: i64) {
         self.clock.fetch_add(seconds * 1000, Ordering::SeqCst);
