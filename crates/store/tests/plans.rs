@@ -42,10 +42,36 @@ async fn the_spec_for_scheduling_is_computed_inline(db: PgPool) {
     assert!(plan.contains("jsonb_set(") && !plan.contains("workload_spec_for_scheduling("), "{plan}");
 }
 
-/// Scans of `workloads` so far (sequential, by index), with this connection's statistics
-/// flushed first (at once, not up to a second later).
-async fn scans(conn: &mut sqlx::PgConnection) -> (i64, i64) {
+/// 5,000 batch workloads of team `nlp` in `phase`, with specs that read back, then `then`.
+async fn batch_workloads(conn: &mut sqlx::PgConnection, phase: &str, then: &[&str]) {
+    sqlx::query("INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
+           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', $1, '{h100}',
+                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
+           FROM generate_series(1, 5000) AS i"#,
+    )
+    .bind(phase)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for statement in then {
+        sqlx::query(statement).execute(&mut *conn).await.unwrap();
+    }
+}
+
+/// Flushes this connection's statistics at once (not up to a second later), for the
+/// scan counters read next.
+async fn flush_statistics(conn: &mut sqlx::PgConnection) {
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+}
+
+/// Scans of `workloads` so far (sequential, by index), statistics flushed first.
+async fn scans(conn: &mut sqlx::PgConnection) -> (i64, i64) {
+    flush_statistics(conn).await;
     sqlx::query_as("SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'workloads'")
         .fetch_one(&mut *conn)
         .await
@@ -61,18 +87,16 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     use berth_core::workload::Phase;
     use berth_store::workload as store;
     let mut conn = db.acquire().await.unwrap();
-    for statement in [
-        "INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')",
-        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
-           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', 'Running', '{h100}',
-                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
-           FROM generate_series(1, 5000) AS i"#,
-        "UPDATE workloads SET status = '{\"phase\": \"Running\"}'",
-        "UPDATE workloads SET status = '{\"phase\": \"Running\", \"attempt\": 0}'",
-        "ANALYZE workloads",
-    ] {
-        sqlx::query(statement).execute(&mut *conn).await.unwrap();
-    }
+    batch_workloads(
+        &mut conn,
+        "Running",
+        &[
+            "UPDATE workloads SET status = '{\"phase\": \"Running\"}'",
+            "UPDATE workloads SET status = '{\"phase\": \"Running\", \"attempt\": 0}'",
+            "ANALYZE workloads",
+        ],
+    )
+    .await;
     let mut tx = berth_store::begin_snapshot(&db).await.unwrap();
     let cursor = store::change_cursor(&mut *tx).await.unwrap();
     berth_store::commit(tx).await.unwrap();
@@ -102,9 +126,9 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     assert!(after.1 >= before.1 + 4, "the feed's reads went through the index ({before:?} → {after:?})");
 }
 
-/// Scans through the index `name` so far (statistics flushed as in [`scans`]).
+/// Scans through the index `name` so far, statistics flushed first.
 async fn index_scans(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+    flush_statistics(conn).await;
     sqlx::query_scalar("SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = $1")
         .bind(name)
         .fetch_one(&mut *conn)
@@ -119,17 +143,7 @@ async fn index_scans(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_serving_looks_go_through_their_index(db: PgPool) {
     let mut conn = db.acquire().await.unwrap();
-    for statement in [
-        "INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')",
-        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
-           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', 'Pending', '{h100}',
-                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
-           FROM generate_series(1, 5000) AS i"#,
-        "ANALYZE workloads",
-        "UPDATE workloads SET phase = 'Running'",
-    ] {
-        sqlx::query(statement).execute(&mut *conn).await.unwrap();
-    }
+    batch_workloads(&mut conn, "Pending", &["ANALYZE workloads", "UPDATE workloads SET phase = 'Running'"]).await;
     let (serving, phase) =
         (index_scans(&mut conn, "workloads_serving").await, index_scans(&mut conn, "workloads_phase").await);
     let (before, _) = scans(&mut conn).await;
