@@ -203,7 +203,8 @@ pub async fn workload_update_spec(
         WorkloadRow,
         r#"UPDATE workloads
            SET labels = $2, spec = $3, kind = $4, flavors = $5, generation = $6,
-               resource_version = nextval('resource_version_seq'), updated_at = now()
+               resource_version = nextval('resource_version_seq'), updated_at = now(),
+               written_by = pg_current_xact_id()
            WHERE uid = $1
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                      generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
@@ -229,7 +230,8 @@ pub async fn workload_mark_deleted(tx: &mut PgConnection, uid: WorkloadId) -> Re
         WorkloadRow,
         r#"UPDATE workloads
            SET deletion_timestamp = coalesce(deletion_timestamp, now()),
-               resource_version = nextval('resource_version_seq'), updated_at = now()
+               resource_version = nextval('resource_version_seq'), updated_at = now(),
+               written_by = pg_current_xact_id()
            WHERE uid = $1
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
                      generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
@@ -884,7 +886,8 @@ pub async fn workload_write_statuses(
     sqlx::query!(
         r#"UPDATE workloads w
            SET status = u.status, phase = u.phase, cluster = u.cluster,
-               resource_version = nextval('resource_version_seq'), updated_at = now()
+               resource_version = nextval('resource_version_seq'), updated_at = now(),
+               written_by = pg_current_xact_id()
            FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::text[], $5::text[])
                 AS u (uid, version, status, phase, cluster),
                 (SELECT set_config('berth.status_phases', $6, true)) AS notify
