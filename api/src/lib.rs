@@ -54,7 +54,8 @@ pub fn app(state: AppState) -> Router {
     let no_store = SetResponseHeaderLayer::if_not_present(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     // One budget shared by every API route (a clone of the layer shares its semaphore).
     let concurrency = tower::limit::GlobalConcurrencyLimitLayer::new(state.http.limits.concurrent.max(1));
-    api.route_layer(from_fn_with_state(state.clone(), auth::authenticate))
+    let routed = api
+        .route_layer(from_fn_with_state(state.clone(), auth::authenticate))
         .route_layer(no_store)
         .route_layer(concurrency)
         .merge(public)
@@ -66,24 +67,32 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { Problem::for_status(StatusCode::NOT_FOUND).into_response() })
         .method_not_allowed_fallback(|| async { Problem::for_status(StatusCode::METHOD_NOT_ALLOWED).into_response() })
         .route_layer(from_fn(telemetry::track_metrics))
-        .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
-        .layer(from_fn(telemetry::problem_responses))
-        .layer(CatchPanicLayer::custom(telemetry::panic_response))
-        .layer(TraceLayer::new_for_http().make_span_with(telemetry::request_span))
-        .layer(PropagateRequestIdLayer::new(telemetry::REQUEST_ID))
-        .layer(SetRequestIdLayer::new(telemetry::REQUEST_ID, MakeRequestUuid))
-        .layer(tower::util::option_layer(cors))
-        .layer(security_header(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .layer(security_header(header::X_FRAME_OPTIONS, "DENY"))
-        .layer(security_header(header::REFERRER_POLICY, "no-referrer"))
+        .with_state(state);
+    // Around the whole router once, not around each route: `Router::layer` wraps every
+    // route in a boxed service of its own per layer, and each request cloned those boxes,
+    // 13 deep. The first layer here is the outermost.
+    let around = tower::ServiceBuilder::new()
         // No page of Berth's (the dashboard, /docs) may be framed by another site, nor load
         // plugins or rebase its links.
         .layer(security_header(
             header::CONTENT_SECURITY_POLICY,
             "frame-ancestors 'none'; object-src 'none'; base-uri 'none'",
         ))
-        .with_state(state)
+        .layer(security_header(header::REFERRER_POLICY, "no-referrer"))
+        .layer(security_header(header::X_FRAME_OPTIONS, "DENY"))
+        .layer(security_header(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .layer(tower::util::option_layer(cors))
+        // CORS answers preflights itself, with an empty body of the type of those below.
+        .map_response(IntoResponse::into_response)
+        .layer(SetRequestIdLayer::new(telemetry::REQUEST_ID, MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::new(telemetry::REQUEST_ID))
+        .layer(TraceLayer::new_for_http().make_span_with(telemetry::request_span))
+        .layer(CatchPanicLayer::custom(telemetry::panic_response))
+        .layer(from_fn(telemetry::problem_responses))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
+        .service(routed);
+    Router::new().fallback_service(around)
 }
 
 fn security_header(name: HeaderName, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {
