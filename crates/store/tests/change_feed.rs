@@ -4,25 +4,14 @@ use berth_core::workload::{WorkloadSpec, WorkloadStatus};
 use berth_store::workload as store;
 use sqlx::PgPool;
 
+mod support;
+
+use support::{batch_workloads, cursor, names};
+
 /// The names of the workloads written since `cursor`, sorted.
 async fn written_since(db: &PgPool, cursor: &store::FeedCursor) -> Vec<String> {
     let mut conn = db.acquire().await.unwrap();
-    let mut names: Vec<String> = store::workload_list_written_since(&mut *conn, cursor, &[])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.metadata.name)
-        .collect();
-    names.sort();
-    names
-}
-
-/// A cursor at this moment: what is written from now on is in the feed read with it.
-async fn cursor(db: &PgPool) -> store::FeedCursor {
-    let mut tx = berth_store::begin_snapshot(db).await.unwrap();
-    let cursor = store::change_cursor(&mut *tx).await.unwrap();
-    berth_store::commit(tx).await.unwrap();
-    cursor
+    names(store::workload_list_written_since(&mut *conn, cursor, &[]).await.unwrap())
 }
 
 /// The uid and version of workload `name`.
@@ -40,19 +29,7 @@ async fn row(db: &PgPool, name: &str) -> (uuid::Uuid, i64) {
 /// does, through the trigger, which runs for such a write only.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_stores_writes_mark_their_writer_and_the_trigger_marks_any_other(db: PgPool) {
-    sqlx::query("INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')")
-        .execute(&db)
-        .await
-        .unwrap();
-    sqlx::query(
-        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, flavors, spec)
-           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', '{h100}',
-                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
-           FROM generate_series(1, 5) AS i"#,
-    )
-    .execute(&db)
-    .await
-    .unwrap();
+    batch_workloads(&mut db.acquire().await.unwrap(), 5, "Pending", &[]).await;
 
     let before = cursor(&db).await;
     sqlx::query("DROP TRIGGER workloads_writer ON workloads").execute(&db).await.unwrap();

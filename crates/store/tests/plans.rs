@@ -3,6 +3,10 @@
 
 use sqlx::PgPool;
 
+mod support;
+
+use support::{batch_workloads, names};
+
 /// The plan of `query` over 5,000 unfinished workloads, a few of them stopping.
 async fn plan(db: &PgPool, query: &str) -> String {
     let mut conn = db.acquire().await.unwrap();
@@ -42,27 +46,6 @@ async fn the_spec_for_scheduling_is_computed_inline(db: PgPool) {
     assert!(plan.contains("jsonb_set(") && !plan.contains("workload_spec_for_scheduling("), "{plan}");
 }
 
-/// 5,000 batch workloads of team `nlp` in `phase`, with specs that read back, then `then`.
-async fn batch_workloads(conn: &mut sqlx::PgConnection, phase: &str, then: &[&str]) {
-    sqlx::query("INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'nlp', '{}')")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query(
-        r#"INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
-           SELECT gen_random_uuid(), (SELECT uid FROM teams), 'nlp', 'w' || i, 'batch', $1, '{h100}',
-                  '{"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}}'
-           FROM generate_series(1, 5000) AS i"#,
-    )
-    .bind(phase)
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    for statement in then {
-        sqlx::query(statement).execute(&mut *conn).await.unwrap();
-    }
-}
-
 /// Flushes this connection's statistics at once (not up to a second later), for the
 /// scan counters read next.
 async fn flush_statistics(conn: &mut sqlx::PgConnection) {
@@ -89,6 +72,7 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     let mut conn = db.acquire().await.unwrap();
     batch_workloads(
         &mut conn,
+        5_000,
         "Running",
         &[
             "UPDATE workloads SET status = '{\"phase\": \"Running\"}'",
@@ -97,9 +81,7 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
         ],
     )
     .await;
-    let mut tx = berth_store::begin_snapshot(&db).await.unwrap();
-    let cursor = store::change_cursor(&mut *tx).await.unwrap();
-    berth_store::commit(tx).await.unwrap();
+    let cursor = support::cursor(&db).await;
     for statement in [
         "UPDATE workloads SET updated_at = now() WHERE team_name = 'nlp' AND name IN ('w1', 'w2', 'w3')",
         "DELETE FROM workloads WHERE team_name = 'nlp' AND name = 'w4'",
@@ -108,11 +90,6 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     }
 
     let before = scans(&mut conn).await;
-    let names = |ws: Vec<berth_core::workload::Workload>| {
-        let mut names: Vec<String> = ws.into_iter().map(|w| w.metadata.name).collect();
-        names.sort();
-        names
-    };
     let written = store::workload_list_written_since(&mut *conn, &cursor, &[]).await.unwrap();
     assert_eq!(names(written), ["w1", "w2", "w3"]);
     let feed = store::workload_feed_read(&mut *conn, Some(cursor.clone())).await.unwrap();
@@ -143,7 +120,8 @@ async fn index_scans(conn: &mut sqlx::PgConnection, name: &str) -> i64 {
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_serving_looks_go_through_their_index(db: PgPool) {
     let mut conn = db.acquire().await.unwrap();
-    batch_workloads(&mut conn, "Pending", &["ANALYZE workloads", "UPDATE workloads SET phase = 'Running'"]).await;
+    batch_workloads(&mut conn, 5_000, "Pending", &["ANALYZE workloads", "UPDATE workloads SET phase = 'Running'"])
+        .await;
     let (serving, phase) =
         (index_scans(&mut conn, "workloads_serving").await, index_scans(&mut conn, "workloads_phase").await);
     let (before, _) = scans(&mut conn).await;
