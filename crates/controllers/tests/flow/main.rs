@@ -1210,8 +1210,10 @@ async fn borrowed_work_within_its_min_runtime_is_reclaimed_only_once_it_has_run_
 
 /// The periodic full read runs beside the cycles and replaces the kept world at the next
 /// read after it finishes: what the change feed cannot see (a row deleted with its
-/// tombstone, as a restore or hand-made SQL would) is gone then, and what was written
-/// meanwhile is kept.
+/// tombstone, a row written with the feed's trigger off and its version left as it was, as
+/// a restore or hand-made SQL would) is as the full read found it then, what was written
+/// meanwhile is kept, and a workload the full read found unchanged stays the kept object
+/// (so the snapshot's derivation of it holds).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothing(db: berth_store::PgPool) {
     use berth_controllers::world::{Read, WorldCache, read_full};
@@ -1222,16 +1224,32 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     let started = std::time::Instant::now();
     assert_eq!(cache.load(&db, chrono::Utc::now()).await.unwrap().1, Read::Full);
     let ghost = p.submit("nlp", "ghost", 1, 1.0, json!({})).await;
+    let steady = p.submit("nlp", "steady", 1, 1.0, json!({})).await;
+    let hidden = p.submit("nlp", "hidden", 1, 1.0, json!({})).await;
     let has = |w: &berth_controllers::snapshot::World, uid| w.workloads.iter().any(|w| w.metadata.uid == uid);
-    assert!(has(&cache.load(&db, chrono::Utc::now()).await.unwrap().0, ghost.metadata.uid));
+    let object = |w: &berth_controllers::snapshot::World, uid| {
+        w.workloads.iter().find(|w| w.metadata.uid == uid).cloned().expect("kept")
+    };
+    let before = cache.load(&db, chrono::Utc::now()).await.unwrap().0;
+    assert!(has(&before, ghost.metadata.uid));
 
-    // Behind the feed's back: the row and its tombstone.
+    // Behind the feed's back: the row and its tombstone; a label, the version left as it was.
     sqlx::query("DELETE FROM workloads WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
     sqlx::query("DELETE FROM workload_tombstones WHERE uid = $1").bind(ghost.metadata.uid).execute(&db).await.unwrap();
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("ALTER TABLE workloads DISABLE TRIGGER workloads_writer").execute(&mut *tx).await.unwrap();
+    sqlx::query(r#"UPDATE workloads SET labels = '{"restored": "yes"}' WHERE uid = $1"#)
+        .bind(hidden.metadata.uid)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE workloads ENABLE TRIGGER workloads_writer").execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
     let (world, read) = cache.load(&db, chrono::Utc::now()).await.unwrap();
     if started.elapsed() < every {
         assert!(matches!(read, Read::Changes(0)), "{read:?}");
         assert!(has(&world, ghost.metadata.uid), "the feed cannot see it");
+        assert!(object(&world, hidden.metadata.uid).metadata.labels.is_empty(), "nor this");
     }
 
     let after = p.submit("nlp", "after", 1, 1.0, json!({})).await;
@@ -1246,6 +1264,9 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     };
     assert!(!has(&world, ghost.metadata.uid), "the full read does not find it");
     assert!(has(&world, after.metadata.uid), "a write since is kept");
+    assert_eq!(object(&world, hidden.metadata.uid).metadata.labels["restored"], "yes", "the full read's");
+    let (was, is) = (object(&before, steady.metadata.uid), object(&world, steady.metadata.uid));
+    assert!(std::sync::Arc::ptr_eq(&was, &is), "unchanged, it is the object kept before");
     assert_eq!(world.workloads, read_full(&db, chrono::Utc::now()).await.unwrap().workloads);
 }
 
