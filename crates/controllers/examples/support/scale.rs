@@ -9,7 +9,8 @@
 //!    behind the running ones, and the scheduler's cycles over them are timed.
 //!
 //! Prints the scheduler's cycle times (sampled from its stored status: at most one a second)
-//! in each phase, the process's peak RSS (the controllers keep their world in memory) and
+//! in each phase, those of the cycles that swapped in a background full read, the process's
+//! peak RSS (the controllers keep their world in memory) and
 //! the database's size.
 
 use std::time::{Duration, Instant};
@@ -179,13 +180,16 @@ struct Cycles {
     phases: Vec<[f64; PHASES.len()]>,
     /// Per cycle: workloads its snapshot derived anew.
     derived: Vec<f64>,
+    /// Per cycle: whether its world was read in full (the background full read swapped in).
+    full: Vec<bool>,
 }
 
 /// The parts of a cycle its status times.
 const PHASES: [&str; 6] = ["read", "build", "plan", "explain", "write", "kept"];
 
-/// Cycles timed once nothing more can be admitted (one every `resync` then).
-const SETTLED: usize = 5;
+/// Cycles timed once nothing more can be admitted (one every `resync` then, 10 s): enough
+/// that one of them comes after a background full read (every `FULL_READ_EVERY`, 120 s).
+const SETTLED: usize = 13;
 /// How often the scheduler's stored status is sampled, and the phases counted.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 const COUNT_EVERY: Duration = Duration::from_secs(1);
@@ -208,6 +212,7 @@ impl Cycles {
         self.seconds.push(last["cycle_ms"].as_f64().unwrap_or_default() / 1000.0);
         self.phases.push(PHASES.map(|p| last[format!("{p}_ms")].as_f64().unwrap_or_default()));
         self.derived.push(last["derived"].as_f64().unwrap_or_default());
+        self.full.push(last["full_read"].as_bool().unwrap_or_default());
         Ok(Some(last))
     }
 
@@ -248,9 +253,8 @@ impl Cycles {
             if let Some(last) = self.sample(db).await? {
                 let n = |k: &str| last[k].as_i64().unwrap_or_default();
                 if (n("pending") + n("running")) as usize >= total && n("admitted") == 0 {
-                    settled.extend(
-                        self.seconds.last().copied().zip(self.phases.last().copied().zip(self.derived.last().copied())),
-                    );
+                    let last = self.seconds.len() - 1;
+                    settled.push((self.seconds[last], self.phases[last], self.derived[last], self.full[last]));
                     seen = (n("running"), n("pending"));
                 }
             }
@@ -259,7 +263,10 @@ impl Cycles {
             }
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
-        (self.seconds, (self.phases, self.derived)) = settled.into_iter().unzip();
+        self.seconds = settled.iter().map(|c| c.0).collect();
+        self.phases = settled.iter().map(|c| c.1).collect();
+        self.derived = settled.iter().map(|c| c.2).collect();
+        self.full = settled.iter().map(|c| c.3).collect();
         Ok(seen)
     }
 
@@ -281,8 +288,14 @@ impl Cycles {
             let phases: Vec<String> = PHASES.iter().zip(self.phases[i]).map(|(p, ms)| format!("{p} {ms:.0}")).collect();
             format!("; the slowest: {}, {:.0} derived anew", phases.join(", "), self.derived[i])
         });
+        // The cycles that swapped a background full read in (every `FULL_READ_EVERY`).
+        let full: Vec<String> = (0..self.seconds.len())
+            .filter(|&i| self.full[i])
+            .map(|i| format!("{:.0} ms, {:.0} derived anew", self.seconds[i] * 1000.0, self.derived[i]))
+            .collect();
+        let full = if full.is_empty() { String::new() } else { format!("; after a full read: {}", full.join(", ")) };
         format!(
-            "{} sampled: {}; median ms per phase: {}; median workloads derived anew {:.0}{slowest}",
+            "{} sampled: {}; median ms per phase: {}; median workloads derived anew {:.0}{slowest}{full}",
             self.seconds.len(),
             percentiles(self.seconds.clone()),
             phases.join(", "),
