@@ -2,8 +2,8 @@
 //! Berth and, in the same run, straight to slurmrestd, and the ratio of the throughputs.
 //!
 //! - Direct: N `POST /slurm/{newest API}/job/submit` from 4 keep-alive connections at once
-//!   (the fastest way we found; one request at a time is ~30 % slower), with a body like
-//!   Berth's.
+//!   (the fastest way we found; one request at a time is ~30 % slower), each the body Berth
+//!   posts for one of the bench's workloads (written by Berth's own Slurm adapter).
 //! - Through Berth, submitted live one at a time: N workloads submitted by 8 concurrent
 //!   clients, one workload per call of the application layer (what `PUT` runs, without
 //!   HTTP), into a fresh database with every controller running in-process (started a few
@@ -51,7 +51,7 @@ use berth_adapters::Registry;
 use berth_adapters::slurm::dev::DevCluster;
 use berth_app::context::OpContext;
 use berth_controllers::{Config, Context};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const SUBMITTERS: usize = 8;
 /// Workloads per request in the `batches` mode.
@@ -107,7 +107,12 @@ async fn fresh_cluster(job: Job) -> Result<DevCluster, Box<dyn std::error::Error
         }
     }
     let dev = DevCluster::get(CLUSTER);
-    direct(&dev, 200, job).await?;
+    // Named as no Berth job is: those that stay running are not Berth's orphans to cancel.
+    let mut warm_up = bodies(&dev, 200, job).await?;
+    for (i, (_, body)) in warm_up.iter_mut().enumerate() {
+        body["job"]["name"] = json!(format!("warm-up-{i}"));
+    }
+    direct(&dev, warm_up).await?;
     if job == Job::Sleep {
         // The warm-up's jobs that run stay, once Slurm has started as many as fit: the
         // cluster is full, as a GPU cluster usually is, so the measured jobs only queue and
@@ -153,9 +158,10 @@ async fn run(n: usize, rounds: usize, job: Job, modes: &[Mode]) -> Result<(), Bo
             }
             (took[mode as usize], cpu[mode as usize]) = match mode {
                 Mode::Direct => {
+                    let bodies = bodies(&dev, n, job).await?;
                     let before = cpu_seconds();
                     profiler("enable");
-                    let took = direct(&dev, n, job).await?;
+                    let took = direct(&dev, bodies).await?;
                     profiler("disable");
                     (took, minus(cpu_seconds(), before))
                 }
@@ -275,39 +281,42 @@ fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
-/// N submits straight to slurmrestd from [`DIRECT_CLIENTS`] connections at once.
-async fn direct(dev: &DevCluster, n: usize, job: Job) -> Result<Duration, Box<dyn std::error::Error>> {
+/// The very jobs Berth's dispatcher submits for the bench's workloads (the same script,
+/// environment, limits and comment), as Berth's Slurm adapter writes them: each one's path
+/// and body.
+async fn bodies(dev: &DevCluster, n: usize, job: Job) -> Result<Vec<(String, Value)>, Box<dyn std::error::Error>> {
+    let spec: berth_core::cluster::ClusterSpec = parse(dev.apply_body(&dev.gpu_type, SECRET)["spec"].clone());
+    let adapter = berth_adapters::slurm::SlurmCluster::new(&spec, dev.token.clone())?;
+    let mut bodies = Vec::with_capacity(n);
+    for i in 0..n {
+        let request: berth_adapters::JobRequest = parse(json!({
+            "key": {"workload": uuid::Uuid::now_v7(), "attempt": 0}, "team": "bench", "workload": format!("w{i}"),
+            "kind": "batch", "flavor": dev.gpu_type, "tasks": 1, "gpus_per_task": 0, "cpus_per_task": null,
+            "memory_mib_per_task": null, "nodes": [], "run": {"command": job.command()}, "max_runtime_seconds": null,
+            "sim_duration_seconds": null, "resume": false, "grace_seconds": 30,
+        }));
+        bodies.push(adapter.submit_request(&request).await?);
+    }
+    Ok(bodies)
+}
+
+/// Posts each of `bodies` straight to slurmrestd, from [`DIRECT_CLIENTS`] connections.
+async fn direct(dev: &DevCluster, bodies: Vec<(String, Value)>) -> Result<Duration, Box<dyn std::error::Error>> {
+    let (n, bodies) = (bodies.len(), Arc::new(bodies));
     let http = reqwest::Client::new();
-    let script =
-        format!("#!/bin/bash\nexec {}\n", job.command().iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(" "));
     let started = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..DIRECT_CLIENTS {
-        let (http, url, user, token, partition, script) =
-            (http.clone(), dev.url.clone(), dev.user.clone(), dev.token.clone(), dev.partition.clone(), script.clone());
-        let api = dev.api.clone();
+        let (http, url, user, token, bodies) =
+            (http.clone(), dev.url.clone(), dev.user.clone(), dev.token.clone(), bodies.clone());
         clients.spawn(async move {
             for i in (c..n).step_by(DIRECT_CLIENTS) {
-                let name = format!("direct-{i}");
-                let body = if api == "v0.0.38" {
-                    json!({"script": script, "job": {
-                        "name": name, "comment": "bench direct", "partition": partition,
-                        "nodes": 1, "tasks": 1, "current_working_directory": "/tmp",
-                        "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
-                    }})
-                } else {
-                    // v0.0.40 on: the script in the job, the environment a list.
-                    json!({"job": {
-                        "script": script, "name": name, "comment": "bench direct", "partition": partition,
-                        "nodes": "1", "tasks": 1, "current_working_directory": "/tmp",
-                        "environment": ["PATH=/usr/local/bin:/usr/bin:/bin"],
-                    }})
-                };
+                let (path, body) = &bodies[i];
                 let answer = http
-                    .post(format!("{url}/slurm/{api}/job/submit"))
+                    .post(format!("{url}{path}"))
                     .header("X-SLURM-USER-NAME", &user)
                     .header("X-SLURM-USER-TOKEN", &token)
-                    .json(&body)
+                    .json(body)
                     .send()
                     .await
                     .map_err(|e| format!("direct submit {i}: {e}"))?;

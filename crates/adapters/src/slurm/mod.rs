@@ -254,6 +254,29 @@ impl SlurmCluster {
         Ok((status, bytes))
     }
 
+    /// The API version in use and the body of its `POST job/submit` for `job`.
+    async fn submission_body(&self, job: &JobRequest) -> Result<(&'static dyn Dialect, Value), BackendError> {
+        let api = self.api().await?;
+        // Work without a runtime limit runs as long as its partition allows: left out, the
+        // time limit would be the partition's DefaultTime (an hour, often), and asked for as
+        // unlimited above a MaxTime, the job would pend for good.
+        let longest = match job.max_runtime_seconds {
+            Some(_) => None,
+            None => self.longest_on(api, &job.flavor).await?,
+        };
+        Ok((api, api.submit_body(&self.submission(job, longest)?)))
+    }
+
+    /// The path and body a submit of `job` posts to slurmrestd, for `bench/slurm` to post the
+    /// very same job straight to it.
+    ///
+    /// # Errors
+    /// As [`ClusterBackend::submit`] before it posts.
+    pub async fn submit_request(&self, job: &JobRequest) -> Result<(String, Value), BackendError> {
+        let (api, body) = self.submission_body(job).await?;
+        Ok((format!("/slurm/{}/job/submit", api.version()), body))
+    }
+
     async fn get(&self, path: &str) -> Result<Vec<u8>, BackendError> {
         self.call(Method::GET, path, None).await
     }
@@ -593,15 +616,7 @@ impl ClusterBackend for SlurmCluster {
         {
             return Ok(status(&found));
         }
-        let api = self.api().await?;
-        // Work without a runtime limit runs as long as its partition allows: left out, the
-        // time limit would be the partition's DefaultTime (an hour, often), and asked for as
-        // unlimited above a MaxTime, the job would pend for good.
-        let longest = match job.max_runtime_seconds {
-            Some(_) => None,
-            None => self.longest_on(api, &job.flavor).await?,
-        };
-        let body = api.submit_body(&self.submission(job, longest)?);
+        let (api, body) = self.submission_body(job).await?;
         let answer = self.call(Method::POST, "job/submit", Some(&body)).await?;
         let id = api.submitted_job_id(&answer).ok_or_else(|| {
             BackendError::Rejected(format!("Slurm returned no job id: {}", describe(&errors(&answer))))
