@@ -10,8 +10,9 @@
 //! [`FULL_READ_EVERY`] in a task of its own, whose result replaces the kept workloads at the
 //! next read (which then applies the changes since the full read's cursor), so that no
 //! cycle waits for it; a workload it found as kept stays the kept object, so that the
-//! next snapshot derives only what changed. It also covers what the feed cannot see: a `TRUNCATE`, writes with
-//! triggers disabled (`session_replication_role = replica`, a restore).
+//! next snapshot derives only what changed. It also covers what the feed cannot see: a
+//! `TRUNCATE`, writes with triggers disabled (`session_replication_role = replica`, a
+//! restore).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

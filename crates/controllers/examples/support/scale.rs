@@ -10,8 +10,7 @@
 //!
 //! Prints the scheduler's cycle times (sampled from its stored status: at most one a second)
 //! in each phase, those of the cycles that swapped in a background full read, the process's
-//! peak RSS (the controllers keep their world in memory) and
-//! the database's size.
+//! peak RSS (the controllers keep their world in memory) and the database's size.
 
 use std::time::{Duration, Instant};
 
