@@ -281,23 +281,36 @@ fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
-/// The very jobs Berth's dispatcher submits for the bench's workloads (the same script,
-/// environment, limits and comment), as Berth's Slurm adapter writes them: each one's path
-/// and body.
+/// The very jobs Berth's dispatcher submits for the bench's workloads (its request, written
+/// by Berth's Slurm adapter: the same script, environment, limits and comment): each one's
+/// path and body.
 async fn bodies(dev: &DevCluster, n: usize, job: Job) -> Result<Vec<(String, Value)>, Box<dyn std::error::Error>> {
     let spec: berth_core::cluster::ClusterSpec = parse(dev.apply_body(&dev.gpu_type, SECRET)["spec"].clone());
     let adapter = berth_adapters::slurm::SlurmCluster::new(&spec, dev.token.clone())?;
     let mut bodies = Vec::with_capacity(n);
     for i in 0..n {
-        let request: berth_adapters::JobRequest = parse(json!({
-            "key": {"workload": uuid::Uuid::now_v7(), "attempt": 0}, "team": "bench", "workload": format!("w{i}"),
-            "kind": "batch", "flavor": dev.gpu_type, "tasks": 1, "gpus_per_task": 0, "cpus_per_task": null,
-            "memory_mib_per_task": null, "nodes": [], "run": {"command": job.command()}, "max_runtime_seconds": null,
-            "sim_duration_seconds": null, "resume": false, "grace_seconds": 30,
-        }));
+        // The bench's workload as stored and admitted, and what the dispatcher asks of it.
+        let mut stored = bench_workload(i, &dev.gpu_type, job);
+        stored["metadata"].as_object_mut().expect("metadata").extend([
+            ("team".into(), json!("bench")),
+            ("uid".into(), json!(uuid::Uuid::now_v7())),
+            ("generation".into(), json!(1)),
+            ("resource_version".into(), json!("1")),
+            ("creation_timestamp".into(), json!(chrono::Utc::now())),
+            ("update_timestamp".into(), json!(chrono::Utc::now())),
+        ]);
+        let admission = json!({"cluster": CLUSTER, "flavor": dev.gpu_type, "borrowed": false, "placement": []});
+        stored["status"] = json!({"phase": "Admitted", "admission": admission});
+        let request = berth_controllers::dispatcher::request(&parse(stored), Duration::from_secs(30), None);
         bodies.push(adapter.submit_request(&request).await?);
     }
     Ok(bodies)
+}
+
+/// The bench's workload `i`: one task on `flavor` without GPUs, running `job`.
+fn bench_workload(i: usize, flavor: &str, job: Job) -> Value {
+    json!({"metadata": {"name": format!("w{i}")}, "spec": {"kind": "batch", "run": {"command": job.command()},
+        "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0}}}})
 }
 
 /// Posts each of `bodies` straight to slurmrestd, from [`DIRECT_CLIENTS`] connections.
@@ -405,16 +418,19 @@ async fn through_berth(
         let (db, flavor) = (db.clone(), dev.gpu_type.clone());
         submitters.spawn(async move {
             let actor = OpContext::system("bench");
-            let workload = |i: usize| {
-                json!({"metadata": {"name": format!("w{i}")}, "spec": {"kind": "batch", "run": {"command": job.command()},
-                    "tasks": {"count": 1, "resources": {"flavors": [flavor], "gpus": 0}}}})
-            };
+            let workload = |i: usize| bench_workload(i, &flavor, job);
             if mode == Mode::Batches {
                 for first in (s * BATCH..n).step_by(SUBMITTERS * BATCH) {
                     let items: Vec<_> = (first..n.min(first + BATCH)).map(workload).collect();
-                    berth_app::workload::workload_create_batch(&db, &actor, "bench", &parse(json!({"items": items})), None)
-                        .await
-                        .expect("submit");
+                    berth_app::workload::workload_create_batch(
+                        &db,
+                        &actor,
+                        "bench",
+                        &parse(json!({"items": items})),
+                        None,
+                    )
+                    .await
+                    .expect("submit");
                 }
                 return;
             }

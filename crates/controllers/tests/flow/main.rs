@@ -1226,10 +1226,10 @@ async fn the_background_full_read_finds_what_the_feed_cannot_see_and_loses_nothi
     let ghost = p.submit("nlp", "ghost", 1, 1.0, json!({})).await;
     let steady = p.submit("nlp", "steady", 1, 1.0, json!({})).await;
     let hidden = p.submit("nlp", "hidden", 1, 1.0, json!({})).await;
-    let has = |w: &berth_controllers::snapshot::World, uid| w.workloads.iter().any(|w| w.metadata.uid == uid);
-    let object = |w: &berth_controllers::snapshot::World, uid| {
-        w.workloads.iter().find(|w| w.metadata.uid == uid).cloned().expect("kept")
-    };
+    let find =
+        |w: &berth_controllers::snapshot::World, uid| w.workloads.iter().find(|w| w.metadata.uid == uid).cloned();
+    let has = |w: &berth_controllers::snapshot::World, uid| find(w, uid).is_some();
+    let object = |w: &berth_controllers::snapshot::World, uid| find(w, uid).expect("kept");
     let before = cache.load(&db, chrono::Utc::now()).await.unwrap().0;
     assert!(has(&before, ghost.metadata.uid));
 
