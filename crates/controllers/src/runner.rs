@@ -36,13 +36,20 @@ pub trait Report: Serialize + Send {
     fn waits_on_time(&self) -> bool {
         true
     }
+
+    /// How long the controller waits after this pass before the next, however soon it is
+    /// woken (beyond its least gap).
+    fn rest(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
-/// What a pass did: how many objects it changed, whether it waits on time, and its status
-/// as JSON (what `/api/v1/controllers` shows).
+/// What a pass did: how many objects it changed, whether it waits on time, how long it
+/// rests ([`Report::rest`]), and its status as JSON (what `/api/v1/controllers` shows).
 pub struct Passed {
     pub changes: usize,
     pub waits_on_time: bool,
+    pub rest: Duration,
     pub status: serde_json::Value,
 }
 
@@ -52,6 +59,7 @@ impl Passed {
         Self {
             changes: status.changes(),
             waits_on_time: status.waits_on_time(),
+            rest: status.rest(),
             status: serde_json::to_value(status).unwrap_or_default(),
         }
     }
@@ -341,6 +349,7 @@ async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: Str
         let started = Instant::now();
         let span = tracing::info_span!("controller_pass", controller = name, run = runs + 1);
         let result = reconciler.reconcile(&ctx).instrument(span).await;
+        let rested = Instant::now() + result.as_ref().map_or(Duration::ZERO, |p| p.rest);
         runs += 1;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::histogram!("berth_controller_pass_seconds", "controller" => name)
@@ -383,10 +392,7 @@ async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: Str
                 None => sleep.await,
             }
         }
-        let since = started.elapsed();
-        if since < min_gap {
-            tokio::time::sleep(min_gap - since).await;
-        }
+        tokio::time::sleep_until((started + min_gap).max(rested).into()).await;
     }
 }
 

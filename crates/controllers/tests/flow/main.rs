@@ -1591,7 +1591,12 @@ impl berth_controllers::runner::Reconciler for Counting {
     fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
         self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async {
-            Ok(berth_controllers::runner::Passed { changes: 0, waits_on_time: false, status: json!({}) })
+            Ok(berth_controllers::runner::Passed {
+                changes: 0,
+                waits_on_time: false,
+                rest: std::time::Duration::ZERO,
+                status: json!({}),
+            })
         })
     }
 }
@@ -1677,6 +1682,69 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
     // wake both; a submission and a write of pending reasons wake only "scheduling".
     assert_eq!(seen[0], [[0, 1, 0], [0, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 1]], "registered in order");
     assert_eq!(seen[1], seen[0], "registered in reverse");
+}
+
+/// A scheduler that is never caught up: each of its cycles takes 150 ms and gives pending
+/// workloads their reasons (a burst of submissions), admitting some or none.
+struct Busy {
+    name: &'static str,
+    admits: bool,
+    passes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl berth_controllers::runner::Reconciler for Busy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        "is never caught up"
+    }
+    fn period(&self, _: &berth_controllers::Config) -> std::time::Duration {
+        std::time::Duration::from_secs(3600)
+    }
+    fn min_gap(&self, config: &berth_controllers::Config) -> std::time::Duration {
+        config.min_cycle_interval
+    }
+    fn woken_by(&self) -> berth_controllers::runner::WokenBy {
+        berth_controllers::runner::WokenBy::SchedulingChange
+    }
+    fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
+        self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let status = scheduler::SchedulerStatus {
+            admitted: usize::from(self.admits),
+            explained: 100,
+            cycle_ms: 150.0,
+            ..Default::default()
+        };
+        Box::pin(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            Ok(berth_controllers::runner::Passed::of(&status))
+        })
+    }
+}
+
+/// A scheduler kept busy by submissions with no room for them spends at most half of the
+/// time in its cycles: cycles of 150 ms that admit nothing start at least 300 ms apart, so
+/// 1.5 s holds at most 6 of them (back to back, as before, 10 or 11). One that admits goes
+/// on at once.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_scheduler_that_admits_nothing_rests_as_long_as_its_cycle_ran(db: berth_store::PgPool) {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::Duration;
+    let p = Plane::new(db).await;
+    let (resting, admitting) = (std::sync::Arc::new(AtomicUsize::new(0)), std::sync::Arc::new(AtomicUsize::new(0)));
+    let list: Vec<Box<dyn berth_controllers::runner::Reconciler>> = vec![
+        Box::new(Busy { name: "resting", admits: false, passes: resting.clone() }),
+        Box::new(Busy { name: "admitting", admits: true, passes: admitting.clone() }),
+    ];
+    let mut running = berth_controllers::runner::start_these(&p.ctx, "busy-test", list);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let ran = (resting.load(SeqCst), admitting.load(SeqCst));
+    running.shutdown().await;
+    assert!((2..=6).contains(&ran.0), "{} cycles of 150 ms that admitted nothing in 1.5 s", ran.0);
+    assert!(ran.1 >= 8, "{} cycles of 150 ms that admitted in 1.5 s", ran.1);
+    let took_long = scheduler::SchedulerStatus { cycle_ms: 14_000.0, ..Default::default() };
+    assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
 }
 
 /// `spec.placement.flavor_policy` reaches the scheduler: of two workloads that accept h100
