@@ -221,7 +221,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         Task {
             name: "status_sync",
             description: "turns what the clusters say about jobs into workload phases",
-            woken_by: WokenBy::Period,
+            woken_by: WokenBy::BeyondPending,
             period: |c| c.sync_interval,
             min_gap: zero,
             pass: pass!(status_sync),

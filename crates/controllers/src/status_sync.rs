@@ -36,6 +36,13 @@ impl crate::runner::Report for StatusSyncStatus {
     fn changes(&self) -> usize {
         self.started + self.finished + self.lost
     }
+
+    /// With no work on a backend there is nothing to ask the backends about until a
+    /// dispatch (or an adoption, or work marked `Unknown`) is written, which wakes it: an
+    /// idle site reads its clusters at the resync instead of every `sync_interval`.
+    fn waits_on_time(&self) -> bool {
+        self.watched > 0
+    }
 }
 
 /// The phases status sync follows (preempted and deleted work belongs to their own

@@ -1747,6 +1747,41 @@ async fn a_scheduler_that_admits_nothing_rests_as_long_as_its_cycle_ran(db: bert
     assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
 }
 
+/// Status sync sleeps while no work is on a backend (an idle site no longer reads its
+/// clusters every 500 ms), and a dispatch wakes it: with every controller running and idle
+/// for a while, a workload submitted then is seen running, and once its job ends on the
+/// simulated clock, done, each well within the resync (10 s) it would otherwise wait for.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn status_sync_sleeps_while_nothing_runs_and_a_dispatch_wakes_it(db: berth_store::PgPool) {
+    use std::time::{Duration, Instant};
+    assert!(!status_sync::StatusSyncStatus::default().waits_on_time());
+    assert!(status_sync::StatusSyncStatus { watched: 1, ..Default::default() }.waits_on_time());
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 8, None).await;
+    p.cluster("c1", 1, json!({})).await;
+    let mut running = berth_controllers::runner::start(&p.ctx, "idle-test");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    p.submit("nlp", "late", 1, 8.0, json!({"sim": {"duration_seconds": 60}})).await;
+    let until = |phase: Phase| {
+        let p = &p;
+        async move {
+            let start = Instant::now();
+            while p.phase("nlp", "late").await != phase {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "not {phase:?} after 5 s: {:?}",
+                    p.phase("nlp", "late").await
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    until(Phase::Running).await;
+    p.advance(61);
+    until(Phase::Succeeded).await;
+    running.shutdown().await;
+}
+
 /// `spec.placement.flavor_policy` reaches the scheduler: of two workloads that accept h100
 /// and l4, the ordered one takes h100 (first in its list) and the best_fit one takes the
 /// 2-GPU l4 node, where it leaves less room unused.
