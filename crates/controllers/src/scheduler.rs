@@ -136,7 +136,7 @@ impl crate::runner::Report for SchedulerStatus {
     /// comes free each one woken by new submissions only gives them their reasons: in a
     /// burst of creates with nowhere to run them, cycles over up to 108,000 pending ran back
     /// to back (8 a second) and held a core of the two the API and Postgres share
-    /// (bench/api-load: 5,324-5,444 creates/s; resting, 6,863-6,918/s).
+    /// (bench/api-load: 5,324-5,693 creates/s; resting, 6,232-6,549/s).
     fn rest(&self) -> Duration {
         if self.admitted + self.preempted > 0 {
             Duration::ZERO
