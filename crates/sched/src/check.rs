@@ -606,6 +606,11 @@ fn reclaim_violations(
                 subtree[a * flavors + f] -= amount;
             }
         }
+        // What it could reclaim, each cluster; nothing, where somewhere it fits without
+        // releasing anything (below): the scheduler looks for victims in every cluster and
+        // preempts none if one cluster needs none.
+        let mut could_reclaim = Vec::new();
+        let mut fits_without_victims = false;
         for &f in &p.flavors {
             for (c, cluster) in s.clusters.iter().enumerate().filter(|(_, c)| p.may_run_on(c) && !c.cordoned) {
                 let Some(pool) = pool_at[c * flavors + f].map(|i| &pools[i]) else { continue };
@@ -672,16 +677,19 @@ fn reclaim_violations(
                 }
                 // (One that fits without releasing anything, on what is free on nodes held
                 // for reclaims or once the victims of others are gone, waits for them.)
-                if known.fits_on_open_nodes(s, &local, pool, w, true)
-                    && !known.fits_on_open_nodes(s, &unreleased, pool, w, true)
-                {
-                    out.push(format!(
+                if known.fits_on_open_nodes(s, &unreleased, pool, w, true) {
+                    fits_without_victims = true;
+                } else if known.fits_on_open_nodes(s, &local, pool, w, true) {
+                    could_reclaim.push(format!(
                         "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",
                         waiting.reason.code(),
                         cluster.name
                     ));
                 }
             }
+        }
+        if !fits_without_victims {
+            out.extend(could_reclaim);
         }
     }
     out
