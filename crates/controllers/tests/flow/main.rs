@@ -1573,6 +1573,9 @@ struct Counting {
     name: &'static str,
     woken_by: berth_controllers::runner::WokenBy,
     passes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// A scheduler's cycle that each pass takes as long as (`cycle_ms`) and reports; none:
+    /// a pass that changes nothing, at once.
+    cycle: Option<scheduler::SchedulerStatus>,
 }
 
 impl berth_controllers::runner::Reconciler for Counting {
@@ -1590,13 +1593,19 @@ impl berth_controllers::runner::Reconciler for Counting {
     }
     fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
         self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Box::pin(async {
-            Ok(berth_controllers::runner::Passed {
-                changes: 0,
-                waits_on_time: false,
-                rest: std::time::Duration::ZERO,
-                status: json!({}),
-            })
+        let cycle = self.cycle.clone();
+        Box::pin(async move {
+            let Some(cycle) = cycle else {
+                return Ok(berth_controllers::runner::Passed {
+                    changes: 0,
+                    waits_on_time: false,
+                    rest: std::time::Duration::ZERO,
+                    status: json!({}),
+                });
+            };
+            // The cycle's own work, as long as it says it took.
+            tokio::time::sleep(std::time::Duration::from_secs_f64(cycle.cycle_ms / 1000.0)).await;
+            Ok(berth_controllers::runner::Passed::of(&cycle))
         })
     }
 }
@@ -1624,7 +1633,7 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             .iter()
             .zip(&counters)
             .map(|(&(name, woken_by), passes)| {
-                Box::new(Counting { name, woken_by, passes: passes.clone() })
+                Box::new(Counting { name, woken_by, passes: passes.clone(), cycle: None })
                     as Box<dyn berth_controllers::runner::Reconciler>
             })
             .collect();
@@ -1684,73 +1693,47 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
     assert_eq!(seen[1], seen[0], "registered in reverse");
 }
 
-/// A scheduler that is never caught up: each of its cycles takes 150 ms and gives pending
-/// workloads their reasons (a burst of submissions), admitting some or none.
-struct Busy {
-    name: &'static str,
-    admits: bool,
-    passes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl berth_controllers::runner::Reconciler for Busy {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn description(&self) -> &'static str {
-        "is never caught up"
-    }
-    fn period(&self, _: &berth_controllers::Config) -> std::time::Duration {
-        std::time::Duration::from_secs(3600)
-    }
-    fn min_gap(&self, config: &berth_controllers::Config) -> std::time::Duration {
-        config.min_cycle_interval
-    }
-    fn woken_by(&self) -> berth_controllers::runner::WokenBy {
-        berth_controllers::runner::WokenBy::SchedulingChange
-    }
-    fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
-        self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let status = scheduler::SchedulerStatus {
-            admitted: usize::from(self.admits),
-            explained: 100,
-            cycle_ms: 150.0,
-            ..Default::default()
-        };
-        Box::pin(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-            Ok(berth_controllers::runner::Passed::of(&status))
-        })
-    }
-}
-
 /// A scheduler kept busy by submissions with no room for them spends at most half of the
 /// time in its cycles: cycles of 150 ms that admit nothing start at least 300 ms apart, so
-/// 1.5 s holds at most 6 of them (back to back, as before, 10 or 11). One that admits goes
-/// on at once.
+/// while one that admits runs 10 cycles back to back (1.5 s or more), it runs at most one
+/// more than a 300 ms gap each allows (as before, as many as the other).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_scheduler_that_admits_nothing_rests_as_long_as_its_cycle_ran(db: berth_store::PgPool) {
+    use berth_controllers::runner::WokenBy;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
     let p = Plane::new(db).await;
     let (resting, admitting) = (std::sync::Arc::new(AtomicUsize::new(0)), std::sync::Arc::new(AtomicUsize::new(0)));
-    let list: Vec<Box<dyn berth_controllers::runner::Reconciler>> = vec![
-        Box::new(Busy { name: "resting", admits: false, passes: resting.clone() }),
-        Box::new(Busy { name: "admitting", admits: true, passes: admitting.clone() }),
-    ];
+    let cycle =
+        |admitted| scheduler::SchedulerStatus { admitted, explained: 100, cycle_ms: 150.0, ..Default::default() };
+    let busy =
+        |name, passes: &std::sync::Arc<AtomicUsize>, admitted| -> Box<dyn berth_controllers::runner::Reconciler> {
+            let woken_by = WokenBy::SchedulingChange;
+            Box::new(Counting { name, woken_by, passes: passes.clone(), cycle: Some(cycle(admitted)) })
+        };
+    let list = vec![busy("resting", &resting, 0), busy("admitting", &admitting, 1)];
+    let started = Instant::now();
     let mut running = berth_controllers::runner::start_these(&p.ctx, "busy-test", list);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let ran = (resting.load(SeqCst), admitting.load(SeqCst));
+    while admitting.load(SeqCst) < 10 {
+        assert!(started.elapsed() < Duration::from_secs(20), "{} cycles that admit in 20 s", admitting.load(SeqCst));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (ran, took) = (resting.load(SeqCst), started.elapsed());
     running.shutdown().await;
-    assert!((2..=6).contains(&ran.0), "{} cycles of 150 ms that admitted nothing in 1.5 s", ran.0);
-    assert!(ran.1 >= 8, "{} cycles of 150 ms that admitted in 1.5 s", ran.1);
+    let allowed = 1 + usize::try_from(took.as_millis() / 300).unwrap();
+    assert!(
+        (2..=allowed).contains(&ran),
+        "{ran} cycles of 150 ms that admitted nothing in {took:?} (at most {allowed})"
+    );
     let took_long = scheduler::SchedulerStatus { cycle_ms: 14_000.0, ..Default::default() };
     assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
 }
 
 /// Status sync sleeps while no work is on a backend (an idle site no longer reads its
-/// clusters every 500 ms), and a dispatch wakes it: with every controller running and idle
-/// for a while, a workload submitted then is seen running, and once its job ends on the
-/// simulated clock, done, each well within the resync (10 s) it would otherwise wait for.
+/// clusters every 500 ms), and a dispatch wakes it: with every controller running and
+/// status sync's first pass done with nothing to watch, a workload submitted then is seen
+/// running, and once its job ends on the simulated clock, done, each well within the
+/// resync (10 s) it would otherwise wait for.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn status_sync_sleeps_while_nothing_runs_and_a_dispatch_wakes_it(db: berth_store::PgPool) {
     use std::time::{Duration, Instant};
@@ -1760,7 +1743,18 @@ async fn status_sync_sleeps_while_nothing_runs_and_a_dispatch_wakes_it(db: berth
     p.team("nlp", None, 8, None).await;
     p.cluster("c1", 1, json!({})).await;
     let mut running = berth_controllers::runner::start(&p.ctx, "idle-test");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Its first pass found nothing on a backend (and stored so): from then on it sleeps.
+    let start = Instant::now();
+    loop {
+        let statuses = berth_store::controller::controller_status_list(&p.ctx.db).await.unwrap();
+        let idle =
+            statuses.iter().any(|(name, _, status, _)| name == "status_sync" && status["last"]["ok"]["watched"] == 0);
+        if idle {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "status sync stored no pass in 10 s: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     p.submit("nlp", "late", 1, 8.0, json!({"sim": {"duration_seconds": 60}})).await;
     let until = |phase: Phase| {
         let p = &p;
