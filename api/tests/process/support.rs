@@ -82,6 +82,11 @@ impl Berthd {
         Self { address, child, adopted, primary_moves }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no shutdown, no cleanup.
     pub fn kill(mut self) {
         self.child.kill().expect("kill");
