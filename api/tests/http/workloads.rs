@@ -355,6 +355,51 @@ async fn a_submission_that_cannot_be_written_fails_alone(db: berth_store::PgPool
     assert_eq!((counts["workloads"], counts["events"]), (6, 6));
 }
 
+/// A statement held up (here behind another transaction's insert of the same name) does
+/// not hold up the submissions queued behind it: after `SECOND_WRITER_AFTER` one of them
+/// starts a second writer, which writes them.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_statement_held_up_does_not_hold_up_the_submissions_behind_it(db: berth_store::PgPool) {
+    use berth_app::group_commit::create;
+
+    let s = Server::start(db.clone()).await;
+    s.seed().await;
+    let nlp: uuid::Uuid = sqlx::query_scalar("SELECT uid FROM teams WHERE name = 'nlp'").fetch_one(&db).await.unwrap();
+    let mut other = db.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO workloads (uid, team_uid, team_name, name, kind, flavors, spec) \
+         VALUES (gen_random_uuid(), $1, 'nlp', 'held', 'batch', '{h100}', '{}')",
+    )
+    .bind(nlp)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let held = tokio::spawn({
+        let db = db.clone();
+        async move { create(&db, submission("held", nlp)).await }
+    });
+    // The held statement waits on the other transaction's lock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH w AS (%'",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "the first statement never waited");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let behind = tokio::time::timeout(std::time::Duration::from_secs(20), create(&db, submission("behind", nlp)))
+        .await
+        .expect("written while the first statement is held");
+    assert!(behind.unwrap().is_some());
+    assert!(!held.is_finished(), "the first is still held");
+    other.rollback().await.unwrap();
+    assert!(held.await.unwrap().unwrap().is_some(), "written once the other transaction let go");
+}
+
 /// Submissions that come one at a time make groups of one; their statement is planned once
 /// per connection, not at each submission (which cost Postgres as much as writing them),
 /// and the connection goes back to the pool planning as before.

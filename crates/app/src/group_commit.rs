@@ -7,8 +7,11 @@
 //! held creates to ~0.1 of pgbench's single-row insert rate. Here a submission joins the
 //! queue of its database; a writer takes everything queued (up to [`MOST_PER_STATEMENT`])
 //! and writes it, and submissions that arrive meanwhile make up the next statement. No
-//! submission waits for others to arrive: one alone is written at once, and at most
-//! [`WRITERS`] statements are in flight per database, so a burst forms groups by itself.
+//! submission waits for others to arrive: one alone is written at once, so a burst forms
+//! groups by itself. One statement is in flight per database, and a second only once a
+//! submission has waited [`SECOND_WRITER_AFTER`] behind it (at most [`WRITERS`]), so that
+//! a statement held up (a lock, a slow flush, a lost connection) does not hold up those
+//! behind it.
 //!
 //! A writer runs as a task of its own, so a request that goes away mid-write cannot take
 //! the answers of the others with it. Should a group's statement fail, each of its
@@ -26,10 +29,18 @@ use berth_store::PgPool;
 use berth_store::workload::{self as store, NewWorkload};
 use tokio::sync::oneshot;
 
-/// Statements in flight at once per database. Fewer make larger groups: with 32 clients
-/// submitting, 4 writers wrote groups of 3.6 on average and 2,692 creates/s (Postgres spent
-/// 190 µs a row), 1 writer 4,565/s with a p99 of 49 ms, 2 writers 4,272/s with 36 ms.
+/// Statements in flight at once per database, at most. Fewer make larger groups: with 32
+/// clients submitting, 4 writers wrote groups of 3.6 on average and 2,692 creates/s
+/// (Postgres spent 190 µs a row), 1 writer 4,565/s with a p99 of 49 ms, 2 writers 4,272/s
+/// with 36 ms. Two started at once made groups of 9 (bench/api-load: 6,854/s, p99 15 ms);
+/// one, with the second started only for a submission kept waiting (3, 5 or 8 ms),
+/// 7,278-7,650/s with a p99 of 16-22 ms.
 const WRITERS: usize = 2;
+
+/// How long a submission waits behind the statement in flight before it starts another
+/// writer. A group's statement takes about a millisecond (0.71 ms on average for 16 rows
+/// in bench/api-load); one that takes several is held up.
+pub const SECOND_WRITER_AFTER: Duration = Duration::from_millis(5);
 
 /// Submissions written by one statement at most.
 const MOST_PER_STATEMENT: usize = 100;
@@ -67,20 +78,32 @@ static QUEUES: crate::PerDatabase<Mutex<Queue>> = crate::PerDatabase::new();
 /// before it answered (the process is shutting down).
 pub async fn create(db: &PgPool, submission: Submission) -> Answer {
     let queue = QUEUES.of(db);
-    let (answer, answered) = oneshot::channel();
+    let (answer, mut answered) = oneshot::channel();
+    lock(&queue).waiting.push((submission, answer));
+    start_writer(db, &queue, 0);
+    let answer = match tokio::time::timeout(SECOND_WRITER_AFTER, &mut answered).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            start_writer(db, &queue, WRITERS - 1);
+            answered.await
+        }
+    };
+    answer.unwrap_or_else(|_| Err(Error::Unavailable("the submission's write was stopped; retry".into())))
+}
+
+/// Starts a writer if submissions are queued and at most `running` writers are.
+fn start_writer(db: &PgPool, queue: &Arc<Mutex<Queue>>, running: usize) {
     let start = {
-        let mut q = lock(&queue);
-        q.waiting.push((submission, answer));
-        let start = q.writers < WRITERS;
+        let mut q = lock(queue);
+        let start = q.writers <= running && !q.waiting.is_empty();
         if start {
             q.writers += 1;
         }
         start
     };
     if start {
-        tokio::spawn(write(db.clone(), queue));
+        tokio::spawn(write(db.clone(), queue.clone()));
     }
-    answered.await.unwrap_or_else(|_| Err(Error::Unavailable("the submission's write was stopped; retry".into())))
 }
 
 fn lock(queue: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
