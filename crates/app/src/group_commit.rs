@@ -40,7 +40,7 @@ const WRITERS: usize = 2;
 /// How long a submission waits behind the statement in flight before it starts another
 /// writer. A group's statement takes about a millisecond (0.71 ms on average for 16 rows
 /// in bench/api-load); one that takes several is held up.
-pub const SECOND_WRITER_AFTER: Duration = Duration::from_millis(5);
+const SECOND_WRITER_AFTER: Duration = Duration::from_millis(5);
 
 /// Submissions written by one statement at most.
 const MOST_PER_STATEMENT: usize = 100;
@@ -80,22 +80,22 @@ pub async fn create(db: &PgPool, submission: Submission) -> Answer {
     let queue = QUEUES.of(db);
     let (answer, mut answered) = oneshot::channel();
     lock(&queue).waiting.push((submission, answer));
-    start_writer(db, &queue, 0);
+    start_writer(db, &queue, 1);
     let answer = match tokio::time::timeout(SECOND_WRITER_AFTER, &mut answered).await {
         Ok(answer) => answer,
         Err(_) => {
-            start_writer(db, &queue, WRITERS - 1);
+            start_writer(db, &queue, WRITERS);
             answered.await
         }
     };
     answer.unwrap_or_else(|_| Err(Error::Unavailable("the submission's write was stopped; retry".into())))
 }
 
-/// Starts a writer if submissions are queued and at most `running` writers are.
-fn start_writer(db: &PgPool, queue: &Arc<Mutex<Queue>>, running: usize) {
+/// Starts a writer if submissions are queued and fewer than `up_to` writers run.
+fn start_writer(db: &PgPool, queue: &Arc<Mutex<Queue>>, up_to: usize) {
     let start = {
         let mut q = lock(queue);
-        let start = q.writers <= running && !q.waiting.is_empty();
+        let start = q.writers < up_to && !q.waiting.is_empty();
         if start {
             q.writers += 1;
         }
