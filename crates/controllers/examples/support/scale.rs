@@ -47,7 +47,7 @@ pub async fn run(db: &PgPool, stream: usize, running: usize, teams: usize) -> Re
     );
     println!("prefill: scheduler cycles {}", cycles.report());
 
-    let mut cycles = Cycles::default();
+    let mut cycles = cycles.after();
     let stream_start: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(db).await?;
     let submitters: Vec<_> = (0..SUBMITTERS)
         .map(|s| {
@@ -109,9 +109,10 @@ pub async fn run(db: &PgPool, stream: usize, running: usize, teams: usize) -> Re
     let fitting = (gpus - used as usize) / 4;
     let first = running + stream;
     submit_batches(db, &actor, first..first + fitting + stream, teams, |_| 4, 0).await?;
-    let mut cycles = Cycles::default();
-    let (running, pending) = cycles.settle(db, first + fitting + stream).await?;
-    println!("pending: {running} running, {pending} pending; scheduler cycles {}", cycles.report());
+    let mut cycles = cycles.after();
+    let (settled, (running, pending)) = cycles.settle(db, first + fitting + stream).await?;
+    println!("pending: {running} running, {pending} pending; scheduler cycles {}", settled.report());
+    println!("pending: every cycle sampled since the submission (admitting, first reasons) {}", cycles.report());
     controllers.abort_all();
 
     let size: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())").fetch_one(db).await?;
@@ -196,6 +197,12 @@ const COUNT_EVERY: Duration = Duration::from_secs(1);
 const PHASE_LIMIT: Duration = Duration::from_secs(1200);
 
 impl Cycles {
+    /// The cycles after those sampled so far (the last of which would otherwise be sampled
+    /// again: the prefill's cycle that admitted 100,000 counted as the stream's slowest).
+    fn after(&self) -> Self {
+        Self { runs: self.runs, ..Self::default() }
+    }
+
     /// Records the stored cycle if it is new and returns it.
     async fn sample(&mut self, db: &PgPool) -> Result<Option<serde_json::Value>> {
         let status: Option<serde_json::Value> =
@@ -242,9 +249,10 @@ impl Cycles {
         }
     }
 
-    /// Waits for [`SETTLED`] cycles that see all `total` workloads and admit none; keeps only
-    /// those. Returns the running (or admitted) and pending workloads the last one saw.
-    async fn settle(&mut self, db: &PgPool, total: usize) -> Result<(i64, i64)> {
+    /// Waits for [`SETTLED`] cycles that see all `total` workloads and admit none. Returns
+    /// those, and the running (or admitted) and pending workloads the last one saw; keeps
+    /// every cycle sampled.
+    async fn settle(&mut self, db: &PgPool, total: usize) -> Result<(Self, (i64, i64))> {
         let started = Instant::now();
         let mut settled = Vec::new();
         let mut seen = (0, 0);
@@ -262,11 +270,14 @@ impl Cycles {
             }
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
-        self.seconds = settled.iter().map(|c| c.0).collect();
-        self.phases = settled.iter().map(|c| c.1).collect();
-        self.derived = settled.iter().map(|c| c.2).collect();
-        self.full = settled.iter().map(|c| c.3).collect();
-        Ok(seen)
+        let settled = Self {
+            runs: self.runs,
+            seconds: settled.iter().map(|c| c.0).collect(),
+            phases: settled.iter().map(|c| c.1).collect(),
+            derived: settled.iter().map(|c| c.2).collect(),
+            full: settled.iter().map(|c| c.3).collect(),
+        };
+        Ok((settled, seen))
     }
 
     /// The cycles' percentiles, the median of each phase and of the workloads derived anew.

@@ -1001,6 +1001,28 @@ async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::P
     p.assert_kept_world_is_current().await;
 }
 
+/// Start estimates wait for the scheduler's first look at new work: it admits what fits,
+/// and an estimate written before that made its admissions stale (100,000 submitted at
+/// once: a cycle of 11.9 s written for nothing).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn start_estimates_wait_until_the_scheduler_has_left_work_waiting(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 16, None).await;
+    p.cluster("c", 2, json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    p.submit("a", "limited", 1, 8.0, json!({"max_runtime_seconds": 3600})).await;
+    p.submit("a", "other", 1, 8.0, json!({})).await;
+    p.submit("a", "next", 1, 8.0, json!({"max_runtime_seconds": 600})).await;
+    let estimates = berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((estimates.pending, estimates.updated), (3, 0), "{estimates:?}");
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.admitted, cycle.explained, cycle.stale), (2, 1, 0));
+    let estimates = berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(estimates.updated, 1, "{estimates:?}");
+    let e = p.workload("a", "next").await.status.estimated_start.expect("an estimate");
+    assert!(e.basis.starts_with("when a/limited reaches its max_runtime_seconds"), "{}", e.basis);
+}
+
 /// Queue positions: the head's are written as they move, those further back every
 /// `POSITIONS_REFRESH` where they are more than a `POSITIONS_TOLERANCE`th off (writing each
 /// move would rewrite the whole queue each cycle; writing each at the refresh, every 10 s).
