@@ -1,7 +1,8 @@
 //! The scheduler loop: snapshot from the store → `berth_sched::schedule` → the plan
 //! committed in one transaction (admissions, preemption marks, pending reasons and queue
-//! positions, team usage), every workload write a compare-and-set on the version the
-//! snapshot read. A workload that changed meanwhile is left for the next cycle.
+//! positions, team usage; a cycle that admits many commits its first admissions before),
+//! every workload write a compare-and-set on the version the snapshot read. A workload
+//! that changed meanwhile is left for the next cycle.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -145,6 +146,12 @@ impl crate::runner::Report for SchedulerStatus {
         }
     }
 }
+
+/// A cycle that admits more than this commits its first this many admissions before the
+/// rest of its writes (see [`reconcile`]). With 1,000 admitted at once (bench/slurm from a
+/// backlog) the cycle's write took 45-50 ms, the dispatcher's start waited for all of it,
+/// and Slurm idled meanwhile.
+pub const EARLY_ADMISSIONS: usize = 100;
 
 /// The longest a cycle that admitted nothing rests ([`SchedulerStatus`]'s `rest`): a
 /// workload that could run waits at most this long for the cycle that admits it.
@@ -350,8 +357,33 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     status.explain_ms = ms(phase);
     let phase = Instant::now();
 
+    // The first admissions of a cycle that admits many are committed on their own, with
+    // their events, so that their dispatch starts while the rest is written. Any part of a
+    // plan's admissions fits where the whole plan did, and no admission counts on room a
+    // victim is still to free (its preemptor waits), so a cycle stopped between the two
+    // commits leaves work the next cycle plans from as from any other. Admissions come first
+    // in `writes` and in `events`, one of each per admission.
+    let early = if plan.admissions.len() > EARLY_ADMISSIONS { EARLY_ADMISSIONS } else { 0 };
+    let mut later_events = events.split_off(early);
+    let mut statuses_written = Vec::new();
+    if early > 0 {
+        let mut tx = ctx.begin().await?;
+        statuses_written = berth_store::workload::workload_write_statuses(&mut tx, &writes[..early]).await?;
+        let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
+        events.retain(|e| written.contains(&e.uid));
+        berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
+        berth_store::commit(tx).await?;
+    }
     let mut tx = ctx.begin().await?;
-    let statuses_written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
+    let later_written = berth_store::workload::workload_write_statuses(&mut tx, &writes[early..]).await?;
+    let written: std::collections::HashSet<_> = later_written.iter().map(|w| w.uid).collect();
+    later_events.retain(|e| written.contains(&e.uid));
+    berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &later_events).await?;
+    berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
+    berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
+    berth_store::commit(tx).await?;
+    statuses_written.extend(later_written);
+    events.extend(later_events);
     status.stale = writes.len() - statuses_written.len();
     let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
     for w in &writes {
@@ -364,7 +396,6 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             }
         }
     }
-    events.retain(|e| written.contains(&e.uid));
     let mut counted = Vec::new();
     for e in &events {
         let d = e.details.as_ref();
@@ -384,10 +415,6 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
             _ => {}
         }
     }
-    berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
-    berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
-    berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
-    berth_store::commit(tx).await?;
     status.write_ms = ms(phase);
     let phase = Instant::now();
     ctx.world.wrote(writes, statuses_written).await;

@@ -1023,6 +1023,47 @@ async fn start_estimates_wait_until_the_scheduler_has_left_work_waiting(db: bert
     assert!(e.basis.starts_with("when a/limited reaches its max_runtime_seconds"), "{}", e.basis);
 }
 
+/// A cycle that admits more than `EARLY_ADMISSIONS` commits the first of them, with their
+/// events, before the rest of its writes, so that their dispatch can start meanwhile. The
+/// team's row is held by another transaction, so the cycle's usage write waits: the first
+/// are admitted and the others not, until the row is let go.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_cycle_that_admits_many_commits_its_first_admissions_before_the_rest(db: berth_store::PgPool) {
+    use berth_controllers::scheduler::EARLY_ADMISSIONS;
+    let p = Plane::new(db.clone()).await;
+    let n = EARLY_ADMISSIONS as u32 + 50;
+    p.team("a", None, n, None).await;
+    p.cluster("c", n.div_ceil(8), json!({})).await;
+    cluster_health::reconcile(&p.ctx).await.unwrap();
+    for i in 0..n {
+        p.submit("a", &format!("w{i}"), 1, 1.0, json!({})).await;
+    }
+    let count = |sql: &'static str| {
+        let db = db.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&db).await.unwrap() }
+    };
+    let admitted = || count("SELECT count(*) FROM workloads WHERE phase = 'Admitted'");
+    let events = || count("SELECT count(*) FROM events WHERE reason = 'Admitted'");
+    let mut holder = db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM teams WHERE name = 'a' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let ctx = p.ctx.clone();
+    let cycle = tokio::spawn(async move { scheduler::reconcile(&ctx).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while admitted().await < EARLY_ADMISSIONS as i64 {
+        assert!(std::time::Instant::now() < deadline, "the first admissions were not committed on their own");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!cycle.is_finished(), "the cycle's usage write waits for the team's row");
+    assert_eq!((admitted().await, events().await), (EARLY_ADMISSIONS as i64, EARLY_ADMISSIONS as i64));
+    holder.rollback().await.unwrap();
+    let status = cycle.await.unwrap().unwrap();
+    assert_eq!((status.admitted, status.stale), (n as usize, 0));
+    assert_eq!((admitted().await, events().await), (i64::from(n), i64::from(n)));
+    let team = berth_store::team::team_fetch(&db, "a").await.unwrap().unwrap();
+    assert_eq!(team.status.usage[0].allocated, f64::from(n), "the usage of every admission");
+}
+
 /// Queue positions: the head's are written as they move, those further back every
 /// `POSITIONS_REFRESH` where they are more than a `POSITIONS_TOLERANCE`th off (writing each
 /// move would rewrite the whole queue each cycle; writing each at the refresh, every 10 s).
