@@ -368,17 +368,11 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     let mut statuses_written = Vec::new();
     if early > 0 {
         let mut tx = ctx.begin().await?;
-        statuses_written = berth_store::workload::workload_write_statuses(&mut tx, &writes[..early]).await?;
-        let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
-        events.retain(|e| written.contains(&e.uid));
-        berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &events).await?;
+        statuses_written = write_with_events(&mut tx, &writes[..early], &mut events).await?;
         berth_store::commit(tx).await?;
     }
     let mut tx = ctx.begin().await?;
-    let later_written = berth_store::workload::workload_write_statuses(&mut tx, &writes[early..]).await?;
-    let written: std::collections::HashSet<_> = later_written.iter().map(|w| w.uid).collect();
-    later_events.retain(|e| written.contains(&e.uid));
-    berth_store::event::event_record_many(&mut *tx, EVENT_KIND, &later_events).await?;
+    let later_written = write_with_events(&mut tx, &writes[early..], &mut later_events).await?;
     berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
@@ -428,6 +422,21 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     status.cycle_ms = ms(started);
     snapshot::give_back(&world, built);
     Ok(status)
+}
+
+/// Writes the statuses and records the events of the workloads written (`events` keeps
+/// only those): one that changed since the snapshot is left, with its event, for the next
+/// cycle.
+async fn write_with_events(
+    tx: &mut berth_store::Tx<'static>,
+    writes: &[StatusWrite],
+    events: &mut Vec<NewEvent>,
+) -> Result<Vec<berth_store::workload::StatusWritten>, Error> {
+    let written = berth_store::workload::workload_write_statuses(tx, writes).await?;
+    let uids: std::collections::HashSet<_> = written.iter().map(|w| w.uid).collect();
+    events.retain(|e| uids.contains(&e.uid));
+    berth_store::event::event_record_many(&mut **tx, EVENT_KIND, events).await?;
+    Ok(written)
 }
 
 /// The flavors whose allocated or borrowed GPUs differ between two statuses of a team, with
