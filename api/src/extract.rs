@@ -249,3 +249,79 @@ impl FromRequestParts<AppState> for OpCtx {
         Ok(Self(OpContext::for_request(&state.db, principal, request_id, user_issuer).await?))
     }
 }
+
+/// The query parameters each operation of the OpenAPI document declares, by method and
+/// path (as routed: `/api/v1/teams/{team}`).
+#[derive(Clone, Default)]
+pub struct DeclaredQuery(std::sync::Arc<std::collections::HashMap<(axum::http::Method, String), Vec<String>>>);
+
+impl DeclaredQuery {
+    pub fn of(document: &utoipa::openapi::OpenApi) -> Self {
+        use axum::http::Method;
+        use utoipa::openapi::path::ParameterIn;
+        let mut declared = std::collections::HashMap::new();
+        for (path, item) in &document.paths.paths {
+            let operations = [
+                (Method::GET, &item.get),
+                (Method::PUT, &item.put),
+                (Method::POST, &item.post),
+                (Method::DELETE, &item.delete),
+                (Method::PATCH, &item.patch),
+                (Method::HEAD, &item.head),
+            ];
+            for (method, operation) in operations {
+                let Some(operation) = operation else { continue };
+                let names = operation
+                    .parameters
+                    .iter()
+                    .flatten()
+                    .filter(|p| p.parameter_in == ParameterIn::Query)
+                    .map(|p| p.name.clone())
+                    .collect();
+                declared.insert((method, path.clone()), names);
+            }
+        }
+        Self(std::sync::Arc::new(declared))
+    }
+}
+
+/// Refuses, with a 400 naming it, a query parameter the operation does not declare or one
+/// given twice. An option the operation does not have must not be ignored while it goes
+/// ahead: `?dry_run=true` on a team, cluster or flavor write (only workload writes have a
+/// dry run) created, changed or deleted it for real.
+pub async fn refuse_undeclared_query(
+    axum::extract::State(declared): axum::extract::State<DeclaredQuery>,
+    matched: Option<axum::extract::MatchedPath>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (Some(query), Some(matched)) = (req.uri().query(), matched) else { return next.run(req).await };
+    let Some(names) = declared.0.get(&(req.method().clone(), matched.as_str().to_owned())) else {
+        return next.run(req).await;
+    };
+    let mut seen = Vec::new();
+    for (key, _) in form_urlencoded::parse(query.as_bytes()) {
+        let key = key.replace('\0', "");
+        let refused = if !names.contains(&key) {
+            let takes = if names.is_empty() {
+                "this operation takes none".to_owned()
+            } else {
+                format!(
+                    "this operation takes {}",
+                    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                )
+            };
+            Some(format!("unknown query parameter `{key}`: {takes}"))
+        } else if seen.contains(&key) {
+            Some(format!("query parameter `{key}` is given more than once"))
+        } else {
+            None
+        };
+        if let Some(detail) = refused {
+            return ApiError::from(Problem::bad_request(Some(key), detail)).into_response();
+        }
+        seen.push(key);
+    }
+    next.run(req).await
+}

@@ -48,6 +48,7 @@ fn router_parts() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenA
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
     let (api, public, document) = router_parts();
+    let declared = extract::DeclaredQuery::of(&document);
     let cors = state.http.cors();
     let timeout = state.http.limits.request;
     // API answers carry tenants' data and tokens: no cache may keep them.
@@ -55,6 +56,7 @@ pub fn app(state: AppState) -> Router {
     // One budget shared by every API route (a clone of the layer shares its semaphore).
     let concurrency = tower::limit::GlobalConcurrencyLimitLayer::new(state.http.limits.concurrent.max(1));
     let routed = api
+        .route_layer(from_fn_with_state(declared, extract::refuse_undeclared_query))
         .route_layer(from_fn_with_state(state.clone(), auth::authenticate))
         .route_layer(no_store)
         .route_layer(concurrency)

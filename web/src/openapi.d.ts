@@ -6302,7 +6302,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description `dry_run`: as they would be created; nothing written */
+            /** @description `dry_run`: as they would be created (or, with `Idempotent-Replayed: true`, the first answer to the key); nothing written */
             200: {
                 headers: {
                     [name: string]: unknown;

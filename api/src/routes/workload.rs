@@ -197,7 +197,7 @@ async fn list_team_workloads(
     request_body = WorkloadBatch,
     responses(
         (status = 201, description = "Created, in the order given (or, with `Idempotent-Replayed: true`, as the first request with the key created them)", body = WorkloadBatchCreated),
-        (status = 200, description = "`dry_run`: as they would be created; nothing written", body = WorkloadBatchCreated)))]
+        (status = 200, description = "`dry_run`: as they would be created (or, with `Idempotent-Replayed: true`, the first answer to the key); nothing written", body = WorkloadBatchCreated)))]
 async fn create_workloads(
     State(s): State<AppState>,
     ApiPath(team): ApiPath<String>,
@@ -206,18 +206,18 @@ async fn create_workloads(
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<WorkloadBatch>,
 ) -> Result<Response, ApiError> {
-    if q.dry_run {
-        let items = app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body).await?;
-        return Ok((StatusCode::OK, Json(WorkloadBatchCreated { items })).into_response());
-    }
     let key = match headers.get(app::IDEMPOTENCY_KEY) {
         Some(v) => Some(v.to_str().map_err(|_| {
             berth_core::Error::invalid(app::IDEMPOTENCY_KEY, "must be 1 to 255 visible ASCII characters")
         })?),
         None => None,
     };
-    let batch = app::workload_create_batch(&s.db, &opctx, &team, &body, key).await?;
-    let created = (StatusCode::CREATED, Json(WorkloadBatchCreated { items: batch.items }));
+    let (status, batch) = if q.dry_run {
+        (StatusCode::OK, app::workload_create_batch_dry_run(&s.db, &opctx, &team, &body, key).await?)
+    } else {
+        (StatusCode::CREATED, app::workload_create_batch(&s.db, &opctx, &team, &body, key).await?)
+    };
+    let created = (status, Json(WorkloadBatchCreated { items: batch.items }));
     Ok(if batch.replayed {
         ([("idempotent-replayed", "true")], created).into_response()
     } else {

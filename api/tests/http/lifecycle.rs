@@ -173,6 +173,23 @@ async fn a_retried_post_with_an_idempotency_key_answers_the_first_result_and_cre
     post("key-1", other.clone()).await.assert_problem(422, Some("Idempotency-Key"));
     post("", other.clone()).await.assert_problem(422, Some("Idempotency-Key"));
     assert_eq!(s.table_counts().await["workloads"], 2);
+    // A dry run gives the answer the write would: the refusals, the recorded answer.
+    let dry = |key: String, body: Value| {
+        let s = s.clone();
+        async move {
+            let headers = [("Idempotency-Key", key.as_str())];
+            s.send(Method::POST, "/api/v1/teams/nlp/workloads?dry_run=true", Some(&body), &headers).await
+        }
+    };
+    dry("key-1".into(), other.clone()).await.assert_problem(422, Some("Idempotency-Key"));
+    dry("k".repeat(256), other.clone()).await.assert_problem(422, Some("Idempotency-Key"));
+    let replayed = dry("key-1".into(), batch.clone()).await;
+    assert_eq!((replayed.status.as_u16(), uids(&replayed.body)), (200, first.clone()));
+    assert!(replayed.headers.get("idempotent-replayed").is_some());
+    let fresh = dry("key-3".into(), other.clone()).await;
+    assert_eq!(fresh.status, 200, "{}", fresh.body);
+    assert!(fresh.headers.get("idempotent-replayed").is_none());
+    assert_eq!(s.table_counts().await["workloads"], 2, "no dry run wrote");
     // A new key is a new request; so is the same key from another caller.
     assert_eq!(post("key-2", other.clone()).await.status, 201);
     let alice = token("alice", &[(Role::Member, Some("nlp"))]);

@@ -225,3 +225,39 @@ async fn a_well_formed_body_of_the_wrong_shape_names_the_field_at_fault(db: bert
     assert_eq!(reply.status().as_u16(), 400, "a document that does not parse");
     assert_eq!(s.get(w).await.status.as_u16(), 404, "nothing written");
 }
+
+/// A query parameter the operation does not declare, or one given twice, is a 400 naming
+/// it, and nothing is written: `?dry_run=true` on a team, cluster or flavor write (only
+/// workload writes have a dry run) was ignored and the write done for real.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_undeclared_or_repeated_query_parameter_is_refused_and_nothing_is_written(db: berth_store::PgPool) {
+    use crate::common::{TeamBody, flavor, sim_cluster};
+    let s = Server::start(db).await;
+    s.seed().await;
+    let before = s.table_counts().await;
+    let writes = [
+        (Method::PUT, "/api/v1/teams/vision?dry_run=true", Some(TeamBody::new().quota("h100", 1, None, 1).json())),
+        (Method::DELETE, "/api/v1/teams/nlp?dry_run=true", None),
+        (Method::PUT, "/api/v1/clusters/c1?dry_run=true", Some(sim_cluster("h100"))),
+        (Method::PUT, "/api/v1/flavors/l40s?dry_run=1", Some(flavor("l40s"))),
+        (Method::DELETE, "/api/v1/flavors/a100?force=true", None),
+    ];
+    for (method, path, body) in writes {
+        let reply = s.send(method.clone(), path, body.as_ref(), &[]).await;
+        let name = path.split(['?', '=']).nth(1).unwrap();
+        reply.assert_problem(400, Some(name));
+        assert!(reply.body["detail"].as_str().unwrap().contains("takes none"), "{method} {path}: {}", reply.body);
+    }
+    assert_eq!(s.table_counts().await, before, "nothing written");
+    assert_eq!(s.get("/api/v1/teams/nlp").await.status, 200);
+    // A declared one given twice; one of another operation is named with those it takes.
+    s.get("/api/v1/teams?limit=1&limit=2").await.assert_problem(400, Some("limit"));
+    let reply = s.get("/api/v1/teams?dry_run=true").await;
+    reply.assert_problem(400, Some("dry_run"));
+    assert!(reply.body["detail"].as_str().unwrap().contains("`limit`"), "{}", reply.body);
+    // Declared ones still work, and a workload write's dry run still writes nothing.
+    assert_eq!(s.get("/api/v1/teams?limit=1").await.status, 200);
+    let body = crate::common::WorkloadBody::new().json();
+    assert_eq!(s.put("/api/v1/teams/nlp/workloads/w?dry_run=true", &body).await.status, 200);
+    assert_eq!(s.table_counts().await, before, "nothing written by the dry run");
+}

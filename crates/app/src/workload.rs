@@ -211,11 +211,8 @@ pub async fn workload_create_batch(
     let Some(key) = idempotency_key else {
         return Ok(Batch { items: create_batch(db, opctx, team, batch, Write::Commit, None).await?, replayed: false });
     };
-    opctx.access().write_workloads(team)?;
-    berth_core::validation::check_idempotency_key(key).map_err(|m| Error::invalid(IDEMPOTENCY_KEY, m))?;
     let caller = opctx.principal.owner();
-    let scope = KeyScope { caller: &caller, team, key };
-    let hash = berth_auth::token_sha256(&serde_json::to_string(batch).map_err(|e| Error::Internal(e.to_string()))?);
+    let (scope, hash) = keyed(opctx, &caller, team, key, batch)?;
     for _ in 0..CREATE_RACE_ATTEMPTS {
         if let Some(first) = idempotency::idempotency_fetch(db, &scope).await? {
             return replay(first, &hash);
@@ -226,6 +223,21 @@ pub async fn workload_create_batch(
         }
     }
     Err(Error::Unavailable(format!("Idempotency-Key {key:?} kept being used concurrently; retry")))
+}
+
+/// The scope of a batch's idempotency key and the hash of the batch, once the caller may
+/// write the team's workloads and the key is well formed.
+fn keyed<'a>(
+    opctx: &OpContext,
+    caller: &'a berth_core::meta::Owner,
+    team: &'a str,
+    key: &'a str,
+    batch: &WorkloadBatch,
+) -> Result<(KeyScope<'a>, Vec<u8>), Error> {
+    opctx.access().write_workloads(team)?;
+    berth_core::validation::check_idempotency_key(key).map_err(|m| Error::invalid(IDEMPOTENCY_KEY, m))?;
+    let hash = berth_auth::token_sha256(&serde_json::to_string(batch).map_err(|e| Error::Internal(e.to_string()))?);
+    Ok((KeyScope { caller, team, key }, hash))
 }
 
 /// What a batch created, and whether it is the recorded answer to an earlier request with
@@ -252,8 +264,9 @@ fn replay(first: idempotency::Recorded, hash: &[u8]) -> Result<Batch, Error> {
     Ok(Batch { items, replayed: true })
 }
 
-/// [`workload_create_batch`]'s every check, and the workloads as they would be, without
-/// writing them (`?dry_run=true`).
+/// [`workload_create_batch`]'s every check, and its answer, without writing anything
+/// (`?dry_run=true`): the workloads as they would be, or, for a key used before, that
+/// request's answer (the same batch) or the refusal (another batch).
 ///
 /// # Errors
 /// As [`workload_create_batch`].
@@ -262,8 +275,16 @@ pub async fn workload_create_batch_dry_run(
     opctx: &OpContext,
     team: &str,
     batch: &WorkloadBatch,
-) -> Result<Vec<Workload>, Error> {
-    create_batch(db, opctx, team, batch, Write::RollBack, None).await
+    idempotency_key: Option<&str>,
+) -> Result<Batch, Error> {
+    if let Some(key) = idempotency_key {
+        let caller = opctx.principal.owner();
+        let (scope, hash) = keyed(opctx, &caller, team, key, batch)?;
+        if let Some(first) = idempotency::idempotency_fetch(db, &scope).await? {
+            return replay(first, &hash);
+        }
+    }
+    Ok(Batch { items: create_batch(db, opctx, team, batch, Write::RollBack, None).await?, replayed: false })
 }
 
 async fn create_batch(
@@ -728,7 +749,7 @@ pub async fn workload_endpoint(
     name: &str,
 ) -> Result<berth_core::workload::Endpoint, Error> {
     let w = store::workload_fetch(db, team, name).await?.ok_or_else(|| not_found(team, name))?;
-    opctx.access().change_workload(team, w.metadata.owner.as_ref())?;
+    opctx.access().open_endpoint(team, w.metadata.owner.as_ref())?;
     let url = w.status.backend_ref.as_ref().and_then(|b| b.url.clone()).filter(|_| !w.status.phase.is_final());
     let Some(url) = url else {
         return Err(Error::conflict(

@@ -614,7 +614,7 @@ pub struct RunArgs {
 
 /// Parses `#BERTH` words as the submit options.
 #[derive(Debug, clap::Parser)]
-#[command(no_binary_name = true)]
+#[command(no_binary_name = true, name = "#BERTH")]
 struct Directives {
     #[command(flatten)]
     shape: Shape,
@@ -626,6 +626,7 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     } else {
         std::fs::read_to_string(&a.script).with_context(|| format!("reading {}", a.script.display()))?
     };
+    submit::check_script(&script)?;
     let (sbatch, berth) = submit::directives(&script);
     let mut r = submit::Request::default();
     for line in &sbatch {

@@ -53,6 +53,29 @@ pub struct Request {
 /// its first command, as sbatch reads them). Unlike sbatch, which reads all `#SBATCH` words
 /// as one command line, an option's value must be on its line: a bare `#SBATCH -J` is
 /// refused rather than named after the next line's option.
+/// What sbatch refuses of a script as a whole, refused the same: an empty one, one whose
+/// first line names no interpreter, one with DOS line breaks.
+///
+/// # Errors
+/// Each in sbatch's words, with what to do.
+pub fn check_script(script: &str) -> Result<()> {
+    if script.trim().is_empty() {
+        bail!("the batch script is empty");
+    }
+    if !script.starts_with("#!") {
+        bail!(
+            "this does not look like a batch script: the first line must start with #! followed by the path to an \
+             interpreter, as sbatch requires (for instance #!/bin/bash)"
+        );
+    }
+    if script.contains("\r\n") {
+        bail!(
+            "the batch script has DOS line breaks (\\r\\n) instead of UNIX ones (\\n), as sbatch refuses: convert it (dos2unix)"
+        );
+    }
+    Ok(())
+}
+
 pub fn directives(script: &str) -> (Vec<Vec<String>>, Vec<String>) {
     let (mut sbatch, mut berth) = (Vec::new(), Vec::new());
     for (i, line) in script.lines().enumerate() {

@@ -350,6 +350,17 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
             text(&refused.stderr)
         );
     }
+    // So is a script sbatch refuses whole: empty, no interpreter, DOS line breaks.
+    for (name, body, says) in [
+        ("empty.sh", "\n", "the batch script is empty"),
+        ("bare.sh", "#SBATCH --gres=gpu:h100:1\nhostname\n", "the first line must start with #!"),
+        ("dos.sh", "#!/bin/bash\r\n#SBATCH --gres=gpu:h100:1\r\nhostname\r\n", "DOS line breaks"),
+    ] {
+        let bad = w.write(name, body);
+        let refused = w.berth_as(&alice, &["submit", &bad]);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {}", text(&refused.stderr));
+        assert!(text(&refused.stderr).contains(says), "{name}: {}", text(&refused.stderr));
+    }
     // A workload named as the array would be is left its name (`berth cancel` takes it).
     let plain = w.write("plain.sh", "#!/bin/bash\n#SBATCH --gres=gpu:h100:1\n#BERTH --sim-seconds 36000\nhostname\n");
     w.berth_as(&alice, &["submit", "--name", "solo", &plain]);

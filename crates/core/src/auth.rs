@@ -294,6 +294,20 @@ impl Access<'_> {
         }))
     }
 
+    /// As [`Self::change_workload`] (its owner, a team-admin over the team, a platform
+    /// admin), for opening a workload's endpoint, and said so.
+    ///
+    /// # Errors
+    /// As described.
+    pub fn open_endpoint(&self, team: &str, owner: Option<&Owner>) -> Result<(), Error> {
+        self.change_workload(team, owner).map_err(|e| match e {
+            Error::Forbidden(_) => {
+                forbidden(format!("only the workload's owner or an admin of team {team:?} may open its endpoint"))
+            }
+            e => e,
+        })
+    }
+
     /// Whether the principal administers the subtree of `team` (the team included).
     pub fn administers(&self, team: &str) -> bool {
         self.is_platform_admin() || (self.tree.contains(team) && self.covers(team, &[Role::TeamAdmin]))
