@@ -250,16 +250,19 @@ impl FromRequestParts<AppState> for OpCtx {
     }
 }
 
-/// The query parameters each operation of the OpenAPI document declares, by method and
-/// path (as routed: `/api/v1/teams/{team}`).
+/// The query parameters each operation of the OpenAPI document declares, by path (as
+/// routed: `/api/v1/teams/{team}`) and method.
 #[derive(Clone, Default)]
-pub struct DeclaredQuery(std::sync::Arc<std::collections::HashMap<(axum::http::Method, String), Vec<String>>>);
+pub struct DeclaredQuery(std::sync::Arc<std::collections::HashMap<String, Vec<Declared>>>);
+
+/// An operation's method and the names of its query parameters.
+type Declared = (axum::http::Method, Vec<String>);
 
 impl DeclaredQuery {
     pub fn of(document: &utoipa::openapi::OpenApi) -> Self {
         use axum::http::Method;
         use utoipa::openapi::path::ParameterIn;
-        let mut declared = std::collections::HashMap::new();
+        let mut declared = std::collections::HashMap::<String, Vec<_>>::new();
         for (path, item) in &document.paths.paths {
             let operations = [
                 (Method::GET, &item.get),
@@ -278,7 +281,7 @@ impl DeclaredQuery {
                     .filter(|p| p.parameter_in == ParameterIn::Query)
                     .map(|p| p.name.clone())
                     .collect();
-                declared.insert((method, path.clone()), names);
+                declared.entry(path.clone()).or_default().push((method, names));
             }
         }
         Self(std::sync::Arc::new(declared))
@@ -297,7 +300,8 @@ pub async fn refuse_undeclared_query(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let (Some(query), Some(matched)) = (req.uri().query(), matched) else { return next.run(req).await };
-    let Some(names) = declared.0.get(&(req.method().clone(), matched.as_str().to_owned())) else {
+    let mut operations = declared.0.get(matched.as_str()).into_iter().flatten();
+    let Some((_, names)) = operations.find(|(method, _)| method == req.method()) else {
         return next.run(req).await;
     };
     let mut seen = Vec::new();

@@ -49,10 +49,6 @@ pub struct Request {
     pub ignored: Vec<String>,
 }
 
-/// The `#SBATCH` words of a script, line by line, and its `#BERTH` words, in order (up to
-/// its first command, as sbatch reads them). Unlike sbatch, which reads all `#SBATCH` words
-/// as one command line, an option's value must be on its line: a bare `#SBATCH -J` is
-/// refused rather than named after the next line's option.
 /// What sbatch refuses of a script as a whole, refused the same: an empty one, one whose
 /// first line names no interpreter, one with DOS line breaks.
 ///
@@ -76,6 +72,10 @@ pub fn check_script(script: &str) -> Result<()> {
     Ok(())
 }
 
+/// The `#SBATCH` words of a script, line by line, and its `#BERTH` words, in order (up to
+/// its first command, as sbatch reads them). Unlike sbatch, which reads all `#SBATCH` words
+/// as one command line, an option's value must be on its line: a bare `#SBATCH -J` is
+/// refused rather than named after the next line's option.
 pub fn directives(script: &str) -> (Vec<Vec<String>>, Vec<String>) {
     let (mut sbatch, mut berth) = (Vec::new(), Vec::new());
     for (i, line) in script.lines().enumerate() {
