@@ -188,20 +188,25 @@ async fn write_group(
 ) -> Vec<Answer> {
     let new: Vec<NewWorkload<'_>> = submissions.iter().map(new_workload).collect();
     let message = crate::workload::CREATED_MESSAGE;
+    // Each statement is a transaction of its own: once it answers, it has committed.
+    let committed = |created: store::CreatedMany| {
+        created.committed(db);
+        created.workloads
+    };
     if let Some((conn, _)) = held {
         if let Ok(created) = store::workload_create_many(conn.connection(), &new, message).await {
-            return created.into_iter().map(Ok).collect();
+            return committed(created).into_iter().map(Ok).collect();
         }
         *held = None;
     }
     match store::workload_create_many(db, &new, message).await {
-        Ok(created) => created.into_iter().map(Ok).collect(),
+        Ok(created) => committed(created).into_iter().map(Ok).collect(),
         Err(e) if new.len() == 1 => vec![Err(e)],
         Err(_) => {
             let mut answers = Vec::with_capacity(new.len());
             for n in &new {
                 let alone = store::workload_create_many(db, std::slice::from_ref(n), message);
-                answers.push(alone.await.map(|mut created| created.pop().flatten()));
+                answers.push(alone.await.map(|created| committed(created).pop().flatten()));
             }
             answers
         }

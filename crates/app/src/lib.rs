@@ -30,6 +30,7 @@ use berth_core::event::{Actor, AuditVerb};
 use berth_core::meta::ObjectMeta;
 pub use berth_store::PgPool;
 use berth_store::audit::{AuditEntry, audit_record};
+use berth_store::{PerDatabase, database_key};
 
 /// How many times an apply retries when a concurrent create of the same name wins the race
 /// between our lookup and our insert. The retry then sees the object and updates it.
@@ -121,25 +122,4 @@ fn missing_references(
     refs.filter(|(_, name)| missing.contains(name))
         .map(|(field, name)| berth_core::FieldError::new(field, format!("{what} {name:?} does not exist")))
         .collect()
-}
-
-/// What names a database in the caches kept per database: tests and benchmarks run several
-/// in one process, each under its own name. Not the host, which a failover changes.
-fn database_key(db: &berth_store::PgPool) -> String {
-    db.connect_options().get_database().unwrap_or_default().to_owned()
-}
-
-/// One `T` per database, made on first use and shared by every caller in the process (the
-/// caches, queues and notifiers kept per database).
-struct PerDatabase<T>(std::sync::Mutex<Option<std::collections::HashMap<String, std::sync::Arc<T>>>>);
-
-impl<T: Default> PerDatabase<T> {
-    const fn new() -> Self {
-        Self(std::sync::Mutex::new(None))
-    }
-
-    fn of(&self, db: &berth_store::PgPool) -> std::sync::Arc<T> {
-        let mut all = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.get_or_insert_default().entry(database_key(db)).or_default().clone()
-    }
 }

@@ -391,7 +391,7 @@ async fn create_batch(
         return Err(Error::Unavailable(KEY_TAKEN.into()));
     }
     let created = store::workload_create_many(&mut *tx, &new, CREATED_MESSAGE).await?;
-    let Some(created) = created.into_iter().collect::<Option<Vec<Workload>>>() else {
+    if created.workloads.iter().any(Option::is_none) {
         // Some names are taken: nothing of the batch is kept.
         drop(tx);
         let taken = store::workload_names_taken(db, team, &names).await?;
@@ -407,18 +407,19 @@ async fn create_batch(
             ),
             None => Error::Unavailable("a name of the batch was taken and freed again meanwhile; retry".into()),
         });
-    };
+    }
     let redactor = opctx.redactor();
-    let created: Vec<Workload> = created.into_iter().map(|w| redactor.workload(w)).collect();
+    let answer: Vec<Workload> = created.workloads.iter().flatten().map(|w| redactor.workload(w.clone())).collect();
     if let Some((scope, _)) = idempotency_key {
-        let answer = serde_json::to_value(&created).map_err(|e| Error::Internal(e.to_string()))?;
+        let answer = serde_json::to_value(&answer).map_err(|e| Error::Internal(e.to_string()))?;
         idempotency::idempotency_answer(&mut tx, scope, &answer).await?;
     }
     if write == Write::Commit {
         berth_store::commit(tx).await?;
+        created.committed(db);
         crate::change_notice::workloads_submitted(db);
     }
-    Ok(created)
+    Ok(answer)
 }
 
 /// Fetches a workload, as committed when the call began (from [`crate::workload_cache`]).

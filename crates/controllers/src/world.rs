@@ -1,7 +1,8 @@
 //! What the scheduler reads each cycle, kept in memory between cycles: every unfinished
 //! workload, brought up to date from the store's change feed (the workloads written, and
 //! those deleted, by transactions the last read did not see) instead of read again in
-//! full, and with the statuses its readers wrote themselves, as written; and the nodes,
+//! full, with the statuses its readers wrote themselves, as written, and with the
+//! workloads this process's API created, as it created them ([`Inbox`]); and the nodes,
 //! read again only when their version moved (a large site has tens of thousands).
 //! Flavors, teams and clusters are few and read in full each time.
 //!
@@ -22,6 +23,7 @@ use berth_core::workload::Workload;
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
+use berth_store::created_here::{Created, Inbox};
 use berth_store::workload::{FeedCursor, StatusWrite, StatusWritten};
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
@@ -64,6 +66,9 @@ struct Kept {
     own: Vec<(i64, i64)>,
     /// The periodic full read, under way in the background.
     full_read: Option<FullRead>,
+    /// Where this process's API hands over the workloads it creates, so that the feed's
+    /// reads leave them out (the scheduler read back every new row).
+    created: Option<Inbox>,
     /// When the scheduler last wrote every queue position that moved (by the controllers'
     /// clock), see [`crate::scheduler::POSITIONS_REFRESH`].
     positions_written: Option<DateTime<Utc>>,
@@ -253,6 +258,24 @@ fn older(was: &Workload, written: &StatusWritten) -> bool {
 }
 
 impl Kept {
+    /// Keeps the workloads created here that a read from `since` would return (those it
+    /// returns at a later version, or as deleted, are then put right by that read), and
+    /// leaves them out of it.
+    fn keep_created(&mut self, since: &FeedCursor, created: Vec<Created>) {
+        for Created { workload: w, written_by } in created {
+            let Ok(version) = w.metadata.resource_version.parse::<i64>() else { continue };
+            if since.saw(written_by) || w.status.phase.is_final() {
+                continue;
+            }
+            let kept_newer = (self.workloads.get(&w.metadata.uid))
+                .is_some_and(|was| was.metadata.resource_version.parse::<i64>().is_ok_and(|v| v >= version));
+            if !kept_newer {
+                self.workloads.insert(w.metadata.uid, Arc::new(w));
+            }
+            self.own.push((version, written_by));
+        }
+    }
+
     async fn refresh(
         &mut self,
         db: &PgPool,
@@ -283,6 +306,8 @@ impl Kept {
         {
             self.full_read = Some(FullRead::start(db));
         }
+        // Taken before the snapshot, so that the snapshot sees every one.
+        let created = self.created.get_or_insert_with(|| Inbox::open(db)).take();
         let mut tx = berth_store::begin_snapshot(db).await?;
         let cursor = berth_store::workload::change_cursor(&mut *tx).await?;
         let flavors = berth_store::flavor::flavor_names(&mut *tx).await?;
@@ -291,6 +316,7 @@ impl Kept {
         let nodes = berth_store::cluster::cluster_nodes_current(&mut tx, &mut self.nodes).await?;
         let read = match self.read.take() {
             Some((since, full_at)) => {
+                self.keep_created(&since, created);
                 let own: Vec<i64> = self.own.iter().map(|&(version, _)| version).collect();
                 let written = berth_store::workload::workload_list_written_since(&mut *tx, &since, &own).await?;
                 let deleted = berth_store::workload::workload_deleted_since(&mut *tx, &since).await?;

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod changes;
 pub mod cluster;
 pub mod controller;
+pub mod created_here;
 pub mod dispatch;
 pub mod event;
 pub mod flavor;
@@ -37,6 +38,35 @@ pub type Tx<'a> = Transaction<'a, Postgres>;
 
 /// The schema, embedded from `migrations/`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// What names a database in what is kept per database in a process: tests and benchmarks
+/// run several in one process, each under its own name. Not the host, which a failover
+/// changes.
+pub fn database_key(db: &PgPool) -> String {
+    db.connect_options().get_database().unwrap_or_default().to_owned()
+}
+
+/// One `T` per database, made on first use and shared by every caller in the process (the
+/// caches, queues and notifiers kept per database).
+pub struct PerDatabase<T>(std::sync::Mutex<Option<std::collections::HashMap<String, Arc<T>>>>);
+
+impl<T: Default> PerDatabase<T> {
+    #[must_use]
+    pub const fn new() -> Self {
+        Self(std::sync::Mutex::new(None))
+    }
+
+    pub fn of(&self, db: &PgPool) -> Arc<T> {
+        let mut all = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.get_or_insert_default().entry(database_key(db)).or_default().clone()
+    }
+}
+
+impl<T: Default> Default for PerDatabase<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// How long a pooled connection may sit idle before it is pinged again when taken out.
 pub const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_millis(250);

@@ -445,7 +445,8 @@ pub async fn notify_workloads_submitted(db: impl PgExecutor<'_>) -> Result<(), E
 /// (`workload_insert` + `event_record` + `audit_record` in a transaction) writes the same
 /// rows. Its transaction notifies no one: once it has committed, the caller has
 /// [`notify_workloads_submitted`] sent (the application layer sends one for many
-/// submissions).
+/// submissions), and hands what it created to this process's readers of the feed
+/// ([`crate::created_here::committed`], with [`CreatedMany::written_by`]).
 ///
 /// # Errors
 /// As [`db_error`]; a conflict when the team was deleted meanwhile.
@@ -453,7 +454,7 @@ pub async fn workload_create_many(
     db: impl PgExecutor<'_>,
     items: &[NewWorkload<'_>],
     event_message: &str,
-) -> Result<Vec<Option<Workload>>, Error> {
+) -> Result<CreatedMany, Error> {
     let uids: Vec<Uuid> = items.iter().map(|w| w.uid.0).collect();
     let team_uids: Vec<Uuid> = items.iter().map(|w| w.team_uid.0).collect();
     let teams: Vec<&str> = items.iter().map(|w| w.team).collect();
@@ -492,6 +493,7 @@ pub async fn workload_create_many(
            )
            SELECT uid AS "uid!", generation AS "generation!", resource_version AS "resource_version!",
                   created_at AS "created_at!", updated_at AS "updated_at!",
+                  pg_current_xact_id()::text::bigint AS "written_by!",
                   -- No notification from this transaction: the caller sends one after it
                   -- commits (migration workload_submissions_notify_later).
                   (SELECT set_config('berth.notify', 'later', true)) AS notify
@@ -514,8 +516,9 @@ pub async fn workload_create_many(
     .fetch_all(db)
     .await
     .map_err(db_error)?;
+    let written_by = rows.first().map(|r| r.written_by);
     let mut created: std::collections::HashMap<Uuid, _> = rows.into_iter().map(|r| (r.uid, r)).collect();
-    Ok(items
+    let workloads = items
         .iter()
         .map(|w| {
             let r = created.remove(&w.uid.0)?;
@@ -536,7 +539,26 @@ pub async fn workload_create_many(
                 status: w.status.clone(),
             })
         })
-        .collect())
+        .collect();
+    Ok(CreatedMany { workloads, written_by })
+}
+
+/// What [`workload_create_many`] created: an item per workload given, in order, `None`
+/// where it was skipped; and the transaction that wrote them, when it wrote any.
+#[derive(Debug)]
+pub struct CreatedMany {
+    pub workloads: Vec<Option<Workload>>,
+    pub written_by: Option<i64>,
+}
+
+impl CreatedMany {
+    /// Hands what was created to this process's readers of the feed; call once the
+    /// statement's transaction has committed.
+    pub fn committed(&self, db: &PgPool) {
+        if let Some(by) = self.written_by {
+            crate::created_here::committed(db, by, self.workloads.iter().flatten());
+        }
+    }
 }
 
 /// Of these names, those the team's workloads already use.
@@ -548,6 +570,18 @@ pub async fn workload_names_taken(db: impl PgExecutor<'_>, team: &str, names: &[
         .fetch_all(db)
         .await
         .map_err(db_error)
+}
+
+/// A spec cut down as the SQL function `workload_spec_for_scheduling` cuts it (see
+/// [`workload_list_active`]), for a workload the scheduler did not read from the store
+/// ([`crate::created_here`]).
+pub fn spec_for_scheduling(spec: &mut WorkloadSpec) {
+    let run = std::mem::take(&mut spec.run);
+    let runs_something = run.script.is_some_and(|s| !s.is_empty()) || !run.command.is_empty();
+    spec.run.image = run.image;
+    if runs_something {
+        spec.run.command = vec!["(elided)".to_owned()];
+    }
 }
 
 /// Every workload not yet finished (final ones are history), ordered by uid, as the

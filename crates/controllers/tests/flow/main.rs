@@ -970,8 +970,8 @@ async fn the_kept_world_keeps_its_readers_own_writes_and_a_full_read_loses_none(
 }
 
 /// The scheduler reads a spec's `run` as its image and whether there is anything to run,
-/// not the script, command and environment themselves; the full read and the change feed
-/// read it the same way.
+/// not the script, command and environment themselves; the full read, the change feed and
+/// the workloads this process created (handed over, not read back) give it the same way.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::PgPool) {
     let p = Plane::new(db.clone()).await;
@@ -982,12 +982,6 @@ async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::P
     p.submit("nlp", "scripted", 1, 1.0, json!({"run": run})).await;
     p.submit("nlp", "commanded", 1, 1.0, json!({"run": {"command": ["train", "--fast"]}})).await;
     p.submit("nlp", "image-only", 1, 1.0, json!({"run": {"image": "pytorch:2"}})).await;
-    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
-    assert!(matches!(read, berth_controllers::world::Read::Changes(3)), "{read:?}");
-    let run_of = |name: &str| {
-        let w = world.workloads.iter().find(|w| w.metadata.name == name).unwrap();
-        serde_json::to_value(&w.spec.run).unwrap()
-    };
     let elided = |image: Option<&str>| {
         let mut run = json!({"command": ["(elided)"], "env": {}});
         if let Some(image) = image {
@@ -995,9 +989,70 @@ async fn the_scheduler_reads_no_script_command_or_environment(db: berth_store::P
         }
         run
     };
-    assert_eq!(run_of("scripted"), elided(Some("pytorch:2")));
-    assert_eq!(run_of("commanded"), elided(None));
-    assert_eq!(run_of("image-only"), json!({"image": "pytorch:2", "command": [], "env": {}}));
+    let assert_cut = |world: &berth_controllers::snapshot::World| {
+        let run_of = |name: &str| {
+            let w = world.workloads.iter().find(|w| w.metadata.name == name).unwrap();
+            serde_json::to_value(&w.spec.run).unwrap()
+        };
+        assert_eq!(run_of("scripted"), elided(Some("pytorch:2")));
+        assert_eq!(run_of("commanded"), elided(None));
+        assert_eq!(run_of("image-only"), json!({"image": "pytorch:2", "command": [], "env": {}}));
+    };
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, berth_controllers::world::Read::Changes(0), "created here: handed over, not read back");
+    assert_cut(&world);
+    p.assert_kept_world_is_current().await;
+    // Written by another process, they come through the feed.
+    sqlx::query("UPDATE workloads SET labels = '{\"again\": \"yes\"}'").execute(&db).await.unwrap();
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, berth_controllers::world::Read::Changes(3));
+    assert_cut(&world);
+    p.assert_kept_world_is_current().await;
+}
+
+/// What this process creates, alone or in a batch, reaches the kept world without being
+/// read back from the change feed; one written or deleted again before the next read comes
+/// as the feed has it, and a secret in a created workload's environment is not kept.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_kept_world_takes_what_this_process_created_without_reading_it_back(db: berth_store::PgPool) {
+    use berth_controllers::world::Read;
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let (_, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, Read::Full);
+    let env = json!({"run": {"command": ["train"], "env": {"TOKEN": "secret"}}});
+    for name in ["alone", "changed", "deleted"] {
+        p.submit("nlp", name, 1, 1.0, env.clone()).await;
+    }
+    let item = |name: &str| {
+        json!({"metadata": {"name": name},
+               "spec": {"kind": "training", "tasks": {"count": 2, "resources": {"flavors": ["h100"], "gpus": 1}}}})
+    };
+    let batch = serde_json::from_value(json!({"items": [item("batch-a"), item("batch-b")]})).unwrap();
+    berth_app::workload::workload_create_batch(&db, &p.actor, "nlp", &batch, None).await.unwrap();
+    // Another writer changes one (at a new version, as every writer of the store does) and
+    // deletes another before the next read.
+    sqlx::query(
+        "UPDATE workloads SET labels = '{\"changed\": \"yes\"}', resource_version = nextval('resource_version_seq')
+         WHERE name = 'changed'",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    berth_app::workload::workload_delete(&db, &p.actor, "nlp", "deleted", None).await.unwrap();
+    let (world, read) = p.ctx.world.load(&db, p.ctx.clock.now()).await.unwrap();
+    assert_eq!(read, Read::Changes(2), "only the changed and the deleted one are read");
+    let mut names: Vec<_> = world.workloads.iter().map(|w| w.metadata.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["alone", "batch-a", "batch-b", "changed"]);
+    let changed = world.workloads.iter().find(|w| w.metadata.name == "changed").unwrap();
+    assert_eq!(changed.metadata.labels.get("changed").map(String::as_str), Some("yes"));
+    assert!(world.workloads.iter().all(|w| w.spec.run.env.is_empty()), "no environment is kept");
+    p.assert_kept_world_is_current().await;
+    // And it schedules them as usual.
+    p.cluster("sim-a", 1, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("nlp", "batch-b").await, Phase::Running);
     p.assert_kept_world_is_current().await;
 }
 
