@@ -188,8 +188,25 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
                 .next_back()
                 .map(ToString::to_string)
                 .or_else(|| unknown_field(&message).map(str::to_owned));
-            Problem::bad_request(field, format!("invalid query parameter: {message}")).into()
+            Problem::bad_request(field, format!("invalid query parameter: {message}{}", time_hint(&message))).into()
         })
+    }
+}
+
+/// What to write instead, after the words of a time that did not parse (chrono's say only
+/// what went wrong: "premature end of input" for a date without a time).
+fn time_hint(message: &str) -> &'static str {
+    const CHRONO: [&str; 5] = [
+        "premature end of input",
+        "input contains invalid characters",
+        "trailing input",
+        "input is out of range",
+        "input is not enough for unique date and time",
+    ];
+    if CHRONO.contains(&message) {
+        " (a time is RFC 3339: 2026-12-01T00:00:00Z, or with an offset, +05:30 written %2B05:30)"
+    } else {
+        ""
     }
 }
 

@@ -7823,8 +7823,8 @@ export interface operations {
                  */
                 group_by?: string;
                 /**
-                 * @description Cut the period into hours, days, weeks (from Monday) or months, in UTC. Default: one
-                 *     bucket, the whole period.
+                 * @description Cut the period into minutes, hours, days, weeks (from Monday) or months, in UTC.
+                 *     Default: one bucket, the whole period.
                  */
                 bucket?: components["schemas"]["Bucket"];
                 /** @description `json` (default) or `csv` (the rows, with a header line). */

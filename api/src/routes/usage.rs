@@ -41,8 +41,8 @@ pub struct ReportParams {
     /// `kind` (of workload), `backend` (slurm, kubernetes). Default: one row per bucket.
     #[param(example = "team,owner", pattern = "^[a-z,]*$")]
     pub group_by: Option<String>,
-    /// Cut the period into hours, days, weeks (from Monday) or months, in UTC. Default: one
-    /// bucket, the whole period.
+    /// Cut the period into minutes, hours, days, weeks (from Monday) or months, in UTC.
+    /// Default: one bucket, the whole period.
     pub bucket: Option<Bucket>,
     /// `json` (default) or `csv` (the rows, with a header line).
     pub format: Option<ReportFormat>,

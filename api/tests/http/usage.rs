@@ -299,6 +299,16 @@ async fn bad_reports_prices_and_budgets_name_their_field(db: berth_store::PgPool
     get("bucket=fortnight").await.assert_problem(400, Some("bucket"));
     get("format=xml").await.assert_problem(400, Some("format"));
     get("from=yesterday").await.assert_problem(400, Some("from"));
+    // A date alone, or an offset whose + became a space, is told how a time is written.
+    for q in ["from=2026-12-01", "to=2026-12-01T00:00:00+05:30"] {
+        let refused = get(q).await;
+        refused.assert_problem(400, Some(q.split('=').next().unwrap()));
+        assert!(
+            refused.body["errors"][0]["message"].as_str().unwrap().contains("RFC 3339: 2026-12-01T00:00:00Z"),
+            "{q}: {}",
+            refused.body
+        );
+    }
     let before = s.table_counts().await;
     s.put("/api/v1/flavors/h100", &json!({"spec": {"price": {"per_gpu_hour": -1}}}))
         .await

@@ -65,7 +65,7 @@ pub async fn usage_report(
             Some(LedgerScope { teams: teams.iter().copied().collect(), covering: covering.iter().copied().collect() })
         }
     };
-    let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
+    let mut intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
     // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs to
     // see (a member of a department sees only its own work, not its department's; a member
     // of a team with none below it, all of it).
@@ -90,9 +90,12 @@ pub async fn usage_report(
             })
         })
         .collect();
+    let current: HashMap<String, uuid::Uuid> =
+        teams.iter().map(|t| (t.metadata.name.clone(), t.metadata.uid)).collect();
     // Half a million intervals take a second: off the threads that serve requests.
     let req = req.clone();
     let mut report = tokio::task::spawn_blocking(move || {
+        usage::mark_reused_names(&mut intervals, &current);
         usage::report(&req, &intervals, &guarantees, &guaranteed, &visibility, now)
     })
     .await

@@ -706,7 +706,7 @@ async fn create(
                 Some((_, Some(label))) => metadata["generate_name"] = prefix(&label),
                 _ => metadata["generate_name"] = json!("job-"),
             }
-            post(vec![json!({"metadata": metadata, "spec": spec})]).await?
+            post(vec![json!({"metadata": metadata, "spec": spec})]).await.map_err(the_one_item)?
         }
         Some(array) => {
             if let Some(n) = array.at_once {
@@ -799,6 +799,22 @@ const ARRAY_LABEL: &str = "berth.dev/array";
 /// The largest request body the API takes (`berthd`'s `BODY_LIMIT`).
 const BODY_MOST: usize = 1024 * 1024;
 
+/// A refusal of a batch of one workload, with its fields as of that workload
+/// (`/items/0/spec/kind` → `/spec/kind`): one script, one job.
+fn the_one_item(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<ApiError>() {
+        Ok(ApiError::Problem { status, title, detail, errors }) => {
+            let errors = errors
+                .into_iter()
+                .map(|(field, message)| (field.strip_prefix("/items/0").map_or(field.clone(), str::to_owned), message))
+                .collect();
+            ApiError::Problem { status, title, detail, errors }.into()
+        }
+        Ok(other) => other.into(),
+        Err(e) => e,
+    }
+}
+
 /// Whether the API refused a batch only because names in it are taken.
 fn names_taken(e: &ApiError) -> bool {
     matches!(e, ApiError::Problem { status: 409, errors, .. }
@@ -811,12 +827,31 @@ fn random_end() -> String {
 }
 
 /// The flavor a request names: `--flavor`, else the GPU type (a flavor's name or its Slurm
-/// GRES type), else the partition (the flavor a cluster's Slurm partition holds), else the
-/// only flavor there is.
+/// GRES type), else the partition (the flavor a cluster's Slurm partition holds: the first
+/// of a list that one has), else the only flavor there is. A partition no cluster has is
+/// refused, as sbatch refuses it, unless `--flavor` is given.
 async fn flavor(c: &Client, r: &submit::Request) -> Result<String> {
     if let Some(f) = &r.flavor {
         return Ok(f.clone());
     }
+    let partition = match &r.partition {
+        Some(p) => {
+            let clusters = c.list("/api/v1/clusters").await?;
+            let held: Vec<Value> = clusters
+                .iter()
+                .flat_map(|c| c["spec"]["slurm"]["partitions"].as_array().cloned().unwrap_or_default())
+                .collect();
+            let found = p.split(',').find_map(|name| held.iter().find(|part| part["name"] == name));
+            let Some(part) = found else {
+                bail!(
+                    "no cluster has a Slurm partition {p:?} (sbatch: invalid partition specified): remove the \
+                     line, or name the flavor with --flavor"
+                );
+            };
+            Some(cell(&part["flavor"]))
+        }
+        None => None,
+    };
     let flavors = c.list("/api/v1/flavors").await?;
     let name = |f: &Value| cell(&f["metadata"]["name"]);
     if let Some(ty) = &r.gpu_type {
@@ -829,14 +864,8 @@ async fn flavor(c: &Client, r: &submit::Request) -> Result<String> {
                 anyhow!("no flavor is named {ty:?} or has the Slurm GRES type {ty:?}: see `berth get flavors`")
             });
     }
-    if let Some(p) = &r.partition {
-        let clusters = c.list("/api/v1/clusters").await?;
-        return clusters
-            .iter()
-            .flat_map(|c| c["spec"]["slurm"]["partitions"].as_array().cloned().unwrap_or_default())
-            .find(|part| part["name"] == p.as_str())
-            .map(|part| cell(&part["flavor"]))
-            .ok_or_else(|| anyhow!("no cluster has a Slurm partition {p:?}: name the flavor with --flavor"));
+    if let Some(flavor) = partition {
+        return Ok(flavor);
     }
     match flavors.as_slice() {
         [only] => Ok(name(only)),
@@ -875,26 +904,39 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
     Ok(0)
 }
 
+/// Cancels every member of an array that has not ended. A member the caller may not cancel
+/// (anyone may label a workload of their own as an array's member) is passed over and
+/// named, and the rest are cancelled all the same (scancel of an array cancels what it
+/// may); the exit status is then that of a refusal.
 async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
     const ENDED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
-    let mut answers = Vec::new();
+    let (mut answers, mut refused) = (Vec::new(), Vec::new());
     for w in array.iter().filter(|w| w["status"]["phase"].as_str().is_none_or(|p| !ENDED.contains(&p))) {
-        let path = format!("/api/v1/teams/{}/workloads/{}/cancel", seg(team), seg(&cell(&w["metadata"]["name"])));
+        let member = cell(&w["metadata"]["name"]);
+        let path = format!("/api/v1/teams/{}/workloads/{}/cancel", seg(team), seg(&member));
         match env.client.post(&path, None).await {
             Ok(w) => answers.push(w),
             // Ended or deleted meanwhile.
             Err(e) if matches!(e.status(), Some(404 | 409)) => {}
+            Err(e) if e.status() == Some(403) => refused.push((member, e)),
             Err(e) => return Err(e.into()),
         }
     }
+    let ended = array.len() - answers.len() - refused.len();
     if !structured(env.out, &json!({"items": answers})) {
-        println!(
-            "array {team}/{name}: {} of its {} workloads cancelled (the others had ended)",
-            answers.len(),
-            array.len()
-        );
+        let mut line = format!("array {team}/{name}: {} of its {} workloads cancelled", answers.len(), array.len());
+        if ended > 0 {
+            line.push_str(&format!(", {ended} had ended"));
+        }
+        if !refused.is_empty() {
+            line.push_str(&format!(", {} not yours to cancel", refused.len()));
+        }
+        println!("{line}");
     }
-    Ok(0)
+    for (member, e) in &refused {
+        eprintln!("error: {team}/{member} was not cancelled: {e}");
+    }
+    Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
 }
 
 pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {

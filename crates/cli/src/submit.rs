@@ -11,7 +11,8 @@
 //! | `--gpus`, `-G`; `--gpus-per-task` | GPUs in all, or per task |
 //! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
 //! | `--time`, `-t` (`0`, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
-//! | `--partition`, `-p` | the flavor a cluster's Slurm partition of that name holds |
+//! | `--partition`, `-p` (a list: the first a cluster has) | the flavor a cluster's Slurm partition of that name holds; one no cluster has is refused |
+//! | `--dependency`, `-d`; `--begin`, `-b`; `--hold`, `-H` | refused: Berth does not hold or defer a job, and left out it would start at once |
 //! | `--array`, `-a` (`0-15`, `1,3,5`, `0-15:4`) | a workload per index, named `NAME-INDEX`, each with `SLURM_ARRAY_TASK_ID` (and `_MIN`, `_MAX`, `_COUNT`, `_STEP`) in its environment and the label `berth.dev/array=NAME`; a `%N` limit on how many run at once is not kept (Berth's quotas decide) |
 //!
 //! Other `#SBATCH` options are listed on standard error and left out.
@@ -146,9 +147,12 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "-p" => "--partition",
             "-G" => "--gpus",
             "-a" => "--array",
+            "-d" => "--dependency",
+            "-b" => "--begin",
+            "-H" => "--hold",
             other => other,
         };
-        const TAKES_VALUE: [&str; 15] = [
+        const TAKES_VALUE: [&str; 17] = [
             "--job-name",
             "--nodes",
             "--ntasks",
@@ -164,6 +168,8 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--mem-per-cpu",
             "--priority",
             "--array",
+            "--dependency",
+            "--begin",
         ];
         let takes = TAKES_VALUE.contains(&long);
         // A short option that takes no value, or is not read, stays one word (`-vv`).
@@ -192,7 +198,7 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
                 r.time_seconds =
                     Some(slurm_time(v).ok_or_else(|| bad("not a Slurm time (minutes, HH:MM:SS, D-HH:MM…)"))?)
             }
-            "--partition" => r.partition = Some(v.split(',').next().unwrap_or(v).to_owned()),
+            "--partition" => r.partition = Some(v.to_owned()),
             "--gres" => {
                 let (ty, n) = gres(v).ok_or_else(|| bad("not gpu[:TYPE]:COUNT"))?;
                 r.gpu_type = ty.or(r.gpu_type.take());
@@ -218,6 +224,14 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             "--mem-per-cpu" => r.mem_per_cpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 4G)"))?),
             "--priority" => r.priority = Some(v.parse().map_err(|_| bad("not a number"))?),
             "--array" => r.array = Some(Array::parse(v).map_err(|e| bad(&e))?),
+            // What says when a job may start: left out, the job would start at once (a
+            // pipeline's steps out of order), so it is refused.
+            "--dependency" => bail!(
+                "#SBATCH {long}={v}: Berth does not hold a job until others end; submit it once they have \
+                 (or remove the line)"
+            ),
+            "--begin" => bail!("#SBATCH {long}={v}: Berth does not defer a job's start; submit it when it should run"),
+            "--hold" => bail!("#SBATCH --hold: Berth does not hold a job; submit it when it should run"),
             _ => r.ignored.push(w.clone()),
         }
         i += 1;
@@ -573,5 +587,27 @@ mod tests {
         assert_eq!(gres("gpu:4"), Some((None, 4.0)));
         assert!(read_sbatch(&["--nodes".into()], &mut Request::default()).is_err());
         assert_eq!(words(r#"--job-name="a b" -N 1 # note"#), ["--job-name=a b", "-N", "1"]);
+    }
+
+    #[test]
+    fn what_would_hold_a_job_back_is_refused_not_left_out() {
+        let refused = |line: &str| {
+            let mut r = Request::default();
+            read_sbatch(&words(line), &mut r).map(|()| r.ignored).unwrap_err().to_string()
+        };
+        for (line, says) in [
+            ("--dependency=afterok:12", "#SBATCH --dependency=afterok:12: Berth does not hold a job until others end"),
+            ("-d afterany:3", "#SBATCH --dependency=afterany:3: Berth does not hold"),
+            ("--begin=now+1hour", "#SBATCH --begin=now+1hour: Berth does not defer"),
+            ("-b 16:00", "#SBATCH --begin=16:00: Berth does not defer"),
+            ("--hold", "#SBATCH --hold: Berth does not hold a job"),
+            ("-H", "#SBATCH --hold: Berth does not hold a job"),
+        ] {
+            let err = refused(line);
+            assert!(err.starts_with(says), "{line}: {err}");
+        }
+        // What does not change when a job starts is still only left out.
+        let r = read("#SBATCH --mail-type=END -p gpu,debug\n");
+        assert_eq!((r.ignored, r.partition.as_deref()), (vec!["--mail-type=END".to_owned()], Some("gpu,debug")));
     }
 }

@@ -355,6 +355,16 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
         ("empty.sh", "\n", "the batch script is empty"),
         ("bare.sh", "#SBATCH --gres=gpu:h100:1\nhostname\n", "the first line must start with #!"),
         ("dos.sh", "#!/bin/bash\r\n#SBATCH --gres=gpu:h100:1\r\nhostname\r\n", "DOS line breaks"),
+        (
+            "after.sh",
+            "#!/bin/bash\n#SBATCH --gres=gpu:h100:1\n#SBATCH --dependency=afterok:sweep-1\nhostname\n",
+            "#SBATCH --dependency=afterok:sweep-1: Berth does not hold a job until others end",
+        ),
+        (
+            "part.sh",
+            "#!/bin/bash\n#SBATCH --gres=gpu:h100:1 --partition=nowhere\nhostname\n",
+            "no cluster has a Slurm partition \"nowhere\" (sbatch: invalid partition specified)",
+        ),
     ] {
         let bad = w.write(name, body);
         let refused = w.berth_as(&alice, &["submit", &bad]);
@@ -383,6 +393,10 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
         text(&refused.stderr)
     );
     assert_eq!(text(&refused.stderr).matches("/items/").count(), 1, "{}", text(&refused.stderr));
+    // One script is one workload: its fields are the workload's.
+    let refused = w.berth_as(&alice, &["submit", "--priority", "5000", &plain]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("\n  /spec/priority: must be"), "{}", text(&refused.stderr));
     let listed = w.json(&["get", "workloads", "--team", "nlp"]);
     assert_eq!(listed["items"].as_array().unwrap().len(), 12);
     // Each index runs as a workload of its own.
@@ -399,15 +413,24 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     w.wait_for("sweep-5 ends", &["get", "workload", "sweep-5", "--team", "nlp"], |w| {
         w["status"]["phase"] == "Cancelled"
     });
+    // Anyone may label a workload of their own as a member: the array's owner still
+    // cancels the rest of it, and is told which one was not hers.
+    let bob = w.token("bob", "member", Some("nlp"));
+    let joined = w.berth_as(&bob, &["submit", "--name", "bobs", "--label", "berth.dev/array=sweep", &plain]);
+    assert!(joined.status.success(), "{}", text(&joined.stderr));
     let all = w.berth_as(&alice, &["cancel", "sweep"]);
-    assert!(all.status.success(), "{}", text(&all.stderr));
+    assert_eq!(all.status.code(), Some(3), "{}", text(&all.stderr));
     assert!(
-        text(&all.stdout).contains("array nlp/sweep: 3 of its 4 workloads cancelled (the others had ended)"),
+        text(&all.stdout)
+            .contains("array nlp/sweep: 3 of its 5 workloads cancelled, 1 had ended, 1 not yours to cancel"),
         "{}",
         text(&all.stdout)
     );
+    assert!(text(&all.stderr).contains("nlp/bobs was not cancelled"), "{}", text(&all.stderr));
     w.wait_for("the array ends", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
-        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Cancelled"))
+        l["items"].as_array().is_some_and(|items| {
+            items.iter().all(|w| (w["status"]["phase"] == "Cancelled") == (w["metadata"]["name"] != "bobs"))
+        })
     });
     let other = w.json(&["get", "workload", names[0], "--team", "nlp"]);
     assert_ne!(other["status"]["phase"], "Cancelled", "another run's array is left alone");

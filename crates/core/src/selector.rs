@@ -24,6 +24,15 @@ impl LabelSelector {
     /// [`Error::Invalid`] naming `field` when a requirement is malformed.
     pub fn parse(field: &str, input: &str) -> Result<Self, Error> {
         let mut selector = Self::default();
+        // Split at commas, a set (`env in (a,b)`) would read as pieces of requirements.
+        if input.contains(['(', ')']) {
+            return Err(Error::invalid(
+                field,
+                "set-based requirements (key in (a,b), key notin (a,b)) are not supported: use key=value, \
+                 key!=value, key and !key, joined by commas"
+                    .to_owned(),
+            ));
+        }
         for term in input.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let bad = |m: String| Error::invalid(field, format!("requirement {term:?}: {m}"));
             if let Some((key, value)) = term.split_once("!=") {
@@ -75,5 +84,7 @@ mod tests {
         let Err(Error::Invalid(e)) = LabelSelector::parse("labels", "a=b c") else { panic!() };
         assert_eq!(e[0].field, "labels");
         assert!(LabelSelector::parse("labels", "'; drop table x; --").is_err());
+        let Err(Error::Invalid(e)) = LabelSelector::parse("labels", "env in (prod,dev)") else { panic!() };
+        assert!(e[0].message.starts_with("set-based requirements (key in (a,b)"), "{}", e[0].message);
     }
 }

@@ -55,6 +55,23 @@ impl Interval {
     }
 }
 
+/// Names the teams of `intervals` whose name another team (`current`: each team's uid by
+/// name, as they are now) has taken since they were deleted `NAME (deleted)`, so that a new
+/// team neither takes on an old one's spending nor moves it out from under the old one's
+/// parent (a report is keyed by name).
+pub fn mark_reused_names(intervals: &mut [Interval], current: &HashMap<String, Uuid>) {
+    for i in intervals {
+        for (name, uid) in i.teams.iter_mut().zip(&i.team_uids) {
+            if current.get(name.as_str()).is_some_and(|now| now != uid) {
+                name.push_str(" (deleted)");
+            }
+        }
+        if let Some(first) = i.teams.first().filter(|first| **first != i.team) {
+            i.team.clone_from(first);
+        }
+    }
+}
+
 /// Hours from `a` to `b` (0 when `b` is not after `a`).
 fn hours(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     if b <= a { 0.0 } else { (b - a).num_milliseconds() as f64 / 3_600_000.0 }
@@ -619,7 +636,7 @@ mod tests {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
-    /// A team's uid, the same for the same name (in these tests names are never reused).
+    /// A team's uid, the same for the same name (a name taken again is given another).
     fn uid(name: &str) -> Uuid {
         Uuid::from_u128(name.bytes().fold(7, |h: u128, b| h.wrapping_mul(131).wrapping_add(u128::from(b))))
     }
@@ -640,6 +657,36 @@ mod tests {
             end: t(end),
             price: Some(2.0),
         }
+    }
+
+    #[test]
+    fn a_deleted_teams_spending_stays_its_own_when_its_name_is_taken_again() {
+        // nlp (under research) ran 2 GPU-hours, was deleted, and a new nlp was made at the top.
+        let mut old =
+            vec![run("nlp", &["nlp", "research"], "alice", 2.0, "2026-11-01T01:00:00Z", "2026-11-01T02:00:00Z")];
+        let current = HashMap::from([("nlp".to_owned(), Uuid::from_u128(1)), ("research".to_owned(), uid("research"))]);
+        mark_reused_names(&mut old, &current);
+        assert_eq!(
+            (old[0].team.as_str(), old[0].teams.as_slice()),
+            ("nlp (deleted)", &["nlp (deleted)".to_owned(), "research".to_owned()][..])
+        );
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-02T00:00:00Z"),
+            group_by: vec![GroupBy::Team],
+            bucket: None,
+        };
+        let r = report(&req, &old, &[], &BTreeSet::new(), &Visibility::All, t("2026-11-02T00:00:00Z"));
+        assert_eq!(r.rows[0].team.as_deref(), Some("nlp (deleted)"));
+        let gone = r.teams.iter().find(|t| t.team == "nlp (deleted)").unwrap();
+        assert_eq!(gone.parent.as_deref(), Some("research"), "still under the parent it had");
+        assert!(r.teams.iter().all(|t| t.team != "nlp"), "the new nlp has spent nothing");
+        // A team whose name nobody took again keeps it.
+        let mut kept = vec![run("nlp", &["nlp"], "alice", 2.0, "2026-11-01T01:00:00Z", "2026-11-01T02:00:00Z")];
+        mark_reused_names(&mut kept, &HashMap::from([("nlp".to_owned(), uid("nlp"))]));
+        assert_eq!(kept[0].team, "nlp");
+        mark_reused_names(&mut kept, &HashMap::new());
+        assert_eq!(kept[0].team, "nlp");
     }
 
     #[test]

@@ -692,6 +692,16 @@ impl WorkloadApply {
                 format!("{} is listed twice", k.as_str())
             });
         }
+        // Whatever clusters there are: no backend kind allowed could serve it.
+        let served = kinds.is_empty() || kinds.iter().any(|k| k.capabilities().serves_inference);
+        v.check(s.kind != WorkloadKind::Inference || served, "/spec/kind", || {
+            let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+            format!(
+                "spec.placement.backend_kinds allows only {}, whose clusters run batch jobs and do not serve \
+                 inference: allow kubernetes or sim, or submit a batch workload",
+                kinds.join(", ")
+            )
+        });
         validate_run(&mut v, &s.run);
         if let Some(max) = s.max_runtime_seconds {
             v.check((1..=31_536_000).contains(&max), "/spec/max_runtime_seconds", || {
@@ -734,7 +744,8 @@ impl WorkloadApply {
                     v.check(inf.min_replicas >= 1, "/spec/inference/min_replicas", || {
                         "must be at least 1 for a service that scales (it does not scale to zero)".into()
                     });
-                    v.check(s.tasks.count == inf.min_replicas, "/spec/tasks/count", || {
+                    // (Said once min_replicas can be what it is set to.)
+                    v.check(inf.min_replicas == 0 || s.tasks.count == inf.min_replicas, "/spec/tasks/count", || {
                         format!(
                             "is the replicas the service always runs: set it to min_replicas ({})",
                             inf.min_replicas
@@ -971,11 +982,19 @@ mod tests {
         (inference.min_replicas, inference.target_in_flight, inference.target_utilization) = (0, Some(8.0), Some(0.5));
         assert_eq!(
             fields(apply(spec.clone()).validate("t", "w")),
-            ["/spec/inference/target_utilization", "/spec/inference/min_replicas", "/spec/tasks/count"]
+            ["/spec/inference/target_utilization", "/spec/inference/min_replicas"]
         );
         let inference = spec.inference.as_mut().unwrap();
-        (inference.min_replicas, inference.target_utilization) = (1, None);
+        (inference.min_replicas, inference.target_utilization) = (2, None);
+        assert_eq!(fields(apply(spec.clone()).validate("t", "w")), ["/spec/tasks/count"]);
+        spec.inference.as_mut().unwrap().min_replicas = 1;
         assert!(apply(spec.clone()).validate("t", "w").is_ok());
+        // Only to Slurm, which runs batch jobs, a service could never be served.
+        let mut on_slurm = spec.clone();
+        on_slurm.placement.backend_kinds = vec![ClusterKind::Slurm];
+        assert_eq!(fields(apply(on_slurm.clone()).validate("t", "w")), ["/spec/kind"]);
+        on_slurm.placement.backend_kinds.push(ClusterKind::Kubernetes);
+        assert!(apply(on_slurm).validate("t", "w").is_ok());
         // Which service a workload answers for is Berth's to say.
         let mut labelled = apply(spec);
         labelled.metadata.labels = Some([(REPLICA_OF_LABEL.to_owned(), "x".to_owned())].into());
