@@ -806,7 +806,10 @@ fn the_one_item(e: anyhow::Error) -> anyhow::Error {
         Ok(ApiError::Problem { status, title, detail, errors }) => {
             let errors = errors
                 .into_iter()
-                .map(|(field, message)| (field.strip_prefix("/items/0").map_or(field.clone(), str::to_owned), message))
+                .map(|(field, message)| match field.strip_prefix("/items/0") {
+                    Some(own) => (own.to_owned(), message),
+                    None => (field, message),
+                })
                 .collect();
             ApiError::Problem { status, title, detail, errors }.into()
         }

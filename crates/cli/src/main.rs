@@ -211,8 +211,8 @@ const SUBMIT_HELP: &str = "The script's #SBATCH lines are read as sbatch reads t
 which take this command's options; then the command line. TYPE names a flavor by its name or
 its Slurm GRES type; a partition names the flavor a cluster's Slurm partition of that name
 holds (one no cluster has is refused). --dependency, --begin and --hold are refused: Berth
-does not hold a job back. An array is a workload per index, NAME-INDEX, each with SLURM_ARRAY_TASK_ID (and _MIN,
-_MAX, _COUNT, _STEP) set and the label berth.dev/array=NAME.
+does not hold a job back. An array is a workload per index, NAME-INDEX, each with
+SLURM_ARRAY_TASK_ID (and _MIN, _MAX, _COUNT, _STEP) set and the label berth.dev/array=NAME.
 
 Examples:
   berth submit train.sbatch

@@ -56,22 +56,28 @@ impl Inbox {
 }
 
 /// Hands `created`, written by transaction `written_by`, which has committed, to every
-/// inbox open on `db`.
-pub fn committed<'a>(db: &PgPool, written_by: i64, created: impl Iterator<Item = &'a Workload> + Clone) {
+/// inbox open on `db` (cut for the scheduler once, however many are open).
+pub fn committed<'a>(db: &PgPool, written_by: i64, created: impl Iterator<Item = &'a Workload>) {
     let readers = READERS.of(db);
     let mut readers = lock(&readers.0);
-    readers.retain(|inbox| {
-        let Some(inbox) = inbox.upgrade() else { return false };
+    let mut open: Vec<Arc<Mutex<Vec<Created>>>> = Vec::with_capacity(readers.len());
+    readers.retain(|inbox| inbox.upgrade().map(|inbox| open.push(inbox)).is_some());
+    if open.is_empty() {
+        return;
+    }
+    let cut: Vec<Created> = created
+        .map(|w| {
+            let mut workload = w.clone();
+            crate::workload::spec_for_scheduling(&mut workload.spec);
+            Created { workload, written_by }
+        })
+        .collect();
+    for inbox in open {
         let mut inbox = lock(&inbox);
-        if inbox.len() + created.clone().count() <= KEPT_AT_MOST {
-            inbox.extend(created.clone().map(|w| {
-                let mut workload = w.clone();
-                crate::workload::spec_for_scheduling(&mut workload.spec);
-                Created { workload, written_by }
-            }));
+        if inbox.len() + cut.len() <= KEPT_AT_MOST {
+            inbox.extend(cut.iter().cloned());
         }
-        true
-    });
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
