@@ -2497,7 +2497,7 @@ export interface components {
             exit_code: number | null;
             /**
              * @description Why it is in its phase, machine-readable (`Preempted`, `ClusterUnreachable`,
-             *     `BackendJobLost`, `JobFailed` …).
+             *     `BackendJobLost`, `JobFailed`, `TimeLimitReached` …).
              * @default null
              */
             reason: string | null;

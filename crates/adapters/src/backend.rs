@@ -153,12 +153,15 @@ pub enum JobState {
     Unplaceable,
     Succeeded,
     Failed,
+    /// Ended by its time limit (`max_runtime_seconds`): Slurm's `TIMEOUT`, a Kubernetes
+    /// Job's `DeadlineExceeded`.
+    TimedOut,
     Cancelled,
 }
 
 impl JobState {
     pub fn is_final(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+        matches!(self, Self::Succeeded | Self::Failed | Self::TimedOut | Self::Cancelled)
     }
 }
 

@@ -535,7 +535,7 @@ impl Job {
         if let Some(max) = self.max_runtime_ms
             && start + max < end.0
         {
-            end = (start + max, JobState::Failed, None, "max runtime exceeded");
+            end = (start + max, JobState::TimedOut, None, "it reached its max_runtime_seconds");
         }
         if let Some(d) = self.cancel_deadline_ms
             && d < end.0

@@ -215,6 +215,17 @@ fn next_status(w: &Workload, job: Option<&JobStatus>, now: DateTime<Utc>) -> Opt
             started_at: job.started_at.or(w.status.started_at),
             ..finished(w, Phase::Failed, "JobFailed", format!("the job failed: {}", why()), job.exit_code, at)
         }),
+        JobState::TimedOut => Some(WorkloadStatus {
+            started_at: job.started_at.or(w.status.started_at),
+            ..finished(
+                w,
+                Phase::Failed,
+                "TimeLimitReached",
+                format!("the job reached its time limit: {}", why()),
+                job.exit_code,
+                at,
+            )
+        }),
         JobState::Cancelled => Some(finished(
             w,
             Phase::Failed,

@@ -507,7 +507,7 @@ pub struct WorkloadStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// Why it is in its phase, machine-readable (`Preempted`, `ClusterUnreachable`,
-    /// `BackendJobLost`, `JobFailed` …).
+    /// `BackendJobLost`, `JobFailed`, `TimeLimitReached` …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -759,21 +759,10 @@ impl<'a> Cycle<'a> {
             victims + self.subtree_counted_on[a * self.flavors + f]
         };
         let used = |a: TeamIx| self.subtree_used[a * self.flavors + f] - freed(a);
-        for &a in &self.ancestors[p.team] {
-            if let Some(limit) = self.s.teams[a].quotas[f].limit
-                && used(a) + requested > u64::from(limit * ONE_GPU)
-            {
-                return Err(Reason::QuotaLimitReached {
-                    team: a,
-                    flavor: f,
-                    used: gpus(used(a)),
-                    limit: f64::from(limit),
-                    requested: gpus(requested),
-                });
-            }
-        }
         let quota = self.s.teams[p.team].quotas[f];
         let in_quota = used(p.team) + requested <= quota.guaranteed_hundredths();
+        // A used-up budget is named before a limit: the limit frees as work ends, the
+        // budget only when its period resets.
         for &a in &self.ancestors[p.team] {
             if let Some(b) = self.s.teams[a]
                 .budget_stops
@@ -786,6 +775,19 @@ impl<'a> Cycle<'a> {
                     budget: b.budget.clone(),
                     stop_new: b.stop_new,
                     resets_at: b.resets_at,
+                });
+            }
+        }
+        for &a in &self.ancestors[p.team] {
+            if let Some(limit) = self.s.teams[a].quotas[f].limit
+                && used(a) + requested > u64::from(limit * ONE_GPU)
+            {
+                return Err(Reason::QuotaLimitReached {
+                    team: a,
+                    flavor: f,
+                    used: gpus(used(a)),
+                    limit: f64::from(limit),
+                    requested: gpus(requested),
                 });
             }
         }

@@ -9,7 +9,7 @@ use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use berth_sched::check::violations;
 use berth_sched::feasible::Impossible;
 use berth_sched::plan::{Miss, PreemptionCause, Reason, Waiting};
-use berth_sched::snapshot::Quota;
+use berth_sched::snapshot::{BudgetStop, Quota};
 use berth_sched::what_if::{Change, what_if};
 use support::{GPU, World, admitted, preempted, reason};
 
@@ -81,6 +81,33 @@ fn the_limit_caps_what_a_team_holds_and_the_reason_says_by_how_much() {
     assert_eq!(
         reason(&w, &plan, "b1"),
         &Reason::QuotaLimitReached { team: team_b, flavor: 0, used: 8.0, limit: 12.0, requested: 8.0 }
+    );
+}
+
+#[test]
+fn a_used_up_budget_is_named_before_a_limit_that_also_binds() {
+    // b holds its limit of 8 and its budget of `stop_new` is used up: a GPU freeing would
+    // not start b1, so the reason is the budget and when it resets, not the limit.
+    let (mut w, nodes) = two_owners();
+    w.s.teams[1].quotas[0].limit = Some(8);
+    w.run("b0", "b", &nodes, 1, 8 * GPU, false, 0, 0);
+    w.submit("b1", "b", 1, 4 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(matches!(reason(&w, &plan, "b1"), Reason::QuotaLimitReached { .. }));
+    let resets_at = w.s.now + 3_600;
+    let stop = BudgetStop { budget: "10 GPU-hours per week".into(), flavor: None, stop_new: true, resets_at };
+    w.s.teams[1].budget_stops.push(stop);
+    let plan = w.plan();
+    let team_b = w.team_ix("b");
+    assert_eq!(
+        reason(&w, &plan, "b1"),
+        &Reason::BudgetExhausted {
+            team: team_b,
+            flavor: 0,
+            budget: "10 GPU-hours per week".into(),
+            stop_new: true,
+            resets_at
+        }
     );
 }
 

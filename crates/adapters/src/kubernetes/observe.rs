@@ -180,7 +180,11 @@ pub fn job_status(key: JobKey, job: &Job, pods: &[&Pod], gang_timeout: Duration)
         return status;
     }
     if let Some(failed) = condition("Failed") {
-        status.state = JobState::Failed;
+        // activeDeadlineSeconds is the workload's max_runtime_seconds.
+        status.state = match failed.reason.as_deref() {
+            Some("DeadlineExceeded") => JobState::TimedOut,
+            _ => JobState::Failed,
+        };
         status.finished_at = failed.last_transition_time.as_ref().map(time);
         let (exit_code, why) = pod_failure(pods).unzip();
         status.exit_code = exit_code.flatten();
@@ -451,5 +455,6 @@ mod tests {
             HOUR,
         );
         assert_eq!(s.reason.as_deref(), Some("DeadlineExceeded: Job was active longer than specified deadline"));
+        assert_eq!(s.state, JobState::TimedOut, "activeDeadlineSeconds is the workload's max_runtime_seconds");
     }
 }

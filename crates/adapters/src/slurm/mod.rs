@@ -492,7 +492,7 @@ fn status(job: &Job) -> JobStatus {
         JobState::Queued | JobState::Unplaceable => false,
         JobState::Running => true,
         JobState::Cancelled => job.was_running || (job.start_time > 0 && job.start_time < job.end_time),
-        JobState::Succeeded | JobState::Failed => job.start_time > 0,
+        JobState::Succeeded | JobState::Failed | JobState::TimedOut => job.start_time > 0,
     };
     let is_final = state.is_final();
     JobStatus {

@@ -287,9 +287,8 @@ pub fn job_state(state: &str, was_running: bool) -> JobState {
         | "POWER_UP_NODE" | "UPDATE_DB" => JobState::Running,
         "COMPLETED" => JobState::Succeeded,
         "CANCELLED" => JobState::Cancelled,
-        "FAILED" | "TIMEOUT" | "NODE_FAIL" | "PREEMPTED" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" => {
-            JobState::Failed
-        }
+        "TIMEOUT" => JobState::TimedOut,
+        "FAILED" | "NODE_FAIL" | "PREEMPTED" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" => JobState::Failed,
         // A state this adapter does not know yet: judge by whether it ever ran.
         _ if was_running => JobState::Running,
         _ => JobState::Queued,
@@ -365,9 +364,10 @@ mod tests {
         assert_eq!(job_state("PENDING", false), JobState::Queued);
         assert_eq!(job_state("COMPLETING", true), JobState::Running);
         assert_eq!(job_state("COMPLETED", true), JobState::Succeeded);
-        for s in ["FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"] {
+        for s in ["FAILED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"] {
             assert_eq!(job_state(s, true), JobState::Failed, "{s}");
         }
+        assert_eq!(job_state("TIMEOUT", true), JobState::TimedOut);
         assert_eq!(job_state("CANCELLED", false), JobState::Cancelled);
         assert_eq!(job_state("SOMETHING_NEW", true), JobState::Running);
         assert_eq!(job_state("SOMETHING_NEW", false), JobState::Queued);

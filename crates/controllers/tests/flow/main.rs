@@ -741,6 +741,27 @@ async fn work_that_waits_for_unlimited_work_has_no_estimate(db: berth_store::PgP
     assert!(next.status.estimated_start.is_none(), "{:?}", next.status);
 }
 
+/// Work that reaches its `max_runtime_seconds` ends Failed with a reason of its own
+/// (Slurm's TIMEOUT), not as a job that failed; work that ends in time succeeds.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn work_past_its_time_limit_ends_with_time_limit_reached(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 16, None).await;
+    p.cluster("c", 2, json!({})).await;
+    p.submit("a", "long", 1, 8.0, json!({"sim": {"duration_seconds": 3600}, "max_runtime_seconds": 600})).await;
+    p.submit("a", "short", 1, 8.0, json!({"sim": {"duration_seconds": 300}, "max_runtime_seconds": 600})).await;
+    p.settle().await;
+    assert_eq!(p.phase("a", "long").await, Phase::Running);
+    p.advance(601);
+    p.settle().await;
+    let long = p.workload("a", "long").await;
+    assert_eq!(long.status.phase, Phase::Failed);
+    assert_eq!(long.status.reason.as_deref(), Some("TimeLimitReached"), "{:?}", long.status);
+    assert!(long.status.message.as_deref().unwrap().contains("max_runtime_seconds"), "{:?}", long.status.message);
+    let short = p.workload("a", "short").await;
+    assert_eq!((short.status.phase, short.status.reason.as_deref()), (Phase::Succeeded, Some("Completed")));
+}
+
 /// Every attempt that held GPUs leaves one ledger record with the facts of its run: a
 /// preempted and requeued workload has two, whose GPU time is its two runs; the records
 /// outlive their workloads and team.
