@@ -1,5 +1,6 @@
 //! Each command: what it asks the API and how it shows the answer.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -885,14 +886,8 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
     let team = env.team(team).await?;
     let c = env.client;
     let w = match c.post(&format!("/api/v1/teams/{}/workloads/{}/cancel", seg(&team), seg(name)), None).await {
-        // (Only a name as arrays have: anything else would change the selector.)
-        Err(e) if e.status() == Some(404) && submit::dns_label(name).as_deref() == Some(name) => {
-            let selector = seg(&format!("{ARRAY_LABEL}={name}"));
-            let array = c.list(&format!("/api/v1/teams/{}/workloads?label_selector={selector}", seg(&team))).await?;
-            if array.is_empty() {
-                return Err(e.into());
-            }
-            return cancel_array(env, &team, name, &array).await;
+        Err(e) if e.status() == Some(404) => {
+            return cancel_array(env, &team, name, &array_of(env, &team, name, e).await?).await;
         }
         w => w?,
     };
@@ -905,6 +900,37 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
         }
     }
     Ok(0)
+}
+
+/// The workloads of the array named `name`, when `missing` (the 404 for a workload of
+/// that name) is because `name` is an array's; else `missing`.
+async fn array_of(env: &Env<'_>, team: &str, name: &str, missing: ApiError) -> Result<Vec<Value>> {
+    // (Only a name as arrays have: anything else would change the selector.)
+    if submit::dns_label(name).as_deref() != Some(name) {
+        return Err(missing.into());
+    }
+    let selector = seg(&format!("{ARRAY_LABEL}={name}"));
+    let array = env.client.list(&format!("/api/v1/teams/{}/workloads?label_selector={selector}", seg(team))).await?;
+    if array.is_empty() {
+        return Err(missing.into());
+    }
+    Ok(array)
+}
+
+/// The names of an array's workloads, for a line: `sweep-0 … sweep-15`, or all of them
+/// when there are two or one.
+fn member_names(array: &[Value]) -> String {
+    let mut names: Vec<String> = array.iter().map(|w| cell(&w["metadata"]["name"])).collect();
+    names.sort_by_key(|n| by_index(n));
+    match names.as_slice() {
+        [first, _, .., last] => format!("{first} … {last}"),
+        names => names.join(", "),
+    }
+}
+
+/// An array's members in the order of their indices (`sweep-2` before `sweep-10`).
+fn by_index(name: &str) -> (Option<u64>, String) {
+    (name.rsplit_once('-').and_then(|(_, i)| i.parse().ok()), name.to_owned())
 }
 
 /// Cancels every member of an array that has not ended. A member the caller may not cancel
@@ -944,7 +970,12 @@ async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
 
 pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
     let team = env.team(team).await?;
-    let w = env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name)), None).await?;
+    let w = match env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name)), None).await {
+        Err(e) if e.status() == Some(404) => {
+            return delete_array(env, &team, name, &array_of(env, &team, name, e).await?).await;
+        }
+        w => w?,
+    };
     if !structured(env.out, &w) {
         // Removed at once when it has no job (pending) or has ended.
         let gone = ["Pending", "Succeeded", "Failed", "Cancelled"];
@@ -955,6 +986,33 @@ pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
         }
     }
     Ok(0)
+}
+
+/// Deletes every member of an array, as [`cancel_array`] cancels them: a member the caller
+/// may not delete is passed over and named.
+async fn delete_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
+    let (mut answers, mut refused) = (Vec::new(), Vec::new());
+    for w in array {
+        let member = cell(&w["metadata"]["name"]);
+        match env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(team), seg(&member)), None).await {
+            Ok(w) => answers.push(w),
+            // Deleted meanwhile.
+            Err(e) if e.status() == Some(404) => {}
+            Err(e) if e.status() == Some(403) => refused.push((member, e)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !structured(env.out, &json!({"items": answers})) {
+        let mut line = format!("array {team}/{name}: {} of its {} workloads deleted", answers.len(), array.len());
+        if !refused.is_empty() {
+            line.push_str(&format!(", {} not yours to delete", refused.len()));
+        }
+        println!("{line} (one with a job stops within its grace period)");
+    }
+    for (member, e) in &refused {
+        eprintln!("error: {team}/{member} was not deleted: {e}");
+    }
+    Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
 }
 
 /// Acknowledges the workload's checkpoint. Inside its job the job's own token
@@ -1030,7 +1088,18 @@ pub async fn logs(env: &Env<'_>, name: &str, team: Option<String>, o: LogOptions
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        return Err(crate::client::problem(status, &text).into());
+        let e = crate::client::problem(status, &text);
+        if status == reqwest::StatusCode::NOT_FOUND {
+            // As Slurm writes a file per array task: name the one to read.
+            let array = array_of(env, &team, name, e).await?;
+            eprintln!(
+                "error: {team}/{name} is an array of {} workloads ({}), each with logs of its own: name one",
+                array.len(),
+                member_names(&array)
+            );
+            return Ok(exit::USAGE);
+        }
+        return Err(e.into());
     }
     let mut stdout = std::io::stdout();
     while let Some(chunk) = response.chunk().await.map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))? {
@@ -1079,7 +1148,10 @@ fn unblock(code: &str) -> &'static str {
 
 pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
     let team = env.team(team).await?;
-    let w = env.client.get(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name))).await?;
+    let w = match env.client.get(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name))).await {
+        Err(e) if e.status() == Some(404) => return why_array(env, &team, name, &array_of(env, &team, name, e).await?),
+        w => w?,
+    };
     let s = &w["status"];
     let code = cell(&s["pending_reason"]["code"]);
     let answer = json!({
@@ -1103,6 +1175,44 @@ pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32>
     println!("Expected start: {}", estimate(s));
     if !code.is_empty() {
         println!("What would let it run: {}", unblock(&code));
+    }
+    Ok(0)
+}
+
+/// Why each waiting member of an array waits (as `squeue -r` gives each task's reason),
+/// after how many are in each other phase.
+fn why_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
+    let mut array = array.to_vec();
+    array.sort_by_key(|w| by_index(&cell(&w["metadata"]["name"])));
+    let items: Vec<Value> = array
+        .iter()
+        .map(|w| {
+            let s = &w["status"];
+            json!({"name": w["metadata"]["name"], "phase": s["phase"], "reason": s["pending_reason"],
+                "queue_position": s["queue_position"], "estimated_start": s["estimated_start"]})
+        })
+        .collect();
+    if structured(env.out, &json!({"items": items})) {
+        return Ok(0);
+    }
+    let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+    for w in &array {
+        *phases.entry(cell(&w["status"]["phase"])).or_default() += 1;
+    }
+    let counts: Vec<String> = phases.iter().map(|(p, n)| format!("{n} {p}")).collect();
+    println!("array {team}/{name}: {} workloads: {}", array.len(), counts.join(", "));
+    let mut codes = Vec::new();
+    for w in array.iter().filter(|w| w["status"]["phase"] == "Pending") {
+        let s = &w["status"];
+        let why = s["pending_reason"]["message"].as_str().unwrap_or("the scheduler has not looked at it yet");
+        println!("  {} waits: {why}", cell(&w["metadata"]["name"]));
+        let code = cell(&s["pending_reason"]["code"]);
+        if !code.is_empty() && !codes.contains(&code) {
+            codes.push(code);
+        }
+    }
+    for code in codes {
+        println!("What would let {code} run: {}", unblock(&code));
     }
     Ok(0)
 }

@@ -112,7 +112,7 @@ enum Command {
         team: Option<String>,
     },
     /// Delete a workload: its job is stopped (with the grace period) and its record removed,
-    /// which frees its name.
+    /// which frees its name; the name of an array deletes each of its workloads.
     Delete {
         name: String,
         #[arg(long)]
@@ -155,7 +155,8 @@ environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
         #[arg(long)]
         team: Option<String>,
     },
-    /// Why a workload waits, when it should start, and what would let it run.
+    /// Why a workload waits, when it should start, and what would let it run; the name of an
+    /// array says why each of its waiting workloads waits.
     Why {
         name: String,
         #[arg(long)]

@@ -403,6 +403,18 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     w.wait_for("the array runs", &["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"], |l| {
         l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["status"]["phase"] == "Running"))
     });
+    // An array's name answers why for each member, and for logs names the members.
+    let why = w.berth_as(&alice, &["why", "sweep"]);
+    assert!(why.status.success(), "{}", text(&why.stderr));
+    assert!(text(&why.stdout).starts_with("array nlp/sweep: 4 workloads: 4 Running\n"), "{}", text(&why.stdout));
+    let logs = w.berth_as(&alice, &["logs", "sweep"]);
+    assert_eq!(logs.status.code(), Some(2), "{}", text(&logs.stderr));
+    assert!(
+        text(&logs.stderr)
+            .contains("nlp/sweep is an array of 4 workloads (sweep-1 … sweep-8), each with logs of its own"),
+        "{}",
+        text(&logs.stderr)
+    );
     // What is not a name is not made a selector (`=sweep` would select the array sweep).
     let odd = w.berth_as(&alice, &["cancel", "=sweep"]);
     assert_eq!(odd.status.code(), Some(3), "{}", text(&odd.stderr));
@@ -434,6 +446,21 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     });
     let other = w.json(&["get", "workload", names[0], "--team", "nlp"]);
     assert_ne!(other["status"]["phase"], "Cancelled", "another run's array is left alone");
+    // Deleting the array deletes what of it the caller may.
+    let why = w.berth_as(&alice, &["why", "sweep"]);
+    assert!(text(&why.stdout).starts_with("array nlp/sweep: 5 workloads: 4 Cancelled, 1 "), "{}", text(&why.stdout));
+    let deleted = w.berth_as(&alice, &["delete", "sweep"]);
+    assert_eq!(deleted.status.code(), Some(3), "{}", text(&deleted.stderr));
+    assert!(
+        text(&deleted.stdout).contains("array nlp/sweep: 4 of its 5 workloads deleted, 1 not yours to delete"),
+        "{}",
+        text(&deleted.stdout)
+    );
+    assert!(text(&deleted.stderr).contains("nlp/bobs was not deleted"), "{}", text(&deleted.stderr));
+    let left = w.json(&["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=sweep"]);
+    let left: Vec<&str> =
+        left["items"].as_array().unwrap().iter().map(|w| w["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(left, ["bobs"]);
     let none = w.berth_as(&alice, &["cancel", "nothing"]);
     assert_eq!(none.status.code(), Some(3), "{}", text(&none.stderr));
 }
