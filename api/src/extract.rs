@@ -15,8 +15,9 @@ use crate::state::AppState;
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 1024 * 1024;
 
-/// A JSON body: `application/json`, at most 1 MiB, no unknown fields (the types deny
-/// them). Syntax errors are 400; type errors and unknown fields are 422 naming the field.
+/// A JSON body: `application/json`, uncompressed, at most 1 MiB, no unknown fields (the
+/// types deny them). Syntax errors are 400; type errors and unknown fields are 422 naming
+/// the field; another media type or a content coding is 415.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -28,6 +29,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         if !mime.eq_ignore_ascii_case("application/json") {
             let mut p = Problem::for_status(StatusCode::UNSUPPORTED_MEDIA_TYPE);
             p.detail = Some(format!("send the body as application/json, not {:?}", content_type));
+            return Err(p.into());
+        }
+        // A compressed body would be read as JSON and refused as malformed (RFC 9110 15.5.16).
+        let coding = req.headers().get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("identity");
+        if !coding.trim().eq_ignore_ascii_case("identity") {
+            let mut p = Problem::for_status(StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            p.detail = Some(format!("send the body uncompressed: Content-Encoding {coding:?} is not taken"));
             return Err(p.into());
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
@@ -101,7 +109,7 @@ fn nul_at(value: &serde_json::Value, at: String) -> Option<String> {
 fn json_problem(bytes: &[u8], field: String, e: serde_json::Error) -> ApiError {
     let well_formed = || serde_json::from_slice::<serde_json::Value>(bytes).ok();
     let message = if e.is_data() {
-        Some(strip_position(&e.to_string()))
+        Some(plain_types(&strip_position(&e.to_string())))
     } else {
         e.is_syntax().then(well_formed).flatten().map(|document| match document.pointer(&field) {
             Some(serde_json::Value::Null) => "must not be null".to_owned(),
@@ -154,6 +162,27 @@ fn missing_field(message: &str) -> Option<&str> {
 
 fn unknown_field(message: &str) -> Option<&str> {
     message.strip_prefix("unknown field `")?.split('`').next()
+}
+
+/// serde's message with the Rust type it expected said as JSON's (`expected u32`: a whole
+/// number from 0 to 4294967295; `expected struct TeamSpec`: an object).
+fn plain_types(message: &str) -> String {
+    let Some(at) = message.rfind("expected ") else { return message.to_owned() };
+    let (head, wanted) = message.split_at(at + "expected ".len());
+    let plain = match wanted {
+        "u8" => "a whole number from 0 to 255".to_owned(),
+        "u16" => "a whole number from 0 to 65535".to_owned(),
+        "u32" => "a whole number from 0 to 4294967295".to_owned(),
+        "u64" | "usize" => "a whole number from 0 to 18446744073709551615".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a map" => "an object".to_owned(),
+        _ if wanted.starts_with("struct ") || wanted.starts_with("internally tagged enum ") => "an object".to_owned(),
+        _ if wanted.starts_with("tuple struct ") => "an array".to_owned(),
+        _ if wanted.starts_with("enum ") => "one of the names the field takes".to_owned(),
+        _ => return message.to_owned(),
+    };
+    format!("{head}{plain}")
 }
 
 fn strip_position(message: &str) -> String {
@@ -345,4 +374,31 @@ pub async fn refuse_undeclared_query(
         seen.push(key);
     }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_types;
+
+    #[test]
+    fn rust_type_names_are_said_as_json_ones() {
+        let cases = [
+            (
+                "invalid type: string \"8\", expected u32",
+                "invalid type: string \"8\", expected a whole number from 0 to 4294967295",
+            ),
+            (
+                "invalid value: integer `-1`, expected u64",
+                "invalid value: integer `-1`, expected a whole number from 0 to 18446744073709551615",
+            ),
+            ("invalid type: string \"x\", expected f64", "invalid type: string \"x\", expected a number"),
+            ("invalid type: sequence, expected struct TeamSpec", "invalid type: sequence, expected an object"),
+            ("invalid type: integer `1`, expected a map", "invalid type: integer `1`, expected an object"),
+            ("invalid type: integer `1`, expected a string", "invalid type: integer `1`, expected a string"),
+            ("unknown variant `x`, expected one of `a`, `b`", "unknown variant `x`, expected one of `a`, `b`"),
+        ];
+        for (serde, plain) in cases {
+            assert_eq!(plain_types(serde), plain);
+        }
+    }
 }

@@ -66,3 +66,56 @@ async fn a_flavor_in_use_cannot_be_deleted(db: berth_store::PgPool) {
     refused.assert_problem(409, None);
     assert!(refused.body["detail"].as_str().unwrap().contains("workload nlp/w"), "{}", refused.body);
 }
+
+/// A flavor deleted while something that names it is written: one of the two waits for
+/// the other and then refuses, whichever came first (both succeeded, and a team's quota, a
+/// cluster or a workload was left naming a flavor that no longer existed).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_flavor_deleted_while_it_is_being_named_is_refused_to_one_of_them(db: berth_store::PgPool) {
+    use std::time::Duration;
+    let s = std::sync::Arc::new(Server::start(db.clone()).await);
+    s.put_ok("/api/v1/teams/nlp", &TeamBody::new().json(), 201).await;
+    let work = |f: &str| json!({"spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": [f], "gpus": 1}}}});
+    // The delete first: it holds the flavor (as flavor_delete does) while each write comes.
+    for (path, body, field) in [
+        ("/api/v1/teams/nlp/workloads/w", work("gone"), "/spec/tasks/resources/flavors/0"),
+        ("/api/v1/teams/t", TeamBody::new().quota("gone", 0, Some(1), 1).json(), "/spec/quotas/0/flavor"),
+        ("/api/v1/clusters/sim-a", sim_cluster("gone"), "/spec/sim/node_groups/0/flavor"),
+    ] {
+        s.put_ok("/api/v1/flavors/gone", &flavor("gone"), 201).await;
+        let mut delete = db.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM flavors WHERE name = 'gone' FOR UPDATE").execute(&mut *delete).await.unwrap();
+        let write = tokio::spawn({
+            let (s, path, body) = (s.clone(), path.to_owned(), body.clone());
+            async move { s.put(&path, &body).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!write.is_finished(), "{path}: the write waits for the delete");
+        sqlx::query("DELETE FROM flavors WHERE name = 'gone'").execute(&mut *delete).await.unwrap();
+        delete.commit().await.unwrap();
+        write.await.unwrap().assert_problem(422, Some(field));
+    }
+    let counts = s.table_counts().await;
+    assert_eq!((counts["workloads"], counts["teams"], counts["clusters"]), (0, 1, 0), "nothing written");
+    // The write first: the delete waits for it, and then finds the flavor used.
+    s.put_ok("/api/v1/flavors/kept", &flavor("kept"), 201).await;
+    let mut write = db.begin().await.unwrap();
+    let missing = berth_store::flavor::flavor_missing(&mut *write, &["kept".to_owned()]).await.unwrap();
+    assert!(missing.is_empty());
+    sqlx::query(
+        "UPDATE teams SET spec = '{\"quotas\": [{\"flavor\": \"kept\", \"guaranteed\": 0}]}' WHERE name = 'nlp'",
+    )
+    .execute(&mut *write)
+    .await
+    .unwrap();
+    let delete = tokio::spawn({
+        let s = s.clone();
+        async move { s.delete("/api/v1/flavors/kept").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!delete.is_finished(), "the delete waits for the write");
+    write.commit().await.unwrap();
+    let refused = delete.await.unwrap();
+    refused.assert_problem(409, None);
+    assert!(refused.body["detail"].as_str().unwrap().contains("team nlp"), "{}", refused.body);
+}

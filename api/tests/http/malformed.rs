@@ -214,6 +214,13 @@ async fn a_well_formed_body_of_the_wrong_shape_names_the_field_at_fault(db: bert
             "missing",
         ),
         (json!({}), "/spec", "missing field `spec`"),
+        // Said as JSON's types, not Rust's ("expected u32", "expected struct TaskSpec").
+        (
+            edited(&|b| b["spec"]["tasks"]["count"] = json!("2")),
+            "/spec/tasks/count",
+            "expected a whole number from 0 to",
+        ),
+        (edited(&|b| b["spec"]["tasks"] = json!([1])), "/spec/tasks", "expected an object"),
     ];
     for (body, field, words) in cases {
         let reply = s.put(w, &body).await;
@@ -223,6 +230,18 @@ async fn a_well_formed_body_of_the_wrong_shape_names_the_field_at_fault(db: bert
     let reply =
         s.http.put(s.url(w)).header("content-type", "application/json").body(r#"{"spec": nul}"#).send().await.unwrap();
     assert_eq!(reply.status().as_u16(), 400, "a document that does not parse");
+    // A compressed body is refused as such, not read as malformed JSON.
+    let reply = s
+        .http
+        .put(s.url(w))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 8, 0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 415, "a content coding");
+    assert!(reply.text().await.unwrap().contains("uncompressed"));
     assert_eq!(s.get(w).await.status.as_u16(), 404, "nothing written");
 }
 

@@ -1,6 +1,6 @@
 use berth_core::auth::Role;
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::{
     Server, TeamBody, WorkloadBody, check_declarative_contract, collect_pages, token, two_teams_on_one_cluster,
@@ -60,7 +60,22 @@ async fn team_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
     s.put("/api/v1/teams/research", &TeamBody::new().quota("h100", 7, None, 1).json())
         .await
         .assert_problem(422, Some("/spec/quotas/0/guaranteed"));
+    // A min runtime under a top-level team that sets none protects nothing: refused.
+    let with_min_runtime = |body: Value, seconds: u32| {
+        let mut body = body;
+        body["spec"]["preemption"] = json!({"min_runtime_seconds": seconds});
+        body
+    };
+    let child = |seconds| with_min_runtime(TeamBody::new().parent("research").json(), seconds);
+    s.put("/api/v1/teams/newteam", &child(600)).await.assert_problem(422, Some("/spec/preemption/min_runtime_seconds"));
     assert_eq!(s.table_counts().await, before, "rejected writes leave the database unchanged");
+    // Once research allows an hour, a team below may ask for less, not more.
+    let research = with_min_runtime(TeamBody::new().quota("h100", 16, None, 1).json(), 3600);
+    assert_eq!(s.put("/api/v1/teams/research", &research).await.status, 200);
+    let above = s.put("/api/v1/teams/newteam", &child(7200)).await;
+    above.assert_problem(422, Some("/spec/preemption/min_runtime_seconds"));
+    assert!(above.body.to_string().contains("at most 3600"), "{}", above.body);
+    assert_eq!(s.put("/api/v1/teams/newteam", &child(600)).await.status, 201);
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

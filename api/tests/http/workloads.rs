@@ -838,3 +838,32 @@ async fn a_read_sees_every_write_committed_before_it_whoever_wrote_it(db: berth_
     };
     assert_eq!(read.body["metadata"]["labels"]["n"], "after", "{statuses:?} {}", read.body);
 }
+
+/// A client that re-sends its copy of a deleted object (its uid in the body) is told so
+/// instead of bringing it back under a new uid; without the uid it creates a new one.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_deleted_objects_uid_does_not_bring_it_back(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    for (path, body) in [
+        ("/api/v1/teams/nlp/workloads/train", WorkloadBody::new().json()),
+        ("/api/v1/teams/vision", json!({"spec": {}})),
+    ] {
+        let first = s.put_ok(path, &body, 201).await;
+        assert!(matches!(s.delete(path).await.status.as_u16(), 200 | 202));
+        if path.contains("workloads") {
+            // Pending: removed at once.
+            assert_eq!(s.get(path).await.status, 404);
+        }
+        let mut again = body.clone();
+        again["metadata"] = json!({"uid": first.body["metadata"]["uid"]});
+        s.put(path, &again).await.assert_problem(409, Some("/metadata/uid"));
+        assert_eq!(s.get(path).await.status, 404, "{path}: nothing written");
+        let new = s.put_ok(path, &body, 201).await;
+        assert_ne!(new.body["metadata"]["uid"], first.body["metadata"]["uid"]);
+    }
+    let batch = json!({"items": [{"metadata": {"name": "b", "uid": "01a23f6b-72e9-7392-b01a-138cd85ad4d4"},
+        "spec": WorkloadBody::new().json()["spec"]}]});
+    let refused = s.send(Method::POST, "/api/v1/teams/nlp/workloads", Some(&batch), &[]).await;
+    refused.assert_problem(422, Some("/items/0/metadata/uid"));
+}

@@ -29,10 +29,10 @@ pub async fn cluster_apply(
 ) -> ApplyResult<Cluster> {
     opctx.access().platform_admin("change clusters")?;
     input.validate(name)?;
-    check_flavors(db, input).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
+        check_flavors(&mut tx, input).await?;
         let existing = store::cluster_fetch_for_update(&mut tx, name).await?;
         if let Some(c) = &existing
             && c.spec.kind != input.spec.kind
@@ -77,7 +77,9 @@ pub async fn cluster_apply(
     Err(lost_create_race(KIND, name))
 }
 
-async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
+/// The flavors the body names exist, and are held until the transaction ends (see
+/// [`flavors::flavor_missing`]).
+async fn check_flavors(tx: &mut berth_store::PgConnection, input: &ClusterApply) -> Result<(), Error> {
     let spec = &input.spec;
     let refs: Vec<(String, String)> = match (&spec.sim, &spec.slurm, &spec.kubernetes) {
         (Some(sim), _, _) => sim
@@ -101,7 +103,7 @@ async fn check_flavors(db: &PgPool, input: &ClusterApply) -> Result<(), Error> {
         (None, None, None) => return Ok(()),
     };
     let names: Vec<String> = refs.iter().map(|(_, f)| f.clone()).collect();
-    let missing = flavors::flavor_missing(db, &names).await?;
+    let missing = flavors::flavor_missing(tx, &names).await?;
     let errors = missing_references(&missing, refs.into_iter(), "flavor");
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }

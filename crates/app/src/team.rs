@@ -4,7 +4,7 @@
 use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::event::AuditVerb;
 use berth_core::page::{Page, PageRequest};
-use berth_core::team::{QuotaPreview, Team, TeamApply, TeamSpec, check_guarantees_nest};
+use berth_core::team::{QuotaPreview, Team, TeamApply, TeamSpec, check_guarantees_nest, check_min_runtime_nests};
 use berth_core::{Error, TeamId};
 use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
@@ -30,11 +30,12 @@ pub async fn team_apply(
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Team> {
     opctx.access().apply_team(name, input.spec.parent.as_deref())?;
-    check_body(db, name, input).await?;
+    input.validate(name)?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
         berth_store::lock_team_tree(&mut tx).await?;
+        check_flavors(&mut tx, input).await?;
         let existing = store::team_fetch(&mut *tx, name).await?;
         let cur = existing.as_ref().map(|t| current(&t.metadata, &t.spec)).transpose()?;
         let action = apply::plan(cur, &input.metadata, &input.spec, &labels, if_match)?;
@@ -78,29 +79,31 @@ pub async fn team_preview(
     preview: impl AsyncFnOnce(&TeamSpec) -> Result<QuotaPreview, Error>,
 ) -> Result<QuotaPreview, Error> {
     opctx.access().apply_team(name, input.spec.parent.as_deref())?;
-    check_body(db, name, input).await?;
+    input.validate(name)?;
     let mut tx = berth_store::begin(db).await?;
+    check_flavors(&mut tx, input).await?;
     let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
     check_tree(&mut tx, name, TeamId(team.metadata.uid), true, input).await?;
     tx.rollback().await.map_err(berth_store::db_error)?;
     Ok(opctx.redactor().preview(preview(&input.spec).await?))
 }
 
-/// The body's own rules and its flavors.
-async fn check_body(db: &PgPool, name: &str, input: &TeamApply) -> Result<(), Error> {
-    input.validate(name)?;
+/// The flavors the body names exist, and are held until the transaction ends (see
+/// [`flavors::flavor_missing`]).
+async fn check_flavors(tx: &mut Tx<'_>, input: &TeamApply) -> Result<(), Error> {
     let quotas =
         input.spec.quotas.iter().enumerate().map(|(i, q)| (format!("/spec/quotas/{i}/flavor"), q.flavor.clone()));
     let budgets = (input.spec.budgets.iter().enumerate())
         .filter_map(|(i, b)| Some((format!("/spec/budgets/{i}/flavor"), b.flavor.clone()?)));
     let refs: Vec<(String, String)> = quotas.chain(budgets).collect();
     let named: Vec<String> = refs.iter().map(|(_, f)| f.clone()).collect();
-    let missing = flavors::flavor_missing(db, &named).await?;
+    let missing = flavors::flavor_missing(&mut **tx, &named).await?;
     let errors = missing_references(&missing, refs.into_iter(), "flavor");
     if errors.is_empty() { Ok(()) } else { Err(Error::Invalid(errors)) }
 }
 
-/// Checks the parent exists, no cycle forms and guarantees nest; returns the parent's uid.
+/// Checks the parent exists, no cycle forms, guarantees nest and the min runtime is one
+/// the teams above allow; returns the parent's uid.
 async fn check_tree(
     tx: &mut Tx<'_>,
     name: &str,
@@ -132,12 +135,25 @@ async fn check_tree(
         Some((parent_uid, _)) => store::team_children_specs(tx, *parent_uid, Some(uid)).await?,
         None => Vec::new(),
     };
-    let errors = check_guarantees_nest(
+    let mut errors = check_guarantees_nest(
         &input.spec,
         parent.as_ref().map(|(_, p)| (p.metadata.name.as_str(), &p.spec)),
         &siblings,
         &children,
     );
+    if input.spec.preemption.is_some()
+        && let Some((_, parent)) = &parent
+    {
+        let mut above = vec![parent.clone()];
+        while let Some(next) = above.last().and_then(|t| t.spec.parent.clone()) {
+            match store::team_fetch(&mut **tx, &next).await? {
+                Some(t) if above.len() < 1000 => above.push(t),
+                _ => break,
+            }
+        }
+        let above: Vec<_> = above.iter().map(|t| (t.metadata.name.as_str(), &t.spec)).collect();
+        errors.extend(check_min_runtime_nests(&input.spec, &above));
+    }
     if errors.is_empty() { Ok(parent.map(|(uid, _)| uid)) } else { Err(Error::Invalid(errors)) }
 }
 

@@ -105,7 +105,8 @@ async fn write_workload(
     // preconditions were given, the team or a flavor is unknown or went meanwhile) takes
     // the general path below, which reads them, locks the row and applies the declarative
     // rules.
-    let plain = write == Write::Commit && if_match.is_none() && input.metadata.resource_version.is_none();
+    let meta = &input.metadata;
+    let plain = write == Write::Commit && if_match.is_none() && meta.resource_version.is_none() && meta.uid.is_none();
     if plain && let Some(team_uid) = crate::feasibility::resolve(db, team, wanted).await? {
         crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
         let submission = crate::group_commit::Submission {
@@ -125,9 +126,12 @@ async fn write_workload(
     }
     let lookup = store::workload_lookup(db, team, wanted).await?;
     let team_uid = lookup.team_uid.ok_or_else(|| crate::team::not_found(team))?;
-    if !lookup.missing_flavors.is_empty() {
+    let missing_flavors = |missing: &[String]| {
         let refs = wanted.iter().enumerate().map(|(i, f)| (format!("/spec/tasks/resources/flavors/{i}"), f.clone()));
-        return Err(Error::Invalid(missing_references(&lookup.missing_flavors, refs, "flavor")));
+        Error::Invalid(missing_references(missing, refs, "flavor"))
+    };
+    if !lookup.missing_flavors.is_empty() {
+        return Err(missing_flavors(&lookup.missing_flavors));
     }
     crate::feasibility::refuse_impossible(db, opctx, team, &[(String::new(), &input.spec)]).await?;
     let labels = input.metadata.labels.clone().unwrap_or_default();
@@ -144,6 +148,11 @@ async fn write_workload(
     };
     for _ in 0..CREATE_RACE_ATTEMPTS {
         let mut tx = berth_store::begin(db).await?;
+        // Held against a delete until this commits (one may have gone since the lookup).
+        let missing = berth_store::flavor::flavor_missing(&mut *tx, wanted).await?;
+        if !missing.is_empty() {
+            return Err(missing_flavors(&missing));
+        }
         let existing = store::workload_fetch_for_update(&mut tx, team, name).await?;
         if existing.as_ref().is_some_and(|w| w.metadata.deletion_timestamp.is_some()) {
             return Err(Error::Conflict {
@@ -335,11 +344,15 @@ async fn create_batch(
             errors.push(FieldError::new(at("/metadata/name"), format!("{name:?} is also the name of item {first}")));
         }
         names.push(name);
-        if item.metadata.resource_version.is_some() {
-            errors.push(FieldError::new(
-                at("/metadata/resource_version"),
-                "a batch only creates workloads; omit it (PUT the workload to update it)",
-            ));
+        for (given, field) in
+            [(item.metadata.resource_version.is_some(), "resource_version"), (item.metadata.uid.is_some(), "uid")]
+        {
+            if given {
+                errors.push(FieldError::new(
+                    at(&format!("/metadata/{field}")),
+                    "a batch only creates workloads; omit it (PUT the workload to update it)",
+                ));
+            }
         }
         if let Err(Error::Invalid(found)) = item.validate(team, name) {
             errors.extend(found.into_iter().map(|e| FieldError::new(at(&e.field), e.message)));

@@ -110,6 +110,36 @@ impl Document {
         object_path(self.kind, self.team.as_deref(), &self.name)
     }
 
+    /// The server's own checks of what needs no other object, so a bad document is named
+    /// before anything is sent (or planned: `--dry-run` said `would be created` of one the
+    /// server then refused, halfway through an apply).
+    fn validate(&self) -> Result<(), String> {
+        fn check<T: serde::de::DeserializeOwned>(
+            body: Value,
+            validate: impl FnOnce(&T) -> Result<(), berth_core::Error>,
+        ) -> Result<(), String> {
+            let typed: T = serde_json::from_value(body).map_err(|e| e.to_string())?;
+            match validate(&typed) {
+                Err(berth_core::Error::Invalid(errors)) => {
+                    Err(errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))
+                }
+                Err(other) => Err(other.to_string()),
+                Ok(()) => Ok(()),
+            }
+        }
+        let (name, body) = (self.name.as_str(), self.body());
+        match self.kind {
+            Kind::Flavor => check(body, |a: &berth_core::flavor::FlavorApply| a.validate(name)),
+            Kind::Team => check(body, |a: &berth_core::team::TeamApply| a.validate(name)),
+            Kind::Cluster => check(body, |a: &berth_core::cluster::ClusterApply| a.validate(name)),
+            Kind::Workload => {
+                let team = self.team.as_deref().unwrap_or_default();
+                check(body, |a: &berth_core::workload::WorkloadApply| a.validate(team, name))
+            }
+            Kind::RoleBinding => check(self.spec.clone(), |b: &berth_core::auth::NewRoleBinding| b.validate()),
+        }
+    }
+
     fn body(&self) -> Value {
         json!({"metadata": {"labels": self.labels}, "spec": self.spec})
     }
@@ -217,7 +247,9 @@ fn document(v: &Value, source: String) -> Result<Document, String> {
             (name, team.filter(|_| kind == Kind::Workload))
         }
     };
-    Ok(Document { kind, name, team, labels, spec, source })
+    let doc = Document { kind, name, team, labels, spec, source: source.clone() };
+    doc.validate().map_err(at)?;
+    Ok(doc)
 }
 
 /// What applying a document does.
@@ -510,5 +542,22 @@ mod tests {
         assert!(e.contains("spec"), "{e}");
         let e = document(&json!({"kind": "Pod"}), "f#4".into()).unwrap_err();
         assert!(e.contains("not one of"), "{e}");
+    }
+
+    #[test]
+    fn documents_the_server_would_refuse_are_named_before_anything_is_sent() {
+        // Well typed, but a limit below the guarantee and a name no object may have: a dry
+        // run said "would be created" and the apply stopped halfway at the server's 422.
+        let team = json!({"kind": "Team", "metadata": {"name": "nlp"},
+                          "spec": {"quotas": [{"flavor": "h100", "guaranteed": 8, "limit": 4}]}});
+        let e = document(&team, "f#1".into()).unwrap_err();
+        assert!(e.starts_with("f#1: /spec/quotas/0/limit: "), "{e}");
+        let flavor = json!({"kind": "Flavor", "metadata": {"name": "H100"}, "spec": {}});
+        assert!(document(&flavor, "f#2".into()).unwrap_err().contains("/metadata/name"));
+        let workload = json!({"kind": "Workload", "metadata": {"name": "w", "team": "nlp"},
+            "spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1.5}}}});
+        assert!(document(&workload, "f#3".into()).unwrap_err().contains("/spec/tasks/resources/gpus"));
+        let binding = json!({"kind": "RoleBinding", "spec": {"subject": " ", "role": "member", "team": "nlp"}});
+        assert!(document(&binding, "f#4".into()).unwrap_err().contains("/subject"));
     }
 }

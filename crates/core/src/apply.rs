@@ -131,6 +131,13 @@ pub fn plan<S: PartialEq>(
                 "the object does not exist; omit resource_version to create it",
             ));
         }
+        // A client re-sending its copy of an object deleted meanwhile must not bring it back.
+        if meta.uid.is_some() {
+            return Err(Error::conflict(
+                "/metadata/uid",
+                "the object with this uid does not exist (deleted?); omit uid to create a new one",
+            ));
+        }
         return Ok(ApplyAction::Create);
     };
     if let Some(if_match) = if_match
@@ -277,6 +284,17 @@ mod tests {
             Err(Error::PreconditionFailed(_))
         ));
         assert_eq!(plan::<u32>(None, &ApplyMeta::default(), &1, &labels, None).unwrap(), ApplyAction::Create);
+    }
+
+    #[test]
+    fn a_uid_or_version_of_a_missing_object_is_a_conflict_not_a_create() {
+        let labels = Labels::new();
+        let uid = ApplyMeta { uid: Some(Uuid::nil()), ..ApplyMeta::default() };
+        let version = ApplyMeta { resource_version: Some("3".into()), ..ApplyMeta::default() };
+        for (meta, field) in [(uid, "/metadata/uid"), (version, "/metadata/resource_version")] {
+            let refused = plan::<u32>(None, &meta, &1, &labels, None);
+            assert!(matches!(&refused, Err(Error::Conflict { field: Some(f), .. }) if f == field), "{refused:?}");
+        }
     }
 
     #[test]

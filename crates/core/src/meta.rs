@@ -58,7 +58,9 @@ pub struct Owner {
 ///
 /// Only `labels` is written. `name` and `team` must match the path when given.
 /// `resource_version`, when given, must equal the stored one (else 409), and `uid`, when
-/// given, must be the stored object's (else 409). The read-only fields Berth sets
+/// given, must be the stored object's (else 409); either given for an object that does not
+/// exist is a 409 too, not a create (a deleted object is not brought back by sending it
+/// again as it was read). The read-only fields Berth sets
 /// (`generation`, timestamps) are accepted so that an object fetched with GET can be sent
 /// back as is, and ignored.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]

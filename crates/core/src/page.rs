@@ -52,7 +52,7 @@ fn decode_cursor<K: DeserializeOwned>(cursor: &str) -> Result<K, Error> {
         // Keys are names: a NUL (which Postgres cannot store) was never in one we issued.
         .filter(|key| !key.to_string().contains("\\u0000"))
         .and_then(|key| serde_json::from_value(key).ok())
-        .ok_or_else(|| Error::invalid("cursor", "is not a cursor returned by this list"))
+        .ok_or_else(|| Error::invalid("cursor", "is not a cursor: pass back a page's `next` as it came"))
 }
 
 /// One page of results plus the cursor of the next page, if there is one.

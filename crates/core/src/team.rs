@@ -412,6 +412,29 @@ pub fn check_guarantees_nest(
     errors
 }
 
+/// Checks that the min runtime a team asks for is one the teams above it allow (a team below
+/// may only lower it; nothing in a tree whose top-level team sets none is protected).
+///
+/// `ancestors` are the specs above `team`, its parent first. Without any it is a top-level
+/// team and may set what it likes.
+pub fn check_min_runtime_nests(team: &TeamSpec, ancestors: &[(&str, &TeamSpec)]) -> Vec<FieldError> {
+    let Some(asked) = team.preemption.map(|p| p.min_runtime_seconds).filter(|&a| a > 0) else { return Vec::new() };
+    let Some(&(top, top_spec)) = ancestors.last() else { return Vec::new() };
+    let lowest = ancestors.iter().filter_map(|(name, s)| s.preemption.map(|p| (p.min_runtime_seconds, *name))).min();
+    let message = match (top_spec.preemption, lowest) {
+        (None, _) => format!(
+            "must be 0: top-level team {top:?} sets no spec.preemption, so nothing in its tree is protected              (set it there first)"
+        ),
+        (Some(_), Some((allowed, by))) if asked > allowed => {
+            format!(
+                "must be at most {allowed}: the min runtime team {by:?} above it allows (a team below may only lower it)"
+            )
+        }
+        _ => return Vec::new(),
+    };
+    vec![FieldError::new("/spec/preemption/min_runtime_seconds", message)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,6 +506,31 @@ mod tests {
         let Err(Error::Invalid(errors)) = apply.validate("nlp") else { panic!() };
         let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["/spec/quotas/0/limit", "/spec/quotas/1/flavor"]);
+    }
+
+    #[test]
+    fn a_min_runtime_above_what_the_teams_above_allow_is_rejected() {
+        let with = |seconds: Option<u32>| TeamSpec {
+            preemption: seconds.map(|min_runtime_seconds| crate::workload::PreemptionPolicy { min_runtime_seconds }),
+            ..TeamSpec::default()
+        };
+        let (top, mid, unset) = (with(Some(3600)), with(Some(600)), with(None));
+        let field = |errors: Vec<FieldError>| errors.into_iter().map(|e| (e.field, e.message)).collect::<Vec<_>>();
+        // A top-level team sets what it likes; below, at most the lowest above.
+        assert!(check_min_runtime_nests(&with(Some(86_400)), &[]).is_empty());
+        assert!(check_min_runtime_nests(&with(Some(600)), &[("mid", &mid), ("top", &top)]).is_empty());
+        assert!(check_min_runtime_nests(&with(None), &[("mid", &mid), ("top", &top)]).is_empty());
+        let above = field(check_min_runtime_nests(&with(Some(601)), &[("mid", &mid), ("top", &top)]));
+        assert_eq!(above.len(), 1);
+        assert_eq!(above[0].0, "/spec/preemption/min_runtime_seconds");
+        assert!(above[0].1.contains("at most 600") && above[0].1.contains("\"mid\""), "{}", above[0].1);
+        // A middle team without one does not lift the limit of the one above.
+        let through = field(check_min_runtime_nests(&with(Some(4000)), &[("unset", &unset), ("top", &top)]));
+        assert!(through[0].1.contains("at most 3600"), "{}", through[0].1);
+        // Under a top-level team without one, only 0.
+        assert!(check_min_runtime_nests(&with(Some(0)), &[("unset", &unset)]).is_empty());
+        let none = field(check_min_runtime_nests(&with(Some(60)), &[("unset", &unset)]));
+        assert!(none[0].1.contains("must be 0") && none[0].1.contains("\"unset\""), "{}", none[0].1);
     }
 
     #[test]

@@ -206,9 +206,9 @@ pub struct TaskResources {
     /// Whole GPUs (1, 2, … 64) or a fraction of one GPU (0.01 to 0.99).
     #[schema(example = 8, minimum = 0, maximum = 64, multiple_of = 0.01)]
     pub gpus: f64,
-    /// CPU cores, above 0 and at most 4,096; fractions allowed down to 0.001.
+    /// CPU cores, 0.001 to 4,096; fractions allowed down to 0.001.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0, maximum = 4096)]
+    #[schema(minimum = 0.001, maximum = 4096)]
     pub cpus: Option<f64>,
     /// 1 to 16,777,216 (16 TiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -813,7 +813,9 @@ fn validate_tasks(v: &mut Validator, tasks: &Tasks) {
         "must be 0, a whole number of GPUs from 1 to 64, or a fraction of one GPU in steps of 0.01".into()
     });
     if let Some(c) = r.cpus {
-        v.check(c > 0.0 && c <= 4096.0, "/spec/tasks/resources/cpus", || "must be above 0 and at most 4096".into());
+        v.check((0.001..=4096.0).contains(&c), "/spec/tasks/resources/cpus", || {
+            "must be from 0.001 (a thousandth of a core, Kubernetes' 1m) to 4096".into()
+        });
     }
     if let Some(m) = r.memory_mib {
         v.check((1..=1 << 24).contains(&m), "/spec/tasks/resources/memory_mib", || {
@@ -960,6 +962,22 @@ mod tests {
                 fields(apply(WorkloadSpec::example("h100", bad)).validate("t", "w")),
                 ["/spec/tasks/resources/gpus"]
             );
+        }
+    }
+
+    #[test]
+    fn cpus_go_down_to_a_thousandth_of_a_core() {
+        let with = |cpus| {
+            let mut spec = WorkloadSpec::example("h100", 1.0);
+            spec.tasks.resources.cpus = Some(cpus);
+            apply(spec).validate("t", "w")
+        };
+        for ok in [0.001, 0.5, 64.0, 4096.0] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        // Below a millicore Kubernetes cannot ask for it (1e-9 was taken and sent as 1m).
+        for bad in [0.0, 0.0009, 1e-9, 4096.5, f64::NAN] {
+            assert_eq!(fields(with(bad)), ["/spec/tasks/resources/cpus"], "{bad}");
         }
     }
 

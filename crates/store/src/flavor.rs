@@ -142,12 +142,14 @@ pub async fn flavor_list(db: impl PgExecutor<'_>, page: &PageRequest<String>) ->
     Ok(Page::from_rows(rows, page.limit, |r| r.name.clone()).map(Flavor::from))
 }
 
-/// Of `names`, those that name no flavor, in the order given.
+/// Of `names`, those that name no flavor, in the order given. Those that exist are held
+/// (`FOR KEY SHARE`) for the rest of the transaction: a [`flavor_delete`] waits for it to
+/// end and then sees what it wrote (a delete that locked first makes them missing here).
 ///
 /// # Errors
 /// As [`db_error`].
 pub async fn flavor_missing(db: impl PgExecutor<'_>, names: &[String]) -> Result<Vec<String>, Error> {
-    let found = sqlx::query_scalar!("SELECT name FROM flavors WHERE name = ANY($1)", names)
+    let found = sqlx::query_scalar!("SELECT name FROM flavors WHERE name = ANY($1) FOR KEY SHARE", names)
         .fetch_all(db)
         .await
         .map_err(db_error)?;

@@ -477,10 +477,12 @@ pub async fn workload_create_many(
                FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                            $7::jsonb[], $8::jsonb[], $9::jsonb[], $10::jsonb[], $14::jsonb[])
                     AS i (uid, team_uid, team_name, name, kind, phase, flavors, labels, spec, status, owner)
-               -- Written on what the caller read earlier: the team and flavors must still be.
+               -- Written on what the caller read earlier: the team and flavors must still be
+               -- (each flavor held, as flavor_missing holds it, against a delete).
                WHERE EXISTS (SELECT 1 FROM teams t WHERE t.uid = i.team_uid AND t.name = i.team_name)
                  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(i.flavors) AS f (name)
-                                 WHERE NOT EXISTS (SELECT 1 FROM flavors WHERE flavors.name = f.name))
+                                 WHERE NOT EXISTS (SELECT 1 FROM flavors WHERE flavors.name = f.name
+                                                   FOR KEY SHARE))
                ON CONFLICT (team_name, name) DO NOTHING
                RETURNING uid, team_name, name, generation, resource_version, created_at, updated_at
            ), e AS (
