@@ -72,7 +72,6 @@ async fn a_flavor_in_use_cannot_be_deleted(db: berth_store::PgPool) {
 /// cluster or a workload was left naming a flavor that no longer existed).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_flavor_deleted_while_it_is_being_named_is_refused_to_one_of_them(db: berth_store::PgPool) {
-    use std::time::Duration;
     let s = std::sync::Arc::new(Server::start(db.clone()).await);
     s.put_ok("/api/v1/teams/nlp", &TeamBody::new().json(), 201).await;
     let work = |f: &str| json!({"spec": {"kind": "training", "tasks": {"count": 1, "resources": {"flavors": [f], "gpus": 1}}}});
@@ -89,7 +88,7 @@ async fn a_flavor_deleted_while_it_is_being_named_is_refused_to_one_of_them(db: 
             let (s, path, body) = (s.clone(), path.to_owned(), body.clone());
             async move { s.put(&path, &body).await }
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        waits_on_a_lock(&db).await;
         assert!(!write.is_finished(), "{path}: the write waits for the delete");
         sqlx::query("DELETE FROM flavors WHERE name = 'gone'").execute(&mut *delete).await.unwrap();
         delete.commit().await.unwrap();
@@ -112,10 +111,21 @@ async fn a_flavor_deleted_while_it_is_being_named_is_refused_to_one_of_them(db: 
         let s = s.clone();
         async move { s.delete("/api/v1/flavors/kept").await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waits_on_a_lock(&db).await;
     assert!(!delete.is_finished(), "the delete waits for the write");
     write.commit().await.unwrap();
     let refused = delete.await.unwrap();
     refused.assert_problem(409, None);
     assert!(refused.body["detail"].as_str().unwrap().contains("team nlp"), "{}", refused.body);
+}
+
+/// Returns once a session of this database waits on a row lock (within 10 s, else panics).
+async fn waits_on_a_lock(db: &berth_store::PgPool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(db).await.unwrap() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no session came to wait on the lock");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
