@@ -76,6 +76,16 @@ async fn team_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
     above.assert_problem(422, Some("/spec/preemption/min_runtime_seconds"));
     assert!(above.body.to_string().contains("at most 3600"), "{}", above.body);
     assert_eq!(s.put("/api/v1/teams/newteam", &child(600)).await.status, 201);
+    // Two levels down, the lowest allowance on the way up holds (newteam's, not research's).
+    let grandchild = |seconds| with_min_runtime(TeamBody::new().parent("newteam").json(), seconds);
+    let deeper = s.put("/api/v1/teams/deeper", &grandchild(1200)).await;
+    deeper.assert_problem(422, Some("/spec/preemption/min_runtime_seconds"));
+    assert!(
+        deeper.body.to_string().contains("at most 600") && deeper.body.to_string().contains("newteam"),
+        "{}",
+        deeper.body
+    );
+    assert_eq!(s.put("/api/v1/teams/deeper", &grandchild(300)).await.status, 201);
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

@@ -142,16 +142,10 @@ async fn check_tree(
         &children,
     );
     if input.spec.preemption.is_some()
-        && let Some((_, parent)) = &parent
+        && let Some((parent_uid, _)) = &parent
     {
-        let mut above = vec![parent.clone()];
-        while let Some(next) = above.last().and_then(|t| t.spec.parent.clone()) {
-            match store::team_fetch(&mut **tx, &next).await? {
-                Some(t) if above.len() < 1000 => above.push(t),
-                _ => break,
-            }
-        }
-        let above: Vec<_> = above.iter().map(|t| (t.metadata.name.as_str(), &t.spec)).collect();
+        let lineage = store::team_lineage_specs(tx, *parent_uid).await?;
+        let above: Vec<_> = lineage.iter().map(|(name, spec)| (name.as_str(), spec)).collect();
         errors.extend(check_min_runtime_nests(&input.spec, &above));
     }
     if errors.is_empty() { Ok(parent.map(|(uid, _)| uid)) } else { Err(Error::Invalid(errors)) }
