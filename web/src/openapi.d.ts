@@ -1607,6 +1607,18 @@ export interface components {
             /** @description The audience (`aud`) Berth requires of the provider's tokens. */
             audience: string;
         };
+        /** @description A team that would hold more of a flavor than its limit (a quota preview's `over_limit`). */
+        OverLimit: {
+            team: string;
+            flavor: string;
+            /**
+             * Format: double
+             * @description GPUs its subtree's running work holds (that the change does not preempt).
+             */
+            holds: number;
+            /** Format: int32 */
+            limit: number;
+        };
         /**
          * @description Who submitted a workload: the subject of the token (a user's `sub`, or
          *     `serviceaccount:{name}`) and its issuer; for a service account, also its uid (an account
@@ -1831,6 +1843,12 @@ export interface components {
             no_longer_preempted: components["schemas"]["PreviewWorkload"][];
             /** @description Fair shares that change, in GPUs. */
             fair_shares: components["schemas"]["FairShareChange"][];
+            /**
+             * @description Flavors of which the team, or a team above it after the change, would hold more in
+             *     running work than its limit. A lower limit preempts nothing: the work runs on, and
+             *     nothing more of the flavor is admitted into that team's subtree until it is under.
+             */
+            over_limit?: components["schemas"]["OverLimit"][];
         };
         /**
          * @description A team's recent use: GPU-hours, each counted `2^(−age / half-life)`. The use of a team

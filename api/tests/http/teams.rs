@@ -119,7 +119,6 @@ async fn a_quota_preview_tells_what_the_scheduler_would_do_and_saves_nothing(db:
     let cycle = berth_controllers::scheduler::reconcile(&ctx).await.expect("cycle");
     assert_eq!(cycle.admitted, 2);
     s.put_ok("/api/v1/teams/a/workloads/a1", &WorkloadBody::new().gpus(8.0).json(), 201).await;
-    let before = s.table_counts().await;
     let team_before = s.get("/api/v1/teams/a").await;
 
     // What if a were guaranteed 8? It would reclaim them from one of b's workloads.
@@ -142,6 +141,21 @@ async fn a_quota_preview_tells_what_the_scheduler_would_do_and_saves_nothing(db:
     let nothing = s.send(Method::POST, "/api/v1/teams/a/preview", Some(&same), &[]).await;
     assert_eq!(nothing.status, 200);
     assert_eq!(nothing.body["summary"], json!([]), "{}", nothing.body);
+    assert_eq!(nothing.body["over_limit"], json!([]), "{}", nothing.body);
+
+    // A limit below what b runs preempts nothing, and the preview says so: b keeps 16.
+    let lower = TeamBody::new().quota("h100", 0, Some(8), 1).json();
+    let p = s.send(Method::POST, "/api/v1/teams/b/preview", Some(&lower), &[]).await.body;
+    assert_eq!(p["preempted"], json!([]), "{p}");
+    assert_eq!(p["over_limit"], json!([{"team": "b", "flavor": "h100", "holds": 16.0, "limit": 8}]), "{p}");
+    let said = p["summary"].to_string();
+    assert!(said.contains("b would run 16 GPUs of h100, above its limit of 8: nothing is preempted"), "{said}");
+    // So does a move under a department whose limit b's work would exceed.
+    s.put_ok("/api/v1/teams/dept", &TeamBody::new().quota("h100", 0, Some(12), 1).json(), 201).await;
+    let moved = TeamBody::new().parent("dept").quota("h100", 0, None, 1).json();
+    let p = s.send(Method::POST, "/api/v1/teams/b/preview", Some(&moved), &[]).await.body;
+    assert_eq!(p["over_limit"], json!([{"team": "dept", "flavor": "h100", "holds": 16.0, "limit": 12}]), "{p}");
+    let before = s.table_counts().await;
 
     // The PUT's rules and permissions: a bad body names the field; a viewer may not.
     let bad = TeamBody::new().quota("h100", 8, Some(4), 1).json();

@@ -1362,7 +1362,11 @@ pub async fn preview(env: &Env<'_>, name: &str, file: &Path) -> Result<i32> {
     let body = json!({"metadata": {"labels": doc.labels}, "spec": doc.spec});
     let p = env.client.post(&format!("/api/v1/teams/{}/preview", seg(name)), Some(&body)).await?;
     if !structured(env.out, &p) {
-        for line in p["summary"].as_array().into_iter().flatten() {
+        let lines = p["summary"].as_array().map(Vec::as_slice).unwrap_or_default();
+        if lines.is_empty() {
+            println!("nothing would change now");
+        }
+        for line in lines {
             println!("{}", cell(line));
         }
     }

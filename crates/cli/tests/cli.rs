@@ -618,7 +618,12 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     let spare = w.json(&["cancel", "spare", "--team", "nlp"]);
     assert_eq!(spare["status"]["cancellation"]["by"], "admin", "{spare}");
     let org = script.replace("train.sbatch", "org.yaml");
-    assert!(w.json(&["preview", "team", "nlp", "-f", &org])["summary"].is_array());
+    let summary = w.json(&["preview", "team", "nlp", "-f", &org])["summary"].clone();
+    let said = w.ok(&["preview", "team", "nlp", "-f", &org]);
+    match summary.as_array().expect("summary").as_slice() {
+        [] => assert_eq!(said.trim(), "nothing would change now"),
+        lines => assert!(lines.iter().all(|l| said.contains(l.as_str().unwrap())), "{said}"),
+    }
     // After `--` everything is the command, `-o json` too: it goes before.
     let run = w.ok(&[
         "run",

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use berth_core::Error;
-use berth_core::team::{FairShareChange, PreviewWorkload, QuotaPreview, TeamSpec};
+use berth_core::team::{FairShareChange, OverLimit, PreviewWorkload, QuotaPreview, TeamSpec};
 use berth_core::workload::Workload;
 use berth_sched::what_if::{Change, what_if};
 
@@ -77,9 +77,66 @@ pub async fn quota_preview(
                 after: *after,
             })
             .collect(),
+        over_limit: over_limit(&built.snapshot, team, spec, &d.preempted),
     };
     preview.summary = preview.summarize();
     Ok(preview)
+}
+
+/// The flavors of which `team`, with `spec`, or a team above it would run more than its
+/// limit: the running work of its subtree that is not stopping already or by the change
+/// (`preempted`, by workload id) against `spec`'s limits for the team and the snapshot's
+/// for those above (under `spec.parent`).
+fn over_limit(s: &berth_sched::Snapshot, team: &str, spec: &TeamSpec, preempted: &[String]) -> Vec<OverLimit> {
+    let Some(me) = s.teams.iter().position(|t| t.name == team) else { return Vec::new() };
+    let index = |name: &str| s.teams.iter().position(|t| t.name == name);
+    let mut line = vec![me];
+    let mut up = spec.parent.as_deref().and_then(index);
+    while let Some(t) = up.filter(|t| !line.contains(t)) {
+        line.push(t);
+        up = s.teams[t].parent;
+    }
+    let ancestors = berth_sched::cycle::ancestors(s);
+    let mut held = vec![0u64; s.flavors.len()];
+    for r in s.running.iter().filter(|r| !r.preempting && !preempted.contains(&r.id)) {
+        if ancestors[r.team].contains(&me) {
+            held[r.flavor] += u64::from(r.tasks.total_gpus());
+        }
+    }
+    let mut out = Vec::new();
+    for &t in &line {
+        for (f, flavor) in s.flavors.iter().enumerate() {
+            let limit = if t == me {
+                spec.quotas.iter().find(|q| &q.flavor == flavor).and_then(|q| q.limit)
+            } else {
+                s.teams[t].quotas[f].limit
+            };
+            // Above the team, its own subtree's work counts with the rest of theirs.
+            let holds = if t == me {
+                held[f]
+            } else {
+                let moved = |r: &berth_sched::snapshot::Running| ancestors[r.team].contains(&me);
+                held[f]
+                    + s.running
+                        .iter()
+                        .filter(|r| r.flavor == f && !r.preempting && !preempted.contains(&r.id))
+                        .filter(|r| !moved(r) && ancestors[r.team].contains(&t))
+                        .map(|r| u64::from(r.tasks.total_gpus()))
+                        .sum::<u64>()
+            };
+            if let Some(limit) = limit
+                && holds > u64::from(limit) * u64::from(berth_sched::snapshot::ONE_GPU)
+            {
+                out.push(OverLimit {
+                    team: s.teams[t].name.clone(),
+                    flavor: flavor.clone(),
+                    holds: holds as f64 / f64::from(berth_sched::snapshot::ONE_GPU),
+                    limit,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The recent use of every team of `top`'s tree as `spec.fair_sharing` would weigh it:

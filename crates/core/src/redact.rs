@@ -143,6 +143,7 @@ impl Redactor {
             }
         }
         p.fair_shares.retain(|c| self.shows(&c.team));
+        p.over_limit.retain(|o| self.shows(&o.team));
         p.summary = p.summarize();
         p
     }
@@ -187,8 +188,9 @@ mod tests {
 
     #[test]
     fn a_preview_reader_sees_the_effect_on_other_teams_but_not_their_names() {
-        use crate::team::{FairShareChange, PreviewWorkload};
+        use crate::team::{FairShareChange, OverLimit, PreviewWorkload};
         let share = |team: &str| FairShareChange { team: team.into(), flavor: "h100".into(), before: 4.0, after: 8.0 };
+        let over = |team: &str| OverLimit { team: team.into(), flavor: "h100".into(), holds: 12.5, limit: 8 };
         let mut full = QuotaPreview {
             summary: Vec::new(),
             admitted: vec![preview_workload("a", "a1", 8.0)],
@@ -196,6 +198,7 @@ mod tests {
             preempted: vec![preview_workload("b", "b1", 4.0), preview_workload("b", "b2", 4.5)],
             no_longer_preempted: Vec::new(),
             fair_shares: vec![share("a"), share("b")],
+            over_limit: vec![over("a"), over("b")],
         };
         full.summary = full.summarize();
         let seen = Redactor::hiding([("b".to_owned(), false)]).preview(full.clone());
@@ -208,12 +211,15 @@ mod tests {
             ]
         );
         assert_eq!(seen.fair_shares, vec![share("a")]);
+        assert_eq!(seen.over_limit, vec![over("a")]);
         assert_eq!(
             seen.summary,
             [
                 "2 workloads would be preempted (8.5 GPUs: another team)",
                 "1 workload would be admitted (8 GPUs: a)",
                 "fair share of a on h100: 4 → 8 GPUs",
+                "a would run 12.5 GPUs of h100, above its limit of 8: nothing is preempted for that, \
+                 but its subtree gets no more h100 until it is under",
             ]
         );
         let admin = Redactor::none().preview(full);

@@ -185,6 +185,11 @@ pub struct QuotaPreview {
     pub no_longer_preempted: Vec<PreviewWorkload>,
     /// Fair shares that change, in GPUs.
     pub fair_shares: Vec<FairShareChange>,
+    /// Flavors of which the team, or a team above it after the change, would hold more in
+    /// running work than its limit. A lower limit preempts nothing: the work runs on, and
+    /// nothing more of the flavor is admitted into that team's subtree until it is under.
+    #[serde(default)]
+    pub over_limit: Vec<OverLimit>,
 }
 
 impl QuotaPreview {
@@ -210,6 +215,17 @@ impl QuotaPreview {
             let (before, after) = (round_gpus(c.before), round_gpus(c.after));
             lines.push(format!("fair share of {} on {}: {before} → {after} GPUs", c.team, c.flavor));
         }
+        for o in &self.over_limit {
+            lines.push(format!(
+                "{} would run {} GPUs of {}, above its limit of {}: nothing is preempted for that, \
+                 but its subtree gets no more {} until it is under",
+                o.team,
+                round_gpus(o.holds),
+                o.flavor,
+                o.limit,
+                o.flavor,
+            ));
+        }
         lines
     }
 }
@@ -226,6 +242,16 @@ pub struct PreviewWorkload {
     pub team: Option<String>,
     pub name: Option<String>,
     pub gpus: f64,
+}
+
+/// A team that would hold more of a flavor than its limit (a quota preview's `over_limit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OverLimit {
+    pub team: String,
+    pub flavor: String,
+    /// GPUs its subtree's running work holds (that the change does not preempt).
+    pub holds: f64,
+    pub limit: u32,
 }
 
 /// A team's fair share of a flavor before and after a proposed change, in GPUs.
