@@ -2147,7 +2147,8 @@ export interface components {
             flavors: string[];
             /**
              * Format: double
-             * @description Whole GPUs (1, 2, … 64) or a fraction of one GPU (0.01 to 0.99).
+             * @description Whole GPUs (1, 2, … 64), a fraction of one GPU (0.01 to 0.99), or 0: work that
+             *     needs none and is given none (on Kubernetes, `NVIDIA_VISIBLE_DEVICES=void`).
              * @example 8
              */
             gpus: number;

@@ -42,8 +42,11 @@ async fn the_submitter_owns_a_workload_and_only_it_or_a_team_admin_may_change_or
     // Bob may not change, cancel or delete Alice's work; nothing changes.
     let before = s.get(path).await.body;
     let changed = WorkloadBody::new().priority(9).json();
+    let same = WorkloadBody::new().json();
     for (method, p, body) in [
         (Method::PUT, path.to_owned(), Some(&changed)),
+        // The same spec again too (it was a 200 with the whole object).
+        (Method::PUT, path.to_owned(), Some(&same)),
         (Method::POST, format!("{path}/cancel"), None),
         (Method::DELETE, path.to_owned(), None),
     ] {

@@ -142,9 +142,9 @@ async fn check_tree(
         &children,
     );
     if input.spec.preemption.is_some()
-        && let Some((parent_uid, _)) = &parent
+        && let Some((_, parent)) = &parent
     {
-        let lineage = store::team_lineage_specs(tx, *parent_uid).await?;
+        let lineage = store::team_lineage_specs(&mut **tx, &parent.metadata.name).await?;
         let above: Vec<_> = lineage.iter().map(|(name, spec)| (name.as_str(), spec)).collect();
         errors.extend(check_min_runtime_nests(&input.spec, &above));
     }

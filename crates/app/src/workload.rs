@@ -161,6 +161,9 @@ async fn write_workload(
             });
         }
         if let Some(w) = &existing {
+            // Before anything else is said of it: a teammate's identical PUT was a 200 with
+            // the whole object, and one of an ended workload told its state.
+            opctx.access().change_workload(team, w.metadata.owner.as_ref())?;
             refuse_change_of_what_runs(team, name, w, &input.spec)?;
         }
         let cur = existing.as_ref().map(|w| current(&w.metadata, &w.spec)).transpose()?;
@@ -175,7 +178,6 @@ async fn write_workload(
                 },
                 ApplyAction::Update { generation } => {
                     let existing = existing.as_ref().expect("update implies existing");
-                    opctx.access().change_workload(team, existing.metadata.owner.as_ref())?;
                     let uid = WorkloadId(existing.metadata.uid);
                     let w = store::workload_update_spec(&mut tx, uid, &labels, &input.spec, generation).await?;
                     let message = format!("spec changed (generation {generation})");

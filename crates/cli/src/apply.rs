@@ -176,9 +176,11 @@ pub fn read(paths: &[PathBuf]) -> Result<Vec<Document>> {
             let value = match Value::deserialize(de) {
                 Ok(Value::Null) => continue,
                 Ok(v) => v,
+                // A syntax error: the parser yields it again for every document it is
+                // asked for (an apply of `a: [` looped, taking 500 MB a second).
                 Err(e) => {
-                    problems.push(format!("{}#{n}: {e}", file.display()));
-                    continue;
+                    problems.push(format!("{}#{n}: {e} (the rest of the file is not read)", file.display()));
+                    break;
                 }
             };
             match document(&value, format!("{}#{n}", file.display())) {
@@ -559,5 +561,25 @@ mod tests {
         assert!(document(&workload, "f#3".into()).unwrap_err().contains("/spec/tasks/resources/gpus"));
         let binding = json!({"kind": "RoleBinding", "spec": {"subject": " ", "role": "member", "team": "nlp"}});
         assert!(document(&binding, "f#4".into()).unwrap_err().contains("/subject"));
+    }
+
+    #[test]
+    fn a_syntax_error_is_named_once_and_ends_the_file() {
+        // Each of these looped forever, the parser yielding its error for every document
+        // asked of it: an unclosed list, an unclosed mapping, a tab, truncated JSON.
+        let dir = std::env::temp_dir().join(format!("berth-apply-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = "kind: Flavor\nmetadata: {name: h100}\nspec: {}\n---\n";
+        for (i, bad) in ["a: [\n", "metadata: {name: x\n", "a:\n\tb: 1\n", "{\"kind\":\"Team\","].iter().enumerate() {
+            let path = dir.join(format!("bad{i}.yaml"));
+            std::fs::write(&path, format!("{good}{bad}")).unwrap();
+            let e = read(&[path]).unwrap_err().to_string();
+            assert_eq!(e.lines().count(), 1, "{e}");
+            assert!(
+                e.contains(&format!("bad{i}.yaml#2: ")) && e.ends_with("(the rest of the file is not read)"),
+                "{e}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

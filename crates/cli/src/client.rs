@@ -116,8 +116,20 @@ impl Client {
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, ApiError> {
         let response = req.send().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
         let status = response.status();
+        let problem_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/problem+json"));
         let text = response.text().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
         if !status.is_success() {
+            // Berth answers every refusal with a problem: anything else (a proxy's 404, a
+            // load balancer's 502) is not Berth refusing, and no answer from it.
+            if !problem_type {
+                return Err(ApiError::Unreachable(format!(
+                    "{} answered {status} without a problem body: is it Berth's API?",
+                    self.base
+                )));
+            }
             return Err(problem(status, &text));
         }
         Ok(if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })

@@ -244,9 +244,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let config = config::Config::load()?;
+    if let Some(name) = &cli.context
+        && !matches!(cli.command, Command::Login { .. })
+        && !config.contexts.contains_key(name)
+    {
+        anyhow::bail!(
+            "no context {name:?} in {} (berth login --context {name} makes one)",
+            config::Config::path().display()
+        );
+    }
     let context = config.context(cli.context.as_deref()).cloned().unwrap_or_default();
     let server = cli.server.clone().or((!context.server.is_empty()).then(|| context.server.clone()));
     let server = server.unwrap_or_else(|| config::DEFAULT_SERVER.to_owned());
+    let url = reqwest::Url::parse(&server).ok();
+    if !url.is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host()) {
+        anyhow::bail!("--server {server:?}: not an http(s) URL (as http://127.0.0.1:8080)");
+    }
     let token = cli.token.clone().or(context.token.clone());
     if let Command::Checkpointed { name, team } = &cli.command {
         return commands::checkpointed(&server, token, name, team.clone().or(context.team.clone()), cli.output).await;

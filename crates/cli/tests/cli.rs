@@ -224,6 +224,32 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     let out = w.berth(&["apply", "-f", &bad]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("bad.yaml#1: spec"), "{}", text(&out.stderr));
+    // A syntax error is named once, exit 2 (it looped, taking 500 MB a second).
+    let broken = w.write("broken.yaml", "a: [\n");
+    let out = w.berth(&["apply", "-f", &broken]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("broken.yaml#1: ") && text(&out.stderr).contains("not read"));
+    // A server that is no URL, a context that is not there: usage, exit 2, said so.
+    let out = w.berth(&["--server", "notaurl", "get", "teams"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--server \"notaurl\": not an http(s) URL"), "{}", text(&out.stderr));
+    let out = w.berth(&["--context", "nope", "get", "teams"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no context \"nope\""), "{}", text(&out.stderr));
+    // Something that is not Berth answering 404 is not Berth refusing (exit 3): exit 4.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_url = format!("http://{}", other.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in other.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    let out = w.berth(&["--server", &other_url, "get", "teams"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("answered 404 Not Found without a problem body"), "{}", text(&out.stderr));
     // A rule of the API (a child's guarantee above its parent's): its field message, exit 3.
     let greedy = w.write(
         "greedy.yaml",

@@ -94,7 +94,9 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         mine.sort_by_key(|r| (index(service, r), r.metadata.uid));
         let load = read_load(ctx, &clusters, service).await;
         status.unreadable += usize::from(load.is_err());
-        plans.push(plan(service, mine, load, now));
+        let team = service.metadata.team.as_deref().unwrap_or_default();
+        let held = ceiling(service, &berth_store::team::team_lineage_specs(&ctx.db, team).await?);
+        plans.push(plan(service, mine, load, held, now));
     }
     if plans.iter().all(|p| p.unchanged()) && orphaned.is_empty() {
         return Ok(status);
@@ -156,10 +158,35 @@ struct Plan<'a> {
     load: Option<f64>,
 }
 
+/// The most replicas (the service's own tasks among them) its team's limits could ever
+/// hold at once: on each flavor it accepts, the lowest limit of the team and those above
+/// it; the flavor that holds the most. None when some flavor has no limit on the way up
+/// (or the service takes no GPU).
+fn ceiling(service: &Workload, lineage: &[(String, berth_core::team::TeamSpec)]) -> Option<u32> {
+    let gpus = service.spec.tasks.resources.gpus;
+    if gpus <= 0.0 || lineage.is_empty() {
+        return None;
+    }
+    let mut most = 0;
+    for flavor in &service.spec.tasks.resources.flavors {
+        let limit = lineage
+            .iter()
+            .filter_map(|(_, spec)| spec.quotas.iter().find(|q| &q.flavor == flavor).and_then(|q| q.limit))
+            .min()?;
+        most = most.max((f64::from(limit) / gpus + 1e-9).floor() as u32);
+    }
+    Some(most)
+}
+
+/// What a pass does for one service. `held`: its [`ceiling`]. Replicas above it could
+/// never all run: only one of them is added, to wait with the limit's reason (a service
+/// with `max_replicas: 1000` in a team limited to 4 GPUs made 999 workloads that could never
+/// be admitted, each in every queue and cycle).
 fn plan<'a>(
     service: &'a Workload,
     mine: Vec<&'a Workload>,
     load: Result<Option<f64>, String>,
+    held: Option<u32>,
     now: DateTime<Utc>,
 ) -> Plan<'a> {
     let inf = service.spec.inference.as_ref().expect("a scaling service");
@@ -188,9 +215,10 @@ fn plan<'a>(
     let mut replicas = Replicas { current: running, desired, load, waiting, ..before.clone() };
     replicas.load_read_at = if load.is_some() { Some(now) } else { before.load_read_at };
     let (mut add, mut numbers, mut remove) = (0, Vec::new(), Vec::new());
-    if desired > wanted {
+    let room = held.map_or(desired, |h| desired.min(h.saturating_add(1).max(base)));
+    if desired > wanted && room > wanted {
         let taken: Vec<u32> = mine.iter().map(|r| index(service, r)).collect();
-        add = (desired - wanted) as usize;
+        add = (room - wanted) as usize;
         numbers = (1..).filter(|n| !taken.contains(n)).take(add + NAME_TRIES).collect();
         (replicas.low_since, replicas.low_max) = (None, None);
     } else if desired < wanted {

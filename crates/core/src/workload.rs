@@ -203,7 +203,8 @@ pub struct TaskResources {
     /// Acceptable flavors, most preferred first: 1 to 16, each once.
     #[schema(min_items = 1, max_items = 16)]
     pub flavors: Vec<String>,
-    /// Whole GPUs (1, 2, … 64) or a fraction of one GPU (0.01 to 0.99).
+    /// Whole GPUs (1, 2, … 64), a fraction of one GPU (0.01 to 0.99), or 0: work that
+    /// needs none and is given none (on Kubernetes, `NVIDIA_VISIBLE_DEVICES=void`).
     #[schema(example = 8, minimum = 0, maximum = 64, multiple_of = 0.01)]
     pub gpus: f64,
     /// CPU cores, 0.001 to 4,096; fractions allowed down to 0.001.
@@ -808,7 +809,9 @@ fn validate_tasks(v: &mut Validator, tasks: &Tasks) {
     }
     let g = r.gpus;
     let whole = (1.0..=64.0).contains(&g) && g.fract() == 0.0;
-    let fraction = g > 0.0 && g < 1.0 && ((g * 100.0).round() - g * 100.0).abs() < 1e-9;
+    // At least a hundredth: 1e-320 passed as a "multiple of 0.01" and ran as no GPU.
+    let hundredths = (g * 100.0).round();
+    let fraction = g > 0.0 && g < 1.0 && hundredths >= 1.0 && (hundredths - g * 100.0).abs() < 1e-9;
     v.check(g == 0.0 || whole || fraction, "/spec/tasks/resources/gpus", || {
         "must be 0, a whole number of GPUs from 1 to 64, or a fraction of one GPU in steps of 0.01".into()
     });
@@ -852,6 +855,11 @@ fn validate_run(v: &mut Validator, run: &Run) {
             && !key.as_bytes()[0].is_ascii_digit()
             && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         v.check(ok, &at, || "variable names are letters, digits and '_', not starting with a digit".into());
+        // The NVIDIA container runtime gives a container the devices this names: set by
+        // the workload, "all" reached every GPU of the node, whatever it was given.
+        v.check(key != "NVIDIA_VISIBLE_DEVICES", &at, || {
+            "is set by Berth from the GPUs the task is given (spec.tasks.resources.gpus)".into()
+        });
         v.text(&at, value, 32_768);
     }
 }
@@ -957,7 +965,9 @@ mod tests {
         for ok in [0.0, 0.25, 0.5, 1.0, 8.0, 64.0] {
             assert!(apply(WorkloadSpec::example("h100", ok)).validate("t", "w").is_ok(), "{ok}");
         }
-        for bad in [-1.0, 1.5, 65.0, 0.001, f64::NAN] {
+        // Below a hundredth is no GPU, not a fraction of one (1e-320 was stored and ran
+        // with none).
+        for bad in [-1.0, 1.5, 65.0, 0.001, 0.004, 1e-11, 1e-320, f64::NAN] {
             assert_eq!(
                 fields(apply(WorkloadSpec::example("h100", bad)).validate("t", "w")),
                 ["/spec/tasks/resources/gpus"]
@@ -1025,6 +1035,10 @@ mod tests {
         spec.tasks.resources.flavors.push("h100".into());
         spec.run.env.insert("1BAD".into(), "x".into());
         assert_eq!(fields(apply(spec).validate("t", "w")), ["/spec/tasks/resources/flavors/1", "/spec/run/env/1BAD"]);
+        // The devices a container sees are Berth's to name ("all" reached every GPU of the node).
+        let mut spec = WorkloadSpec::example("h100", 0.0);
+        spec.run.env.insert("NVIDIA_VISIBLE_DEVICES".into(), "all".into());
+        assert_eq!(fields(apply(spec).validate("t", "w")), ["/spec/run/env/NVIDIA_VISIBLE_DEVICES"]);
     }
 
     #[test]

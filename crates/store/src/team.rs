@@ -192,21 +192,22 @@ pub async fn team_ancestors(db: &mut PgConnection, team: TeamId) -> Result<Vec<S
     .map_err(db_error)
 }
 
-/// The team and its ancestors with their specs, the team first and the root last.
+/// The team and its ancestors with their specs, the team first and the root last (none
+/// when there is no such team).
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn team_lineage_specs(db: &mut PgConnection, team: TeamId) -> Result<Vec<(String, TeamSpec)>, Error> {
+pub async fn team_lineage_specs(db: impl PgExecutor<'_>, team: &str) -> Result<Vec<(String, TeamSpec)>, Error> {
     sqlx::query!(
         r#"WITH RECURSIVE up (uid, parent_uid, name, spec, depth) AS (
-               SELECT uid, parent_uid, name, spec, 0 FROM teams WHERE uid = $1
+               SELECT uid, parent_uid, name, spec, 0 FROM teams WHERE name = $1
                UNION ALL
                SELECT t.uid, t.parent_uid, t.name, t.spec, up.depth + 1
                FROM teams t JOIN up ON t.uid = up.parent_uid
                WHERE up.depth < 1000
            )
            SELECT name AS "name!", spec AS "spec!: Json<TeamSpec>" FROM up ORDER BY depth"#,
-        team.0
+        team
     )
     .fetch_all(db)
     .await

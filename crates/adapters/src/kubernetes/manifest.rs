@@ -161,7 +161,13 @@ fn pod_spec(
     block: Option<&str>,
     restart: &str,
 ) -> Value {
-    let env = job.environment();
+    let mut env = job.environment();
+    if job.gpus_per_task == 0 {
+        // A container with no GPU limit gets no devices from the device plugin, but the
+        // NVIDIA runtime's default (envvar) strategy still gives it those its image names:
+        // the CUDA images name "all". "void" leaves it no GPU.
+        env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
+    }
     let mut limits = serde_json::Map::new();
     let mut requests = serde_json::Map::new();
     if job.gpus_per_task > 0 {
@@ -320,6 +326,17 @@ mod tests {
         let env = &v["spec"]["template"]["spec"]["containers"][0]["env"];
         let value = |name: &str| env.as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
         assert_eq!((value("BERTH_RESUME"), value("BERTH_PREVIOUS_ATTEMPT")), (Some(json!("1")), Some(json!("1"))));
+        assert_eq!(value("NVIDIA_VISIBLE_DEVICES"), None, "with GPUs, the device plugin names them");
+
+        // A task given no GPU on a GPU node sees none, whatever its image names (the CUDA
+        // images name "all", which the NVIDIA runtime would give it).
+        let none = JobRequest { gpus_per_task: 0, ..request(WorkloadKind::Training) };
+        let Manifest::Job(job) = manifest(&spec(), &none, Some("nvl-a")).unwrap() else { panic!() };
+        let v = serde_json::to_value(&job).unwrap();
+        let c = &v["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["resources"]["limits"], json!({"memory": "2048Mi"}));
+        let void = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES");
+        assert_eq!(void.map(|e| e["value"].clone()), Some(json!("void")));
     }
 
     #[test]

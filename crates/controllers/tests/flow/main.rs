@@ -1687,6 +1687,14 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     let r5 = p.workload("t", "svc-r5").await;
     assert_eq!(r5.status.phase, Phase::Pending, "replicas 2 to 4 run, and the name svc-r1 was taken");
     assert_eq!(r5.metadata.labels[berth_core::workload::REPLICA_OF_LABEL], svc.metadata.uid.to_string());
+    // Of the two replicas the limit can never hold, one waits to say why; the other is not
+    // made (max_replicas 1000 under this limit made 999 that waited for ever).
+    let replicas: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM workloads WHERE labels ? 'berth.dev/replica-of' ORDER BY name")
+            .fetch_all(&p.ctx.db)
+            .await
+            .unwrap();
+    assert_eq!(replicas, ["svc-r2", "svc-r3", "svc-r4", "svc-r5"]);
 
     // The load falls at 500 s: nothing goes before the 60 s window has passed.
     p.advance(200);
