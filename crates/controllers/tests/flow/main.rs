@@ -1243,6 +1243,44 @@ async fn a_refresh_writes_at_most_its_share_of_positions_the_most_off_first(db: 
     assert_eq!(positions().await, (1..=queued).map(|i| Some(i + ahead)).collect::<Vec<_>>());
 }
 
+/// A burst's first reasons are written `NEW_REASONS_MAX` at a time behind the head, the
+/// front of the queue first; the cycles after write the rest (writing 20,000 at once held up
+/// the cycle, and every admission behind it, for a second).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_bursts_first_reasons_are_written_a_share_at_a_time_the_front_first(db: berth_store::PgPool) {
+    use berth_controllers::scheduler::{NEW_REASONS_MAX, POSITIONS_KEPT_CURRENT};
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    let head = POSITIONS_KEPT_CURRENT as usize;
+    let queued = head + NEW_REASONS_MAX + 50;
+    // No cluster: all of them wait.
+    for i in 1..=queued {
+        p.submit("nlp", &format!("w{i}"), 1, 1.0, json!({})).await;
+    }
+    let explained = || async {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT name FROM workloads WHERE name LIKE 'w%' AND status ? 'pending_reason' \
+             AND status ? 'queue_position'",
+        )
+        .fetch_all(&db)
+        .await
+        .unwrap();
+        let mut at: Vec<usize> = rows.iter().map(|(n,)| n[1..].parse().unwrap()).collect();
+        at.sort_unstable();
+        at
+    };
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.admitted, cycle.explained, cycle.deferred), (0, head + NEW_REASONS_MAX, 50), "{cycle:?}");
+    assert_eq!(explained().await, (1..=queued - 50).collect::<Vec<_>>(), "the front of the queue first");
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.explained, cycle.deferred), (50, 0), "{cycle:?}");
+    assert_eq!(explained().await, (1..=queued).collect::<Vec<_>>());
+    let last = p.workload("nlp", &format!("w{queued}")).await.status.queue_position.unwrap();
+    assert_eq!((last.global, last.team), (queued as u32, queued as u32));
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.explained, cycle.deferred), (0, 0), "nothing left to write");
+}
+
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
 /// that finds new nodes, another replica's write, a cluster's delete (a cascade).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
