@@ -20,6 +20,9 @@ use crate::problem::PROBLEM_JSON;
             in PUT bodies (so a fetched object can be sent back) and ignored, as are the read-only \
             metadata fields. `ETag` carries `resource_version`; `If-Match` makes a write conditional \
             (412 when stale), and so does `metadata.resource_version` in the body (409 when stale). \
+            What the scheduler explains of a pending workload (`status.pending_reason`, \
+            `status.queue_position`, `status.estimated_start`) changes as the queue moves, without \
+            moving `resource_version`: a conditional write is not refused because the queue moved. \
             Every error is RFC 9457 `application/problem+json`; validation errors list each field as a JSON pointer.",
         license(name = "Apache-2.0"),
     ),

@@ -1,15 +1,16 @@
 //! Start-time estimates for pending work: the world as the scheduler sees it, run forward
-//! by [`berth_sched::estimate`], written into the `status.estimated_start` of each pending
+//! by [`berth_sched::estimate`], written as the `status.estimated_start` of each pending
 //! workload the scheduler left waiting (it has a pending reason) when it moved by a minute
-//! or more (or its basis changed), so a stable queue costs no writes.
+//! or more (or its basis changed), so a stable queue costs no writes. Like the reasons,
+//! they are written beside the workloads ([`berth_store::workload::workload_estimate`]).
 
-use berth_core::workload::{Phase, StartEstimate, WorkloadStatus};
+use berth_core::workload::{Phase, StartEstimate};
 use berth_core::{Error, WorkloadId};
 use berth_sched::estimate::After;
-use berth_store::workload::StatusWrite;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 
+use crate::world::Explained;
 use crate::{Context, snapshot, version};
 
 /// The most cycles one estimate simulates.
@@ -26,7 +27,7 @@ pub struct EstimateStatus {
 
 impl crate::runner::Report for EstimateStatus {
     fn changes(&self) -> usize {
-        // Its writes wake the scheduler, never itself: it runs again on its period.
+        // It runs again on its period.
         0
     }
 }
@@ -78,6 +79,7 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
         })
         .collect();
     let mut writes = Vec::new();
+    let mut kept = Vec::new();
     for (p, estimate) in built.pending.iter().zip(estimates) {
         let w = &world.workloads[*p];
         let next = estimate.map(|e| {
@@ -98,16 +100,16 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
         // wasted).
         let judged = w.status.pending_reason.is_some();
         if w.status.phase == Phase::Pending && judged && moved(w.status.estimated_start.as_ref(), next.as_ref()) {
-            let next = WorkloadStatus { estimated_start: next, ..w.status.clone() };
-            writes.push(StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next });
+            kept.push((w.metadata.uid, version(w)?, Explained::Estimate(next.clone())));
+            writes.push((WorkloadId(w.metadata.uid), w.status.attempt, next));
         }
     }
     if !writes.is_empty() {
         let mut tx = ctx.begin().await?;
-        let written = berth_store::workload::workload_write_statuses(&mut tx, &writes).await?;
+        let written = berth_store::workload::workload_estimate(&mut *tx, &writes).await?;
         berth_store::commit(tx).await?;
-        status.updated = written.len();
-        ctx.world.wrote(writes, written).await;
+        status.updated = usize::try_from(written).unwrap_or(usize::MAX);
+        ctx.world.explained(kept).await;
     }
     Ok(status)
 }

@@ -244,7 +244,7 @@ pub fn all() -> Vec<Box<dyn Reconciler>> {
         },
         Task {
             name: "retention",
-            description: "removes ended workloads once the retention period has passed",
+            description: "removes ended workloads once the retention period has passed, and what is explained of workloads no longer pending",
             woken_by: WokenBy::Period,
             period: |_| RETENTION_PERIOD,
             min_gap: zero,

@@ -1,10 +1,13 @@
 //! The scheduler loop: snapshot from the store → `berth_sched::schedule` → the plan
 //! committed in one transaction (admissions, preemption marks, pending reasons and queue
 //! positions, team usage; a cycle that admits many commits its first admissions before),
-//! every workload write a compare-and-set on the version the snapshot read. A workload
-//! that changed meanwhile is left for the next cycle.
+//! every status write a compare-and-set on the version the snapshot read: a workload that
+//! changed meanwhile is left for the next cycle. Reasons and positions are written beside
+//! the workloads ([`berth_store::workload::workload_explain`]); one written for a workload
+//! that changed meanwhile is put right by the next cycle, which reads the change.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_core::event::EventType;
@@ -13,11 +16,12 @@ use berth_core::workload::{Admission, PendingReason, Phase, QueuePosition, TaskP
 use berth_core::{Error, WorkloadId};
 use berth_sched::plan::PreemptionCause;
 use berth_store::event::NewEvent;
-use berth_store::workload::StatusWrite;
+use berth_store::workload::{Explanation, StatusWrite};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::snapshot;
+use crate::world::Explained;
 use crate::{Context, EVENT_KIND, version};
 
 /// A workload's queue position moves whenever one ahead of it is admitted or one jumps
@@ -45,7 +49,7 @@ pub const REFRESH_WRITES_MAX: usize = 1_000;
 
 /// At most this many pending workloads behind the head have a new reason (a first one, or
 /// one of another code) written in one cycle, the front of the queue first; the rest in the
-/// cycles after, which the write wakes. A burst of 20,000 submissions with nowhere to run
+/// cycles after (a cycle that explained something runs again). A burst of 20,000 submissions with nowhere to run
 /// them had the cycle after it write 20,000 rows (600-1,000 ms of a 0.9-1.4 s cycle at
 /// 100,000 running, bench/controllers scale), which held up every admission behind it.
 /// The head's writes, and positions entering or leaving it, are never held back.
@@ -308,37 +312,40 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     // The refresh writes what behind the head waited for it: positions and reasons' numbers.
     let refresh = ctx.world.positions_due(ctx.clock.now(), POSITIONS_REFRESH).await;
+    // What is explained is written beside the workloads ([`berth_store::workload::workload_explain`]),
+    // only for a change that is taken: at 73,000 pending, putting a write together for each
+    // of those held back (their status and reason cloned) was two thirds of the 81 ms the
+    // cycle took to explain them.
+    let mut explanations: Vec<(Arc<Workload>, Arc<PendingReason>, Option<QueuePosition>)> = Vec::new();
     let mut at_refresh = Vec::new();
     let (mut new_behind_head, mut deferred) = (0, 0);
-    let mut explain = |w: &Workload, reason: &PendingReason, position: Option<QueuePosition>| -> Result<(), Error> {
-        let moved = match (&w.status.queue_position, &position) {
-            (Some(was), Some(is)) => position_due(was, is),
-            (was, is) if was != is => Due::Now,
-            _ => Due::Never,
-        };
-        let reasoned = reason_due(w.status.pending_reason.as_ref(), reason, position.as_ref());
-        let due = if reasoned > moved { reasoned } else { moved };
-        if due != Due::Never {
-            let behind_head =
-                !position.as_ref().is_some_and(in_head) && !w.status.queue_position.as_ref().is_some_and(in_head);
-            let next =
-                WorkloadStatus { pending_reason: Some(reason.clone()), queue_position: position, ..w.status.clone() };
-            let write = StatusWrite { uid: WorkloadId(w.metadata.uid), resource_version: version(w)?, status: next };
-            match due {
-                Due::Refresh(off) if refresh => at_refresh.push((off, write)),
+    let mut explain =
+        |w: &Arc<Workload>, reason: &Arc<PendingReason>, position: Option<QueuePosition>| -> Option<f64> {
+            let moved = match (&w.status.queue_position, &position) {
+                (Some(was), Some(is)) => position_due(was, is),
+                (was, is) if was != is => Due::Now,
+                _ => Due::Never,
+            };
+            let reasoned = reason_due(w.status.pending_reason.as_ref(), reason, position.as_ref());
+            match if reasoned > moved { reasoned } else { moved } {
+                Due::Refresh(off) if refresh => return Some(off),
                 Due::Refresh(_) | Due::Never => {}
-                Due::Now if behind_head && new_behind_head == NEW_REASONS_MAX => deferred += 1,
                 Due::Now => {
-                    new_behind_head += usize::from(behind_head);
-                    writes.push(write);
+                    let behind_head = !position.as_ref().is_some_and(in_head)
+                        && !w.status.queue_position.as_ref().is_some_and(in_head);
+                    if behind_head && new_behind_head == NEW_REASONS_MAX {
+                        deferred += 1;
+                    } else {
+                        new_behind_head += usize::from(behind_head);
+                        explanations.push((w.clone(), reason.clone(), position));
+                    }
                 }
             }
-        }
-        Ok(())
-    };
+            None
+        };
     // Workloads of one shape waiting side by side mostly wait for the same reason: a reason
     // is put in words once per run of equal ones (20,000 waiting took 100 ms otherwise).
-    let mut worded: Vec<(&berth_sched::plan::Reason, PendingReason)> = Vec::new();
+    let mut worded: Vec<(&berth_sched::plan::Reason, Arc<PendingReason>)> = Vec::new();
     for wt in &plan.waiting {
         let w = &world.workloads[built.pending[wt.workload]];
         let at = match worded.iter().position(|(r, _)| *r == &wt.reason) {
@@ -348,18 +355,44 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
                     worded.remove(0);
                 }
                 let words = crate::explain::pending_reason(s, &wt.reason, running_name, stops_by, pending_name);
-                worded.push((&wt.reason, words));
+                worded.push((&wt.reason, Arc::new(words)));
                 worded.len() - 1
             }
         };
-        explain(w, &worded[at].1, Some(QueuePosition { global: wt.position, team: wt.team_position }))?;
+        let position = Some(QueuePosition { global: wt.position, team: wt.team_position });
+        if let Some(off) = explain(w, &worded[at].1, position) {
+            at_refresh.push((off, w, worded[at].1.clone(), position));
+        }
     }
     for (i, reason) in &built.unschedulable {
-        explain(&world.workloads[*i], reason, None)?;
+        let w = &world.workloads[*i];
+        let reason = Arc::new(reason.clone());
+        if let Some(off) = explain(w, &reason, None) {
+            at_refresh.push((off, w, reason, None));
+        }
     }
     status.deferred = deferred;
-    at_refresh.sort_by(|(a, _), (b, _)| b.total_cmp(a));
-    writes.extend(at_refresh.into_iter().take(REFRESH_WRITES_MAX).map(|(_, write)| write));
+    at_refresh.sort_by(|(a, ..), (b, ..)| b.total_cmp(a));
+    explanations.extend(
+        at_refresh.into_iter().take(REFRESH_WRITES_MAX).map(|(_, w, reason, position)| (w.clone(), reason, position)),
+    );
+    let mut kept_explained = Vec::with_capacity(explanations.len());
+    let explanations: Vec<Explanation> = explanations
+        .into_iter()
+        .map(|(w, reason, position)| {
+            kept_explained.push((
+                w.metadata.uid,
+                version(&w)?,
+                Explained::Reason { pending_reason: PendingReason::clone(&reason), queue_position: position },
+            ));
+            Ok(Explanation {
+                uid: WorkloadId(w.metadata.uid),
+                attempt: w.status.attempt,
+                pending_reason: Some(Arc::unwrap_or_clone(reason)),
+                queue_position: position,
+            })
+        })
+        .collect::<Result<_, Error>>()?;
 
     let mut usage = team_usage(s, &plan.shares);
     let mut team_writes = Vec::new();
@@ -392,19 +425,20 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     }
     let mut tx = ctx.begin().await?;
     let later_written = write_with_events(&mut tx, &writes[early..], &mut later_events).await?;
+    let explained = berth_store::workload::workload_explain(&mut *tx, &explanations).await?;
     berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
     berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
     berth_store::commit(tx).await?;
     statuses_written.extend(later_written);
     events.extend(later_events);
     status.stale = writes.len() - statuses_written.len();
+    status.explained = usize::try_from(explained).unwrap_or(usize::MAX);
     let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
     for w in &writes {
         if written.contains(&w.uid.0) {
             match w.status.phase {
                 Phase::Admitted => status.admitted += 1,
                 Phase::Preempting => status.preempted += 1,
-                Phase::Pending => status.explained += 1,
                 _ => {}
             }
         }
@@ -431,6 +465,7 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
     status.write_ms = ms(phase);
     let phase = Instant::now();
     ctx.world.wrote(writes, statuses_written).await;
+    ctx.world.explained(kept_explained).await;
     status.kept_ms = ms(phase);
     if refresh {
         ctx.world.positions_written(ctx.clock.now()).await;

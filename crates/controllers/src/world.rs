@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_core::workload::Workload;
+use berth_core::workload::{PendingReason, QueuePosition, StartEstimate, Workload};
 use berth_core::{ClusterId, Error};
 use berth_store::PgPool;
 use berth_store::cluster::{ClusterNode, KeptNodes};
@@ -225,10 +225,43 @@ impl WorldCache {
         }
     }
 
+    /// Keeps what its readers explained of pending workloads (`explained`: each with the
+    /// version it was explained at) as the database now holds it. Explaining moves no
+    /// version, so nothing is left out of the next reads; a workload kept at another
+    /// version since is left as that read gave it.
+    pub async fn explained(&self, explained: Vec<(Uuid, i64, Explained)>) {
+        let mut kept = self.kept.lock().await;
+        if kept.read.is_none() {
+            return;
+        }
+        for (uid, version, part) in explained {
+            let Some(was) = kept.workloads.get_mut(&uid) else { continue };
+            if was.metadata.resource_version.parse::<i64>() != Ok(version) {
+                continue;
+            }
+            let next = Arc::make_mut(was);
+            match part {
+                Explained::Reason { pending_reason, queue_position } => {
+                    next.status.pending_reason = Some(pending_reason);
+                    next.status.queue_position = queue_position;
+                }
+                Explained::Estimate(estimate) => next.status.estimated_start = estimate,
+            }
+        }
+    }
+
     /// The next read is a full one.
     pub async fn invalidate(&self) {
         *self.kept.lock().await = Kept::default();
     }
+}
+
+/// What a reader explained of a pending workload ([`WorldCache::explained`]).
+pub enum Explained {
+    /// The scheduler's reason and queue position.
+    Reason { pending_reason: PendingReason, queue_position: Option<QueuePosition> },
+    /// The estimates' start.
+    Estimate(Option<StartEstimate>),
 }
 
 /// The full read `all` with each workload that equals the one `kept` (field by field: a

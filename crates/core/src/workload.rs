@@ -473,7 +473,7 @@ pub struct PendingReason {
 /// when the pending reason changes, and otherwise every 10 s where it is more than a tenth
 /// off, at most 1,000 a time, the most off first (so it is up to a tenth off, or older when
 /// more than 1,000 moved that far at once).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QueuePosition {
     pub global: u32,
     pub team: u32,

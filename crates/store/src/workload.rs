@@ -3,7 +3,9 @@
 use berth_core::meta::{Labels, ObjectMeta, Owner};
 use berth_core::page::{PAGE_BYTES, Page, PageRequest, encode_cursor};
 use berth_core::selector::LabelSelector;
-use berth_core::workload::{Phase, Workload, WorkloadKind, WorkloadSpec, WorkloadStatus};
+use berth_core::workload::{
+    PendingReason, Phase, QueuePosition, StartEstimate, Workload, WorkloadKind, WorkloadSpec, WorkloadStatus,
+};
 use berth_core::{Error, TeamId, WorkloadId};
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -25,6 +27,18 @@ struct WorkloadRow {
     updated_at: DateTime<Utc>,
     deletion_timestamp: Option<DateTime<Utc>>,
     owner: Option<Json<Owner>>,
+    /// Its row of `workload_explanations`, when it is pending and has one.
+    explanation: Option<Json<StoredExplanation>>,
+}
+
+/// A row of `workload_explanations` as `to_jsonb` gives it: what the controllers last
+/// explained of a pending workload's attempt ([`workload_explain`], [`workload_estimate`]).
+#[derive(Debug, serde::Deserialize)]
+struct StoredExplanation {
+    attempt: i64,
+    pending_reason: Option<PendingReason>,
+    queue_position: Option<QueuePosition>,
+    estimated_start: Option<StartEstimate>,
 }
 
 /// A [`WorkloadRow`] of a budgeted page, with how many rows the page's key query found.
@@ -41,6 +55,7 @@ struct PagedRow {
     updated_at: DateTime<Utc>,
     deletion_timestamp: Option<DateTime<Utc>>,
     owner: Option<Json<Owner>>,
+    explanation: Option<Json<StoredExplanation>>,
     fetched: i64,
 }
 
@@ -59,12 +74,23 @@ impl From<PagedRow> for WorkloadRow {
             updated_at: r.updated_at,
             deletion_timestamp: r.deletion_timestamp,
             owner: r.owner,
+            explanation: r.explanation,
         }
     }
 }
 
 impl From<WorkloadRow> for Workload {
     fn from(r: WorkloadRow) -> Self {
+        let mut status = r.status.0;
+        // What was explained of another attempt (before a requeue) is not said of this one.
+        if let Some(Json(e)) = r.explanation
+            && status.phase == Phase::Pending
+            && e.attempt == i64::from(status.attempt)
+        {
+            status.pending_reason = e.pending_reason;
+            status.queue_position = e.queue_position;
+            status.estimated_start = e.estimated_start;
+        }
         Workload {
             metadata: ObjectMeta {
                 name: r.name,
@@ -79,7 +105,7 @@ impl From<WorkloadRow> for Workload {
                 owner: r.owner.map(|o| o.0),
             },
             spec: r.spec.0,
-            status: r.status.0,
+            status,
         }
     }
 }
@@ -109,9 +135,11 @@ pub struct WorkloadFilter {
 pub async fn workload_fetch(db: impl PgExecutor<'_>, team: &str, name: &str) -> Result<Option<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE team_name = $1 AND name = $2"#,
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE w.team_name = $1 AND w.name = $2"#,
         team,
         name
     )
@@ -132,9 +160,11 @@ pub async fn workload_fetch_for_update(
 ) -> Result<Option<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE team_name = $1 AND name = $2 FOR UPDATE"#,
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE w.team_name = $1 AND w.name = $2 FOR UPDATE OF w"#,
         team,
         name
     )
@@ -169,7 +199,8 @@ pub async fn workload_insert(tx: &mut PgConnection, w: &NewWorkload<'_>) -> Resu
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
            ON CONFLICT (team_name, name) DO NOTHING
            RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
+                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _",
+                     NULL::jsonb AS "explanation: _""#,
         w.uid.0,
         w.team_uid.0,
         w.team,
@@ -201,13 +232,17 @@ pub async fn workload_update_spec(
 ) -> Result<Workload, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"UPDATE workloads
+        r#"WITH w AS (
+           UPDATE workloads
            SET labels = $2, spec = $3, kind = $4, flavors = $5, generation = $6,
                resource_version = nextval('resource_version_seq'), updated_at = now(),
                written_by = pg_current_xact_id()
            WHERE uid = $1
-           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
+           RETURNING *)
+           SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'"#,
         uid.0,
         Json(labels) as _,
         Json(spec) as _,
@@ -228,13 +263,17 @@ pub async fn workload_update_spec(
 pub async fn workload_mark_deleted(tx: &mut PgConnection, uid: WorkloadId) -> Result<Workload, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"UPDATE workloads
+        r#"WITH w AS (
+           UPDATE workloads
            SET deletion_timestamp = coalesce(deletion_timestamp, now()),
                resource_version = nextval('resource_version_seq'), updated_at = now(),
                written_by = pg_current_xact_id()
            WHERE uid = $1
-           RETURNING uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                     generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _""#,
+           RETURNING *)
+           SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'"#,
         uid.0,
     )
     .fetch_one(tx)
@@ -289,11 +328,13 @@ pub async fn workload_list(
                    ORDER BY team_name, name
                    LIMIT $11) matching
            ), counted AS (SELECT uid, size, running, count(*) OVER () AS fetched FROM keys)
-           SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _", c.fetched AS "fetched!"
+           SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _", c.fetched AS "fetched!"
            FROM counted c JOIN workloads w ON w.uid = c.uid
+                LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
            WHERE c.running - c.size < $13
-           ORDER BY team_name, name"#,
+           ORDER BY w.team_name, w.name"#,
         filter.team.as_deref(),
         filter.phase.map(Phase::as_str),
         filter.cluster.as_deref(),
@@ -344,17 +385,22 @@ pub async fn workload_queue(
         WorkloadRow,
         r#"WITH keys AS (
              SELECT uid, ord, size, sum(size) OVER (ORDER BY ord ROWS UNBOUNDED PRECEDING) AS running
-             FROM (SELECT uid, spec_bytes + octet_length(status::text) + octet_length(labels::text) + 256 AS size,
-                          row_number() OVER (ORDER BY (status #>> '{queue_position,global}')::int NULLS LAST,
-                                                      created_at, team_name, name) AS ord
-                   FROM workloads
-                   WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))
+             FROM (SELECT w.uid,
+                          w.spec_bytes + octet_length(w.status::text) + octet_length(w.labels::text) + 256 AS size,
+                          row_number() OVER (ORDER BY (e.queue_position ->> 'global')::int NULLS LAST,
+                                                      w.created_at, w.team_name, w.name) AS ord
+                   FROM workloads w
+                        LEFT JOIN workload_explanations e
+                        ON e.uid = w.uid AND e.attempt = coalesce((w.status ->> 'attempt')::bigint, 0)
+                   WHERE w.phase = 'Pending' AND ($1::text[] IS NULL OR w.team_name = ANY($1))
                    ORDER BY ord
                    LIMIT $2) head
            )
-           SELECT w.uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+           SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
            FROM keys k JOIN workloads w ON w.uid = k.uid
+                LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
            WHERE k.running - k.size < $3
            ORDER BY k.ord"#,
         only,
@@ -599,10 +645,12 @@ pub fn spec_for_scheduling(spec: &mut WorkloadSpec) {
 pub async fn workload_list_active(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", workload_spec_for_scheduling(spec) AS "spec!: _",
-                  status AS "status: _", generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
-           ORDER BY uid"#
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", workload_spec_for_scheduling(w.spec) AS "spec!: _",
+                  w.status AS "status: _", w.generation, w.resource_version, w.created_at, w.updated_at,
+                  w.deletion_timestamp, w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE w.phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+           ORDER BY w.uid"#
     )
     .fetch_all(db)
     .await
@@ -691,13 +739,14 @@ pub async fn workload_list_written_since(
     let (xmax, listed) = cursor.bounds();
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", workload_spec_for_scheduling(spec) AS "spec!: _",
-                  status AS "status: _", generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads
-           WHERE (written_by >= $1::bigint::text::xid8 OR written_by = ANY($2::bigint[]::text[]::xid8[]))
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", workload_spec_for_scheduling(w.spec) AS "spec!: _",
+                  w.status AS "status: _", w.generation, w.resource_version, w.created_at, w.updated_at,
+                  w.deletion_timestamp, w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE (w.written_by >= $1::bigint::text::xid8 OR w.written_by = ANY($2::bigint[]::text[]::xid8[]))
              -- A hashed subplan: one lookup per row, however many are known.
-             AND resource_version NOT IN (SELECT unnest($3::bigint[]))
-           ORDER BY uid"#,
+             AND w.resource_version NOT IN (SELECT unnest($3::bigint[]))
+           ORDER BY w.uid"#,
         xmax,
         &listed,
         known,
@@ -738,9 +787,19 @@ pub async fn workload_feed_read(db: impl PgExecutor<'_>, cursor: Option<FeedCurs
                   w.labels AS "labels?: Json<Labels>", w.spec AS "spec?: Json<WorkloadSpec>",
                   w.status AS "status?: Json<WorkloadStatus>", w.generation AS "generation?",
                   w.resource_version AS "resource_version?", w.created_at AS "created_at?",
-                  w.updated_at AS "updated_at?", w.deletion_timestamp, w.owner AS "owner: Json<Owner>"
-           FROM feed LEFT JOIN workloads w
-                ON w.written_by >= $1::bigint::text::xid8 OR w.written_by = ANY($2::bigint[]::text[]::xid8[])"#,
+                  w.updated_at AS "updated_at?", w.deletion_timestamp, w.owner AS "owner: Json<Owner>",
+                  to_jsonb(e) AS "explanation: Json<StoredExplanation>"
+           FROM feed LEFT JOIN (workloads w LEFT JOIN workload_explanations e
+                                ON e.uid = w.uid AND w.phase = 'Pending')
+                -- Written, or explained (a pending reason, a queue position, an estimate): as
+                -- an array, looked up by uid (as a join, the planner took an explanations
+                -- table it had no statistics of for a large one, and read every workload).
+                ON w.uid = ANY(ARRAY(
+                       SELECT uid FROM workloads
+                       WHERE written_by >= $1::bigint::text::xid8 OR written_by = ANY($2::bigint[]::text[]::xid8[])
+                       UNION
+                       SELECT uid FROM workload_explanations
+                       WHERE written_by >= $1::bigint::text::xid8 OR written_by = ANY($2::bigint[]::text[]::xid8[])))"#,
         xmax,
         &listed,
     )
@@ -778,6 +837,7 @@ pub async fn workload_feed_read(db: impl PgExecutor<'_>, cursor: Option<FeedCurs
             updated_at,
             deletion_timestamp: r.deletion_timestamp,
             owner: r.owner,
+            explanation: r.explanation,
         }));
     }
     Ok(read)
@@ -866,7 +926,8 @@ pub async fn workload_claim(tx: &mut PgConnection, phase: Phase, among: &[Uuid])
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _",
+                  NULL::jsonb AS "explanation: _"
            FROM workloads WHERE uid = ANY($1) AND (phase = $2) IS TRUE
            ORDER BY updated_at
            FOR UPDATE SKIP LOCKED"#,
@@ -911,8 +972,7 @@ pub async fn workload_write_statuses(
     }
     let uids: Vec<Uuid> = writes.iter().map(|w| w.uid.0).collect();
     let versions: Vec<i64> = writes.iter().map(|w| w.resource_version).collect();
-    let statuses: Vec<serde_json::Value> =
-        writes.iter().map(|w| serde_json::to_value(&w.status).expect("status serializes")).collect();
+    let statuses: Vec<serde_json::Value> = writes.iter().map(|w| stored_status(&w.status)).collect();
     let phases: Vec<&str> = writes.iter().map(|w| w.status.phase.as_str()).collect();
     let clusters: Vec<Option<String>> =
         writes.iter().map(|w| w.status.admission.as_ref().map(|a| a.cluster.clone())).collect();
@@ -920,15 +980,24 @@ pub async fn workload_write_statuses(
     // so controllers can sleep through writes of no concern to them.
     let written = crate::changes::status_phases_setting(&writes.iter().map(|w| w.status.phase).collect::<Vec<_>>());
     sqlx::query!(
-        r#"UPDATE workloads w
-           SET status = u.status, phase = u.phase, cluster = u.cluster,
-               resource_version = nextval('resource_version_seq'), updated_at = now(),
-               written_by = pg_current_xact_id()
-           FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::text[], $5::text[])
-                AS u (uid, version, status, phase, cluster),
-                (SELECT set_config('berth.status_phases', $6, true)) AS notify
-           WHERE w.uid = u.uid AND w.resource_version = u.version
-           RETURNING w.uid, w.resource_version, w.updated_at, w.written_by::text::bigint AS "written_by!""#,
+        r#"WITH written AS (
+               UPDATE workloads w
+               SET status = u.status, phase = u.phase, cluster = u.cluster,
+                   resource_version = nextval('resource_version_seq'), updated_at = now(),
+                   written_by = pg_current_xact_id()
+               FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::text[], $5::text[])
+                    AS u (uid, version, status, phase, cluster),
+                    (SELECT set_config('berth.status_phases', $6, true)) AS notify
+               WHERE w.uid = u.uid AND w.resource_version = u.version
+               RETURNING w.uid, w.phase, w.resource_version, w.updated_at, w.written_by
+           ), unexplained AS (
+               -- What was explained of a workload's wait goes as it stops waiting.
+               DELETE FROM workload_explanations e USING written
+               WHERE e.uid = written.uid AND written.phase <> 'Pending'
+           )
+           SELECT uid AS "uid!", resource_version AS "resource_version!", updated_at AS "updated_at!",
+                  written_by::text::bigint AS "written_by!"
+           FROM written"#,
         &uids,
         &versions,
         &statuses,
@@ -948,6 +1017,113 @@ pub async fn workload_write_statuses(
             })
             .collect()
     })
+    .map_err(db_error)
+}
+
+/// A status as the workload's row keeps it: without what is explained of a pending
+/// workload, which `workload_explanations` keeps ([`workload_explain`]).
+fn stored_status(status: &WorkloadStatus) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).expect("status serializes");
+    if let Some(fields) = value.as_object_mut() {
+        for explained in ["pending_reason", "queue_position", "estimated_start"] {
+            fields.remove(explained);
+        }
+    }
+    value
+}
+
+/// Why a pending workload waits and where it stands in the queue, as the scheduler
+/// explains its attempt `attempt`.
+pub struct Explanation {
+    pub uid: WorkloadId,
+    pub attempt: u32,
+    pub pending_reason: Option<PendingReason>,
+    pub queue_position: Option<QueuePosition>,
+}
+
+/// Writes what the scheduler explains of pending workloads, beside their rows: neither
+/// their `resource_version` nor their change notification moves, so no reader of the
+/// feed's notifications is woken and no client's `If-Match` is refused because the queue
+/// moved; GET's cache sees it through the feed ([`workload_feed_read`]). An estimate of
+/// the same attempt stays; one of an earlier attempt goes. Returns how many it wrote.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_explain(db: impl PgExecutor<'_>, explanations: &[Explanation]) -> Result<u64, Error> {
+    if explanations.is_empty() {
+        return Ok(0);
+    }
+    let uids: Vec<Uuid> = explanations.iter().map(|e| e.uid.0).collect();
+    let attempts: Vec<i64> = explanations.iter().map(|e| i64::from(e.attempt)).collect();
+    let reasons: Vec<Option<Json<&PendingReason>>> =
+        explanations.iter().map(|e| e.pending_reason.as_ref().map(Json)).collect();
+    let positions: Vec<Option<Json<QueuePosition>>> = explanations.iter().map(|e| e.queue_position.map(Json)).collect();
+    sqlx::query!(
+        r#"INSERT INTO workload_explanations AS e (uid, attempt, pending_reason, queue_position)
+           SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[], $4::jsonb[])
+           ON CONFLICT (uid) DO UPDATE
+           SET pending_reason = excluded.pending_reason, queue_position = excluded.queue_position,
+               estimated_start = CASE WHEN e.attempt = excluded.attempt THEN e.estimated_start END,
+               attempt = excluded.attempt, written_by = pg_current_xact_id()"#,
+        &uids,
+        &attempts,
+        &reasons as _,
+        &positions as _,
+    )
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
+    .map_err(db_error)
+}
+
+/// Writes when pending workloads should start (`None`: it cannot be estimated), beside
+/// their rows, as [`workload_explain`] writes their reasons (which stay, for the same
+/// attempt). Returns how many it wrote.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_estimate(
+    db: impl PgExecutor<'_>,
+    estimates: &[(WorkloadId, u32, Option<StartEstimate>)],
+) -> Result<u64, Error> {
+    if estimates.is_empty() {
+        return Ok(0);
+    }
+    let uids: Vec<Uuid> = estimates.iter().map(|e| e.0.0).collect();
+    let attempts: Vec<i64> = estimates.iter().map(|e| i64::from(e.1)).collect();
+    let starts: Vec<Option<Json<&StartEstimate>>> = estimates.iter().map(|e| e.2.as_ref().map(Json)).collect();
+    sqlx::query!(
+        r#"INSERT INTO workload_explanations AS e (uid, attempt, estimated_start)
+           SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[])
+           ON CONFLICT (uid) DO UPDATE
+           SET estimated_start = excluded.estimated_start,
+               pending_reason = CASE WHEN e.attempt = excluded.attempt THEN e.pending_reason END,
+               queue_position = CASE WHEN e.attempt = excluded.attempt THEN e.queue_position END,
+               attempt = excluded.attempt, written_by = pg_current_xact_id()"#,
+        &uids,
+        &attempts,
+        &starts as _,
+    )
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
+    .map_err(db_error)
+}
+
+/// Removes what is explained of workloads that are no longer pending, or gone: what
+/// [`workload_write_statuses`] did not remove as they left `Pending` (a reason written as
+/// its workload was deleted or cancelled). How many it removed.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn workload_explanations_purge(db: impl PgExecutor<'_>) -> Result<u64, Error> {
+    sqlx::query!(
+        "DELETE FROM workload_explanations e
+         WHERE NOT EXISTS (SELECT 1 FROM workloads w WHERE w.uid = e.uid AND w.phase = 'Pending')"
+    )
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
     .map_err(db_error)
 }
 
@@ -1005,10 +1181,12 @@ pub async fn workload_list_in_phases(
     let phases: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE phase = ANY($1) AND (deletion_timestamp IS NOT NULL) = $2
-           ORDER BY uid"#,
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE w.phase = ANY($1) AND (w.deletion_timestamp IS NOT NULL) = $2
+           ORDER BY w.uid"#,
         &phases as &[&str],
         deleting,
     )
@@ -1032,7 +1210,8 @@ pub async fn workload_list_idle_candidates(db: impl PgExecutor<'_>) -> Result<Ve
     sqlx::query_as!(
         WorkloadRow,
         r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
+                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _",
+                  NULL::jsonb AS "explanation: _"
            FROM workloads -- the first line is the predicate of the index workloads_serving
            WHERE kind IN ('inference', 'notebook') AND phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
              AND (phase = 'Running') IS TRUE AND spec ? 'notebook' AND deletion_timestamp IS NULL
@@ -1053,12 +1232,14 @@ pub async fn workload_list_idle_candidates(db: impl PgExecutor<'_>) -> Result<Ve
 pub async fn workload_list_serving(db: impl PgExecutor<'_>) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads -- the first line is the predicate of the index workloads_serving
-           WHERE kind IN ('inference', 'notebook') AND phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
-             AND kind = 'inference' AND (spec ? 'inference' OR labels ? 'berth.dev/replica-of')
-           ORDER BY uid"#,
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           -- the first line is the predicate of the index workloads_serving
+           WHERE w.kind IN ('inference', 'notebook') AND w.phase NOT IN ('Succeeded', 'Failed', 'Cancelled')
+             AND w.kind = 'inference' AND (w.spec ? 'inference' OR w.labels ? 'berth.dev/replica-of')
+           ORDER BY w.uid"#,
     )
     .fetch_all(db)
     .await
@@ -1137,9 +1318,11 @@ pub async fn workload_remove_ended_before(
 pub async fn workload_fetch_many(db: impl PgExecutor<'_>, uids: &[Uuid]) -> Result<Vec<Workload>, Error> {
     sqlx::query_as!(
         WorkloadRow,
-        r#"SELECT uid, team_name, name, labels AS "labels: _", spec AS "spec: _", status AS "status: _",
-                  generation, resource_version, created_at, updated_at, deletion_timestamp, owner AS "owner: _"
-           FROM workloads WHERE uid = ANY($1) ORDER BY uid"#,
+        r#"SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
+                  w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
+                  w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
+           FROM workloads w LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
+           WHERE w.uid = ANY($1) ORDER BY w.uid"#,
         uids,
     )
     .fetch_all(db)

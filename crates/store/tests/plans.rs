@@ -101,6 +101,8 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     for statement in [
         "UPDATE workloads SET updated_at = now() WHERE team_name = 'nlp' AND name IN ('w1', 'w2', 'w3')",
         "DELETE FROM workloads WHERE team_name = 'nlp' AND name = 'w4'",
+        // Explained only: in GET's feed, not the scheduler's.
+        "INSERT INTO workload_explanations (uid, attempt) SELECT uid, 0 FROM workloads WHERE name = 'w5'",
     ] {
         sqlx::query(statement).execute(&mut *conn).await.unwrap();
     }
@@ -109,7 +111,10 @@ async fn the_change_feed_is_read_through_its_index(db: PgPool) {
     let written = store::workload_list_written_since(&mut *conn, &cursor, &[]).await.unwrap();
     assert_eq!(names(written), ["w1", "w2", "w3"]);
     let feed = store::workload_feed_read(&mut *conn, Some(cursor.clone())).await.unwrap();
-    assert_eq!((names(feed.written), feed.deleted.len()), (vec!["w1".into(), "w2".into(), "w3".into()], 1));
+    assert_eq!(
+        (names(feed.written), feed.deleted.len()),
+        (vec!["w1".into(), "w2".into(), "w3".into(), "w5".into()], 1)
+    );
     assert_eq!(store::workload_deleted_since(&mut *conn, &cursor).await.unwrap().len(), 1);
     assert_eq!(store::workload_in_phase(&mut *conn, Phase::Running, Some(&cursor)).await.unwrap().len(), 3);
     let work = store::workload_backend_work_written_since(&mut *conn, &[Phase::Running], &cursor).await.unwrap();

@@ -1210,7 +1210,8 @@ async fn a_refresh_writes_at_most_its_share_of_positions_the_most_off_first(db: 
     scheduler::reconcile(&p.ctx).await.unwrap();
     let positions = || async {
         let rows: Vec<(String, Option<i32>)> = sqlx::query_as(
-            "SELECT name, (status #>> '{queue_position,global}')::int FROM workloads WHERE name LIKE 'w%'",
+            "SELECT w.name, (e.queue_position ->> 'global')::int
+             FROM workloads w LEFT JOIN workload_explanations e USING (uid) WHERE w.name LIKE 'w%'",
         )
         .fetch_all(&db)
         .await
@@ -1259,8 +1260,8 @@ async fn a_bursts_first_reasons_are_written_a_share_at_a_time_the_front_first(db
     }
     let explained = || async {
         let rows: Vec<(String,)> = sqlx::query_as(
-            "SELECT name FROM workloads WHERE name LIKE 'w%' AND status ? 'pending_reason' \
-             AND status ? 'queue_position'",
+            "SELECT w.name FROM workloads w JOIN workload_explanations e USING (uid)
+             WHERE w.name LIKE 'w%' AND e.pending_reason IS NOT NULL AND e.queue_position IS NOT NULL",
         )
         .fetch_all(&db)
         .await
@@ -1279,6 +1280,35 @@ async fn a_bursts_first_reasons_are_written_a_share_at_a_time_the_front_first(db
     assert_eq!((last.global, last.team), (queued as u32, queued as u32));
     let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
     assert_eq!((cycle.explained, cycle.deferred), (0, 0), "nothing left to write");
+}
+
+/// The scheduler's reasons and queue positions move no workload's version: a client that
+/// read a pending workload can still change it with `If-Match`, however the queue moved
+/// meanwhile (each reason written was a new version, and such a write a 412).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn explaining_a_pending_workload_moves_no_version_and_a_conditional_write_holds(db: berth_store::PgPool) {
+    use berth_core::apply::IfMatch;
+    let p = Plane::new(db.clone()).await;
+    p.team("nlp", None, 8, None).await;
+    // No cluster: both wait, the later one ahead (a higher priority).
+    let read = p.submit("nlp", "w1", 1, 1.0, json!({})).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    p.submit("nlp", "w0", 1, 1.0, json!({"priority": 5})).await;
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(cycle.explained, 2, "{cycle:?}");
+    let w1 = p.workload("nlp", "w1").await;
+    assert_eq!(w1.status.pending_reason.as_ref().map(|r| r.code.as_str()), Some("PlacementMatchesNoCluster"));
+    assert_eq!(w1.status.queue_position.map(|q| q.global), Some(2), "moved behind w0");
+    assert_eq!(w1.metadata.resource_version, read.metadata.resource_version);
+
+    let mut spec = serde_json::to_value(&read.spec).unwrap();
+    spec["priority"] = json!(3);
+    let input = serde_json::from_value(json!({"spec": spec})).unwrap();
+    let if_match = IfMatch::Versions(vec![read.metadata.resource_version.clone()]);
+    let (changed, _) = berth_app::workload::workload_apply(&db, &p.actor, "nlp", "w1", &input, Some(&if_match))
+        .await
+        .expect("the version read still holds");
+    assert_eq!(changed.spec.priority, 3);
 }
 
 /// The kept nodes are read again whenever any cluster's inventory is written: a refresh
