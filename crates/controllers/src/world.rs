@@ -268,7 +268,11 @@ pub enum Explained {
 /// write behind the feed's back that left the version as it was still counts) as the kept
 /// object, so that what the snapshot derived of it holds: after each full read the next
 /// cycle derived all 147,000 workloads anew (660 ms of its 846, `bench/controllers scale`).
-/// Returns it and the objects to free.
+/// What the readers explained of a workload kept at the version the full read found is
+/// theirs too: explaining moves no version, so the feed's reads after the swap would not
+/// bring back a reason written after the full read's snapshot, and the kept world would
+/// hold the older one (the next cycle, finding the plan's reason equal to it, would not
+/// write, and the reason written last would stand). Returns it and the objects to free.
 fn keep_unchanged(mut all: Workloads, kept: Workloads) -> (Workloads, Vec<Arc<Workload>>) {
     let mut replaced = Vec::with_capacity(kept.len());
     // Both by uid: one walk through the two.
@@ -278,6 +282,12 @@ fn keep_unchanged(mut all: Workloads, kept: Workloads) -> (Workloads, Vec<Arc<Wo
             replaced.push(gone);
         }
         if let Some((_, was)) = kept.next_if(|(k, _)| k == uid) {
+            if was.metadata.resource_version == w.metadata.resource_version {
+                let read = Arc::make_mut(w);
+                read.status.pending_reason.clone_from(&was.status.pending_reason);
+                read.status.queue_position = was.status.queue_position;
+                read.status.estimated_start.clone_from(&was.status.estimated_start);
+            }
             replaced.push(if was == *w { std::mem::replace(w, was) } else { was });
         }
     }
@@ -379,5 +389,40 @@ impl Kept {
         berth_store::commit(tx).await?;
         let workloads = self.workloads.values().cloned().collect();
         Ok((World { now, flavors, teams, clusters, nodes, workloads, derived: self.derived.clone() }, read))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_core::workload::PendingReason;
+
+    fn workload(version: u64, reason: &str) -> Arc<Workload> {
+        let mut w: Workload = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w", "team": "nlp", "uid": Uuid::nil(), "generation": 1,
+                         "resource_version": version.to_string(),
+                         "creation_timestamp": "2026-12-07T00:00:00Z", "update_timestamp": "2026-12-07T00:00:00Z"},
+            "spec": {"kind": "batch", "tasks": {"count": 1, "resources": {"flavors": ["h100"], "gpus": 1}}},
+            "status": {},
+        }))
+        .unwrap();
+        w.status.pending_reason = Some(PendingReason { code: reason.into(), message: reason.into(), details: None });
+        Arc::new(w)
+    }
+
+    /// A full read taken before the scheduler explained a workload anew does not bring the
+    /// older reason back into the kept world; a workload written since (another version)
+    /// is as the full read found it.
+    #[test]
+    fn a_full_read_keeps_what_was_explained_since_its_snapshot() {
+        let kept: Workloads = [(Uuid::nil(), workload(5, "Written after the full read"))].into();
+        let all: Workloads = [(Uuid::nil(), workload(5, "As the full read found it"))].into();
+        let (all, _) = keep_unchanged(all, kept.clone());
+        assert!(Arc::ptr_eq(&all[&Uuid::nil()], &kept[&Uuid::nil()]), "the kept object stays");
+        let reason = |w: &Workloads| w[&Uuid::nil()].status.pending_reason.clone().unwrap().code;
+        assert_eq!(reason(&all), "Written after the full read");
+
+        let (all, _) = keep_unchanged([(Uuid::nil(), workload(6, "A new version"))].into(), kept);
+        assert_eq!(reason(&all), "A new version");
     }
 }
