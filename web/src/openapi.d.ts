@@ -1785,7 +1785,11 @@ export interface components {
              * @description Their GPUs in all.
              */
             gpus: number;
-            /** @description The first of them, in the order the scheduler will consider them. */
+            /**
+             * @description The first of them, in the order the scheduler will consider them: within a team
+             *     exactly (priority, then submission), between teams as of the global positions last
+             *     written (see `QueuePosition`). Each one's `queue_position` is its place in this order.
+             */
             items: components["schemas"]["Workload"][];
         };
         /**

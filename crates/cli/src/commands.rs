@@ -1212,7 +1212,7 @@ fn why_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i
         }
     }
     for code in codes {
-        println!("What would let {code} run: {}", unblock(&code));
+        println!("What would let those waiting with {code} run: {}", unblock(&code));
     }
     Ok(0)
 }

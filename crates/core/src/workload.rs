@@ -576,7 +576,9 @@ pub struct Queue {
     pub total: i64,
     /// Their GPUs in all.
     pub gpus: f64,
-    /// The first of them, in the order the scheduler will consider them.
+    /// The first of them, in the order the scheduler will consider them: within a team
+    /// exactly (priority, then submission), between teams as of the global positions last
+    /// written (see `QueuePosition`). Each one's `queue_position` is its place in this order.
     pub items: Vec<Workload>,
 }
 

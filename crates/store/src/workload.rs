@@ -368,9 +368,32 @@ pub async fn workload_list(
     Ok(page.map(Workload::from))
 }
 
-/// The first `limit` pending workloads in queue order (the scheduler's global position;
-/// those it has not placed in the queue yet last, oldest first), of the teams in `only`
-/// when given; and how many are pending and their GPUs in all.
+/// A pending workload's place in the queue as [`workload_queue`] orders it.
+struct QueueKey {
+    uid: Uuid,
+    team_name: String,
+    priority: i32,
+    /// When it was submitted, to the second (as the scheduler takes it).
+    submitted: i64,
+    created_at: DateTime<Utc>,
+    /// Its global position as the scheduler last wrote it.
+    slot: Option<i32>,
+    gpus: f64,
+}
+
+/// The first `limit` pending workloads in queue order, of the teams in `only` when given;
+/// and how many are pending and their GPUs in all. Each one's `queue_position` is its place
+/// in that order.
+///
+/// Within a team the order is the scheduler's own, which the workloads' specs decide:
+/// priority, then submission (to the second), then uid. Between teams it is the
+/// scheduler's fair-share order as of the global positions it last wrote: beyond the head
+/// of the queue a position is written only once it is a tenth off (`QueuePosition`), so
+/// ordered by the positions as stored, a team's workloads came out of order (a priority 27
+/// before a priority 35) and two of them had one team position. The team's stored
+/// positions are the places its workloads take, in its own order. Those the scheduler has
+/// not placed in the queue yet come last, each team's in its order. (Ordered here, not in
+/// SQL: two window sorts and a self-join of 100,000 pending rows took 0.9-1.1 s there.)
 ///
 /// # Errors
 /// As [`db_error`].
@@ -379,47 +402,95 @@ pub async fn workload_queue(
     only: Option<&[String]>,
     limit: u32,
 ) -> Result<(Vec<Workload>, i64, f64), Error> {
-    // As a list page: keys in order with their sizes first, then only the rows within
-    // the byte budget.
+    let keys = sqlx::query_as!(
+        QueueKey,
+        r#"SELECT w.uid, w.team_name, coalesce((w.spec ->> 'priority')::int, 0) AS "priority!",
+                  floor(extract(epoch FROM coalesce((w.status ->> 'submitted_at')::timestamptz, w.created_at)))::bigint
+                      AS "submitted!",
+                  w.created_at, (e.queue_position ->> 'global')::int AS slot,
+                  coalesce((w.spec #>> '{tasks,count}')::float8 * (w.spec #>> '{tasks,resources,gpus}')::float8, 0)
+                      AS "gpus!"
+           FROM workloads w
+                LEFT JOIN workload_explanations e
+                ON e.uid = w.uid AND e.attempt = coalesce((w.status ->> 'attempt')::bigint, 0)
+           WHERE w.phase = 'Pending' AND ($1::text[] IS NULL OR w.team_name = ANY($1))"#,
+        only,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)?;
+    let total = i64::try_from(keys.len()).unwrap_or(i64::MAX);
+    let gpus = keys.iter().map(|k| k.gpus).sum();
+    let placed = queue_order(&keys, usize::try_from(limit).unwrap_or(usize::MAX));
+    let uids: Vec<Uuid> = placed.iter().map(|&(k, ..)| keys[k].uid).collect();
+    // As a list page: only the rows within the byte budget.
     let rows = sqlx::query_as!(
         WorkloadRow,
         r#"WITH keys AS (
-             SELECT uid, ord, size, sum(size) OVER (ORDER BY ord ROWS UNBOUNDED PRECEDING) AS running
-             FROM (SELECT w.uid,
-                          w.spec_bytes + octet_length(w.status::text) + octet_length(w.labels::text) + 256 AS size,
-                          row_number() OVER (ORDER BY (e.queue_position ->> 'global')::int NULLS LAST,
-                                                      w.created_at, w.team_name, w.name) AS ord
-                   FROM workloads w
-                        LEFT JOIN workload_explanations e
-                        ON e.uid = w.uid AND e.attempt = coalesce((w.status ->> 'attempt')::bigint, 0)
-                   WHERE w.phase = 'Pending' AND ($1::text[] IS NULL OR w.team_name = ANY($1))
-                   ORDER BY ord
-                   LIMIT $2) head
+             SELECT k.uid, k.ord, size, sum(size) OVER (ORDER BY k.ord ROWS UNBOUNDED PRECEDING) AS running
+             FROM unnest($1::uuid[]) WITH ORDINALITY AS k (uid, ord)
+                  JOIN LATERAL (SELECT spec_bytes + octet_length(status::text) + octet_length(labels::text) + 256
+                                       AS size
+                                FROM workloads WHERE uid = k.uid) w ON true
            )
            SELECT w.uid, w.team_name, w.name, w.labels AS "labels: _", w.spec AS "spec: _", w.status AS "status: _",
                   w.generation, w.resource_version, w.created_at, w.updated_at, w.deletion_timestamp,
                   w.owner AS "owner: _", to_jsonb(e) AS "explanation: _"
            FROM keys k JOIN workloads w ON w.uid = k.uid
                 LEFT JOIN workload_explanations e ON e.uid = w.uid AND w.phase = 'Pending'
-           WHERE k.running - k.size < $3
+           WHERE k.running - k.size < $2 AND w.phase = 'Pending'
            ORDER BY k.ord"#,
-        only,
-        i64::from(limit),
+        &uids,
         PAGE_BYTES,
     )
     .fetch_all(db)
     .await
     .map_err(db_error)?;
-    let totals = sqlx::query!(
-        r#"SELECT count(*) AS "count!", coalesce(sum(gpus), 0) AS "gpus!"
-           FROM (SELECT (spec #>> '{tasks,count}')::float8 * (spec #>> '{tasks,resources,gpus}')::float8 AS gpus
-                 FROM workloads WHERE phase = 'Pending' AND ($1::text[] IS NULL OR team_name = ANY($1))) p"#,
-        only,
-    )
-    .fetch_one(db)
-    .await
-    .map_err(db_error)?;
-    Ok((rows.into_iter().map(Workload::from).collect(), totals.count, totals.gpus))
+    let places: std::collections::HashMap<Uuid, (Option<i32>, u32)> =
+        placed.iter().map(|&(k, slot, in_team)| (keys[k].uid, (slot, in_team))).collect();
+    // Positions increase down the list: one stored twice (two teams' workloads placed at
+    // different cycles) is taken once, by the first; the next takes the one after.
+    let mut last = 0;
+    let items = rows
+        .into_iter()
+        .map(Workload::from)
+        .map(|mut w| {
+            let (slot, in_team) = places.get(&w.metadata.uid).copied().unwrap_or_default();
+            w.status.queue_position = slot.map(|slot| {
+                last = u32::try_from(slot).unwrap_or(0).max(last + 1);
+                QueuePosition { global: last, team: in_team }
+            });
+            w
+        })
+        .collect();
+    Ok((items, total, gpus))
+}
+
+/// The first `limit` of `keys` in queue order ([`workload_queue`]): each as its index, the
+/// stored global position it takes, and its place in its team's order.
+fn queue_order(keys: &[QueueKey], limit: usize) -> Vec<(usize, Option<i32>, u32)> {
+    let mut groups: std::collections::HashMap<(&str, bool), Vec<usize>> = std::collections::HashMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        groups.entry((k.team_name.as_str(), k.slot.is_some())).or_default().push(i);
+    }
+    let mut placed = Vec::with_capacity(keys.len());
+    for mut own in groups.into_values() {
+        let mut slots = own.clone();
+        own.sort_unstable_by_key(|&i| (std::cmp::Reverse(keys[i].priority), keys[i].submitted, keys[i].uid));
+        slots.sort_unstable_by_key(|&i| (keys[i].slot, keys[i].created_at, keys[i].uid));
+        for (n, (&w, &s)) in own.iter().zip(&slots).enumerate() {
+            placed.push((w, keys[s].slot, u32::try_from(n + 1).unwrap_or(u32::MAX)));
+        }
+    }
+    let order = |&(w, slot, in_team): &(usize, Option<i32>, u32)| {
+        (slot.is_none(), slot, in_team, keys[w].created_at, keys[w].uid)
+    };
+    if placed.len() > limit {
+        placed.select_nth_unstable_by_key(limit, order);
+        placed.truncate(limit);
+    }
+    placed.sort_unstable_by_key(order);
+    placed
 }
 
 /// How many workloads are in each phase (of the teams in `only` when given), with their

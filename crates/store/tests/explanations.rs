@@ -49,7 +49,8 @@ async fn write_status(db: &PgPool, w: &Workload, status: WorkloadStatus) -> Work
 /// read it back.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn what_is_explained_shows_in_a_pending_workloads_status_and_moves_no_version(db: PgPool) {
-    batch_workloads(&mut db.acquire().await.unwrap(), 3, "Pending", &[]).await;
+    let first = "UPDATE workloads SET spec = jsonb_set(spec, '{priority}', '5') WHERE name = 'w2'";
+    batch_workloads(&mut db.acquire().await.unwrap(), 3, "Pending", &[first]).await;
     let (w1, w2) = (fetch(&db, "w1").await, fetch(&db, "w2").await);
     let since = cursor(&db).await;
     let written =
@@ -73,7 +74,8 @@ async fn what_is_explained_shows_in_a_pending_workloads_status_and_moves_no_vers
     let scheduler = store::workload_list_written_since(&mut *conn, &since, &[]).await.unwrap();
     assert!(scheduler.is_empty(), "the scheduler keeps what it explained: {:?}", names(scheduler));
 
-    // The queue is in the order explained, what is not explained yet last.
+    // The queue is in the order explained (w2 first: a higher priority), what is not
+    // explained yet last.
     let (queue, pending, _) = store::workload_queue(&db, None, 10).await.unwrap();
     assert_eq!(pending, 3);
     let order: Vec<_> = queue.iter().map(|w| w.metadata.name.as_str()).collect();
@@ -132,4 +134,64 @@ async fn what_was_explained_of_another_attempt_or_phase_is_not_shown_and_goes(db
     assert_eq!(store::workload_explanations_purge(&db).await.unwrap(), 2, "w1 (admitted) and w3 (gone)");
     assert_eq!(explained_rows(&db).await, 1);
     assert_eq!(fetch(&db, "w2").await.status.pending_reason, Some(reason("A")));
+}
+
+/// The queue lists a team's workloads in the scheduler's order for the team (priority,
+/// then submission), whatever order their positions were written in: beyond the head a
+/// position is written only once it is a tenth off, so as stored, one of priority 27 came
+/// before one of 35 and two had the same team position (found from outside, through
+/// `/api/v1/queue`). The team's stored positions are the places its workloads take;
+/// positions increase down the list; what is not placed yet comes last.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn the_queue_keeps_each_teams_own_order_whatever_positions_were_written(db: PgPool) {
+    batch_workloads(
+        &mut db.acquire().await.unwrap(),
+        6,
+        "Pending",
+        &[
+            // w1..w6 submitted in that order, a second apart; w3 and w5 of priority 35.
+            "UPDATE workloads SET created_at = now() - (10 - substr(name, 2)::int) * interval '1 second'",
+            "UPDATE workloads SET spec = jsonb_set(spec, '{priority}', '35') WHERE name IN ('w3', 'w5')",
+            "INSERT INTO teams (uid, name, spec) VALUES (gen_random_uuid(), 'cv', '{}')",
+            "INSERT INTO workloads (uid, team_uid, team_name, name, kind, phase, flavors, spec)
+             SELECT gen_random_uuid(), (SELECT uid FROM teams WHERE name = 'cv'), 'cv', 'c1', 'batch', 'Pending',
+                    '{h100}', spec FROM workloads WHERE name = 'w1'",
+        ],
+    )
+    .await;
+    let at = |w: &Workload, global: u32, team: u32| Explanation {
+        queue_position: Some(QueuePosition { global, team }),
+        ..explanation(w, "NoClusterFits", global)
+    };
+    // As written by cycles apart: w5 (35) last written behind w4 (0), w3 (35) and w2 (0)
+    // on one position; cv's c1 placed between them.
+    let c1 = store::workload_fetch(&db, "cv", "c1").await.unwrap().unwrap();
+    let mut written = vec![at(&c1, 280, 1)];
+    for (name, global, team) in [("w1", 150, 1), ("w2", 264, 225), ("w3", 264, 225), ("w4", 300, 240), ("w5", 310, 241)]
+    {
+        written.push(at(&fetch(&db, name).await, global, team));
+    }
+    store::workload_explain(&db, &written).await.unwrap();
+
+    let (queue, pending, _) = store::workload_queue(&db, None, 10).await.unwrap();
+    assert_eq!(pending, 7);
+    let listed: Vec<(&str, Option<(u32, u32)>)> =
+        queue.iter().map(|w| (w.metadata.name.as_str(), w.status.queue_position.map(|p| (p.global, p.team)))).collect();
+    assert_eq!(
+        listed,
+        [
+            ("w3", Some((150, 1))),
+            ("w5", Some((264, 2))),
+            ("w1", Some((265, 3))),
+            ("c1", Some((280, 1))),
+            ("w2", Some((300, 4))),
+            ("w4", Some((310, 5))),
+            ("w6", None),
+        ]
+    );
+    // One team's queue: the same order and places.
+    let (nlp, _, _) = store::workload_queue(&db, Some(&["nlp".to_owned()]), 3).await.unwrap();
+    let listed: Vec<_> =
+        nlp.iter().map(|w| (w.metadata.name.as_str(), w.status.queue_position.map(|p| p.team))).collect();
+    assert_eq!(listed, [("w3", Some(1)), ("w5", Some(2)), ("w1", Some(3))]);
 }
