@@ -4,7 +4,9 @@
 //! - **Lock.** The leader holds a Postgres session advisory lock on a connection of its
 //!   own. If the connection breaks (the process died, the network failed, someone ran
 //!   `pg_terminate_backend`) Postgres frees the lock at once and a standby, which tries
-//!   every second, gets it.
+//!   every second, gets it. A leader that stops without its connection closing (a paused
+//!   process or VM, a network that drops packets) sends nothing more, and Postgres ends
+//!   the session after [`SILENT`] (`idle_session_timeout`), which frees the lock as well.
 //! - **Epoch.** Having the lock, a replica takes the lease: it increments the lease row's
 //!   `epoch` (`leader_take`), after locking the row `FOR UPDATE`, which waits until every
 //!   transaction still fenced with the old epoch has ended. Its controllers then run with
@@ -33,6 +35,10 @@ use crate::Context;
 
 const RETRY: Duration = Duration::from_secs(1);
 const RENEW: Duration = Duration::from_secs(1);
+/// How long the lock's session may send nothing before Postgres ends it and frees the lock
+/// for a standby (a stopped or cut-off leader); the leader renews every [`RENEW`]. As
+/// Kubernetes' leader election's lease (15 s).
+const SILENT: Duration = Duration::from_secs(15);
 /// Connections of the controllers' own pool (seven loops; the dispatcher uses two at once).
 const TERM_POOL_SIZE: u32 = 12;
 
@@ -60,7 +66,7 @@ pub async fn run(ctx: Context, holder: String, mut stop: watch::Receiver<bool>) 
 
 async fn acquire(ctx: &Context) -> Result<Option<PgConnection>, Error> {
     let mut conn = ctx.db.connect_options().connect().await.map_err(berth_store::db_error)?;
-    Ok(berth_store::controller::leader_try_lock(&mut conn).await?.then_some(conn))
+    Ok(berth_store::controller::leader_try_lock(&mut conn, SILENT).await?.then_some(conn))
 }
 
 async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut watch::Receiver<bool>) {

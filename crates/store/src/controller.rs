@@ -9,14 +9,24 @@ use crate::db_error;
 /// The advisory-lock key of the controller lease: ASCII "berthldr".
 pub const LEADER_LOCK_KEY: i64 = 7_089_067_706_085_893_234;
 
-/// Tries to take the leader lock for the session of `db` (a dedicated connection); it is
-/// held until that connection closes or [`leader_unlock`] runs.
+/// Tries to take the leader lock for the session of `conn` (a dedicated connection); it is
+/// held until that connection closes or [`leader_unlock`] runs. The session is ended by
+/// Postgres once it has sent nothing for `silent` (`idle_session_timeout`), which frees the
+/// lock: a leader that stopped (a paused process or VM, a network that drops packets
+/// without closing the connection) kept it for as long as its TCP connection looked alive
+/// (a leader stopped with SIGSTOP held it 65 s and more, until it was resumed, while a
+/// standby tried every second); the leader renews every second, far within `silent`.
 ///
 /// # Errors
 /// As [`db_error`].
-pub async fn leader_try_lock(db: impl PgExecutor<'_>) -> Result<bool, Error> {
+pub async fn leader_try_lock(conn: &mut PgConnection, silent: std::time::Duration) -> Result<bool, Error> {
+    sqlx::query("SELECT set_config('idle_session_timeout', $1, false)")
+        .bind(format!("{}ms", silent.as_millis()))
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?;
     sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "locked!""#, LEADER_LOCK_KEY)
-        .fetch_one(db)
+        .fetch_one(conn)
         .await
         .map_err(db_error)
 }

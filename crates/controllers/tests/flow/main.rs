@@ -558,6 +558,30 @@ async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_fligh
     assert!(cluster_health::reconcile(&old).await.is_err(), "the old leader's status write fails");
 }
 
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_leader_that_stops_without_closing_its_connection_loses_the_lock(db: berth_store::PgPool) {
+    // Found from outside: a leader stopped with SIGSTOP kept its connection, and with it
+    // the lock, for 65 s and more while a standby tried every second. A lock session that
+    // sends nothing for its time is ended by Postgres, which frees the lock.
+    use berth_store::controller::leader_try_lock;
+    use sqlx::ConnectOptions;
+    let options = db.connect_options();
+    let silent = std::time::Duration::from_secs(1);
+    let mut stopped = options.connect().await.unwrap();
+    let mut standby = options.connect().await.unwrap();
+    assert!(leader_try_lock(&mut stopped, silent).await.unwrap());
+    assert!(!leader_try_lock(&mut standby, silent).await.unwrap(), "held while its session lives");
+    // The standby retries every second, as leader::run does; the stopped leader sends nothing.
+    let mut tries = 0;
+    while !leader_try_lock(&mut standby, silent).await.unwrap() {
+        tries += 1;
+        assert!(tries < 10, "the lock was never freed");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let ended = sqlx::query("SELECT 1").execute(&mut stopped).await;
+    assert!(ended.is_err(), "the stopped leader's session was ended");
+}
+
 /// Makes every cluster's stored `last_sync` `seconds` old.
 async fn age_last_sync(p: &Plane, seconds: i32) {
     sqlx::query(
