@@ -199,3 +199,14 @@ async fn the_change_feed_reads_explanations_by_uid_in_any_plan(db: PgPool) {
     let (after, _) = scans_of(&mut conn, "workload_explanations").await;
     assert_eq!(after, before, "the explanations were scanned whole");
 }
+
+/// berthd's connections run without JIT compilation (see `berth_store::connect`): with it,
+/// the scheduler's read of the change feed took 490 ms a cycle at 127,000 workloads
+/// (bench/controllers scale), compiling a plan kept for any parameters.
+#[tokio::test]
+async fn berthds_connections_compile_no_plan() {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let db = berth_store::connect(&url, 1).await.unwrap();
+    let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(&db).await.unwrap();
+    assert_eq!(jit, "off");
+}
