@@ -2,8 +2,8 @@
 //! `berth_auth`, turned into a [`Principal`] (with the subject's role bindings), and put in
 //! the request's extensions for the [`crate::extract::OpCtx`] extractor. Requests are
 //! rate-limited per principal (reads and changes each with their own budget) and per team
-//! (the team a path names, and the team owning a service account), so that creating more
-//! service accounts buys no more requests.
+//! (the team a path names, for a caller who may read it, and the team owning a service
+//! account), so that creating more service accounts buys no more requests.
 //!
 //! Failures are logged with a reason code and never with the token.
 
@@ -89,26 +89,48 @@ impl Auth {
     }
 
     /// The seconds to wait when the principal, or a team the request counts against, is
-    /// over its budget.
-    fn over_limit(&self, method: &Method, principal: &Principal, path: &str) -> Option<u64> {
+    /// over its budget. The caller's own budget is asked first: a request it refuses costs
+    /// no team anything. `path_team` is the team the path names, given only where the
+    /// caller may read it ([`counted_team`]).
+    fn over_limit(&self, method: &Method, principal: &Principal, path_team: Option<&str>) -> Option<u64> {
         let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        let caller = format!("{} {}", principal.issuer, principal.subject);
-        let mut keys: Vec<(&Limiter, String)> = Vec::new();
-        if let Some(l) = if read { &self.reads } else { &self.writes } {
-            keys.push((l, caller));
-        }
-        if let Some(l) = &self.teams {
-            let teams = path_team(path).into_iter().chain(principal.service_account_team.as_deref());
-            keys.extend(teams.map(|t| (l, t.to_owned())));
-        }
-        keys.iter()
-            .filter_map(|(l, key)| l.check_key(key).err().map(|not_until| (l, not_until)))
-            .map(|(l, not_until)| {
+        let wait = |l: &Limiter, key: &str| {
+            l.check_key(&key.to_owned()).err().map(|not_until| {
                 let wait = not_until.wait_time_from(l.clock().now());
                 wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
             })
-            .max()
+        };
+        if let Some(l) = if read { &self.reads } else { &self.writes }
+            && let Some(seconds) = wait(l, &format!("{} {}", principal.issuer, principal.subject))
+        {
+            return Some(seconds);
+        }
+        let l = self.teams.as_ref()?;
+        let teams = path_team.into_iter().chain(principal.service_account_team.as_deref());
+        teams.filter_map(|t| wait(l, t)).max()
     }
+
+    fn limits_teams(&self) -> bool {
+        self.teams.is_some()
+    }
+}
+
+/// The team the request's path names, where its budget pays for the request: where the
+/// caller may read that team. A caller outside it (answered 404, as for a team that does
+/// not exist) spends only its own budget; before, anyone could spend a team's budget for
+/// it and lock its members out with 429s.
+async fn counted_team<'p>(state: &AppState, principal: &Principal, path: &'p str) -> Result<Option<&'p str>, Response> {
+    let Some(team) = path_team(path).filter(|_| state.auth.limits_teams()) else {
+        return Ok(None);
+    };
+    let everything = berth_core::auth::TeamTree::default();
+    if (berth_core::auth::Access { principal, tree: &everything }).reads_all() {
+        return Ok(Some(team));
+    }
+    let tree = berth_app::access_cache::team_tree(&state.db)
+        .await
+        .map_err(|e| crate::problem::ApiError::from(e).into_response())?;
+    Ok(berth_core::auth::Access { principal, tree: &tree }.can_read_team(team).then_some(team))
 }
 
 /// The longest a verified token is taken at its word (never past its expiry). A key its
@@ -159,7 +181,11 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
         }
         Err(Refusal::Store(e)) => return crate::problem::ApiError::from(e).into_response(),
     };
-    if let Some(seconds) = state.auth.over_limit(request.method(), &principal, request.uri().path()) {
+    let team = match counted_team(&state, &principal, request.uri().path()).await {
+        Ok(team) => team,
+        Err(response) => return response,
+    };
+    if let Some(seconds) = state.auth.over_limit(request.method(), &principal, team) {
         tracing::info!(subject = %principal.subject, "rate limit reached");
         return too_many_requests(seconds);
     }

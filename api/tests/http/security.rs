@@ -568,7 +568,8 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
             statuses.push(get(&t, "/api/v1/teams/nlp/workloads").await);
         }
     }
-    // (No team nlp exists here: 404, but each request still counts against nlp's budget.)
+    // (No team nlp exists here: 404; these callers read every team, so each request still
+    // counts against nlp's budget.)
     assert!(statuses[..6].iter().all(|s| *s == 404) && statuses.contains(&429), "{statuses:?}");
 
     // Service accounts of one team share its budget wherever they read.
@@ -594,6 +595,70 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
     }
     // Each account stays within its own burst of 4: only the team's budget refuses.
     assert!(statuses.contains(&429), "three accounts, one team budget: {statuses:?}");
+}
+
+/// A team's budget pays only for callers who may read the team: a member of another team
+/// sending requests on its paths (answered 404) spends only its own budget, and a request
+/// the caller's own budget refuses costs the team nothing. Before, anyone could spend a
+/// team's budget and lock its members out with 429s.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_team_budget_pays_only_for_its_own_callers(db: berth_store::PgPool) {
+    let limit = |burst: u32| {
+        Some(berthd::auth::RateLimit {
+            per_second: std::num::NonZeroU32::new(1).unwrap(),
+            burst: std::num::NonZeroU32::new(burst).unwrap(),
+        })
+    };
+    let limits = berthd::auth::RateLimits { writes: None, reads: limit(4), teams: limit(6) };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let auth = berthd::auth::Auth::with_limits(common::verifier(None), limits);
+    let app = berthd::app(berthd::state::AppState::new(db.clone(), auth));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = reqwest::Client::new();
+    let get = async |token: &str, path: &str| {
+        client.get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().status().as_u16()
+    };
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    let put = async |path: &str, body: Value| {
+        let r = client.put(format!("{base}{path}")).bearer_auth(&admin).json(&body).send().await.unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+    };
+    put("/api/v1/flavors/h100", common::flavor("h100")).await;
+    // (Each team's budget of 6 pays one for its PUT.)
+    for team in ["alpha", "bravo", "charlie"] {
+        put(&format!("/api/v1/teams/{team}"), TeamBody::new().quota("h100", 1, None, 1).json()).await;
+    }
+
+    // Three members of alpha, 10 requests each on bravo's paths: 404 until their own
+    // budgets refuse.
+    for outsider in ["a1", "a2", "a3"] {
+        let t = token(outsider, &[(Role::Member, Some("alpha"))]);
+        let mut statuses = Vec::new();
+        for _ in 0..10 {
+            statuses.push(get(&t, "/api/v1/teams/bravo/workloads").await);
+        }
+        assert!(statuses[..4].iter().all(|s| *s == 404) && statuses.contains(&429), "{statuses:?}");
+    }
+    // bravo's budget is whole: its member reads within it.
+    let bob = token("bob", &[(Role::Member, Some("bravo"))]);
+    for _ in 0..4 {
+        assert_eq!(get(&bob, "/api/v1/teams/bravo/workloads").await, 200, "bravo's budget was spent by outsiders");
+    }
+
+    // A member of charlie past its own budget: its refused requests cost charlie nothing.
+    let eve = token("eve", &[(Role::Member, Some("charlie"))]);
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(get(&eve, "/api/v1/teams/charlie/workloads").await);
+    }
+    assert!(statuses[..4].iter().all(|s| *s == 200) && statuses.contains(&429), "{statuses:?}");
+    let carl = token("carl", &[(Role::Member, Some("charlie"))]);
+    assert_eq!(
+        get(&carl, "/api/v1/teams/charlie/workloads").await,
+        200,
+        "eve's refused requests spent charlie's budget"
+    );
 }
 
 /// However many connections a client opens, berthd serves a bounded number of API requests

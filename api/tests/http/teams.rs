@@ -86,6 +86,42 @@ async fn team_rules_are_enforced_naming_the_field(db: berth_store::PgPool) {
         deeper.body
     );
     assert_eq!(s.put("/api/v1/teams/deeper", &grandchild(300)).await.status, 201);
+    // A team admin low in the tree learns what research allows, not its name: it cannot
+    // read research.
+    assert_eq!(s.put("/api/v1/teams/open", &TeamBody::new().parent("research").json()).await.status, 201);
+    let admin = token("ada", &[(Role::TeamAdmin, Some("open"))]);
+    let kid = TeamBody::new().parent("open").json();
+    assert_eq!(s.send_as(Some(&admin), Method::PUT, "/api/v1/teams/kid", Some(&kid)).await.status, 201);
+    let longer = with_min_runtime(kid, 7200);
+    for (method, path) in [(Method::PUT, "/api/v1/teams/kid"), (Method::POST, "/api/v1/teams/kid/preview")] {
+        let refused = s.send_as(Some(&admin), method, path, Some(&longer)).await;
+        refused.assert_problem(422, Some("/spec/preemption/min_runtime_seconds"));
+        let said = refused.body.to_string();
+        assert!(said.contains("at most 3600") && said.contains("an ancestor team"), "{path}: {said}");
+        assert!(!said.contains("research"), "{path} names a team the caller cannot read: {said}");
+    }
+}
+
+/// A member or viewer, who may manage no team, gets the same answer for a team out of its
+/// sight as for a free name, on PUT and on the preview: before, 404 "does not exist" for the
+/// one and 403 for the other told it every team's name.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn callers_who_manage_no_team_cannot_probe_team_names(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    s.seed().await;
+    s.put_ok("/api/v1/teams/vision", &TeamBody::new().parent("research").json(), 201).await;
+    let before = s.table_counts().await;
+    let body = TeamBody::new().parent("nlp").json();
+    for grant in [(Role::Member, Some("nlp")), (Role::Viewer, Some("nlp"))] {
+        let caller = token("probe", &[grant]);
+        for path in ["/api/v1/teams/vision", "/api/v1/teams/free-name"] {
+            for (method, path) in [(Method::PUT, path.to_owned()), (Method::POST, format!("{path}/preview"))] {
+                let answer = s.send_as(Some(&caller), method, &path, Some(&body)).await;
+                assert_eq!(answer.status, 403, "{grant:?} {path}: {}", answer.body);
+            }
+        }
+    }
+    assert_eq!(s.table_counts().await, before);
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]

@@ -318,10 +318,15 @@ impl Access<'_> {
     /// team, nor a root team). `team` need not exist yet.
     ///
     /// # Errors
-    /// 404 when an existing `team` is invisible, 403 otherwise.
+    /// 403 when the principal administers no team at all, whether `team` exists or not
+    /// (before, a member or viewer told the two apart: 404 for a team out of its sight, 403
+    /// for a free name); else 404 when an existing `team` is invisible, 403 otherwise.
     pub fn manage_team(&self, team: &str, parent: Option<&str>) -> Result<(), Error> {
         if self.is_platform_admin() {
             return Ok(());
+        }
+        if !self.principal.grants.iter().any(|g| g.role == Role::TeamAdmin) {
+            return Err(forbidden(format!("only a team admin or a platform admin may manage team {team:?}")));
         }
         if self.tree.contains(team) {
             self.read_team(team)?;
@@ -640,6 +645,25 @@ mod tests {
         let a = Access { principal: &g, tree: &t };
         assert!(a.visible_teams().is_none());
         assert!(matches!(a.platform_admin("x"), Err(Error::Forbidden(_))));
+    }
+
+    /// A caller who administers no team gets one answer for any team it would manage,
+    /// there or not, so it cannot tell the names out of its sight from free ones.
+    #[test]
+    fn callers_who_administer_no_team_cannot_tell_hidden_teams_from_free_names() {
+        let t = tree();
+        for grants in [
+            &[(Role::Member, Some("nlp"))][..],
+            &[(Role::Viewer, Some("nlp"))],
+            &[(Role::Member, Some("llm")), (Role::Viewer, Some("llm"))],
+        ] {
+            let p = principal(grants);
+            let a = Access { principal: &p, tree: &t };
+            for (team, parent) in [("vision", None), ("ghost", None), ("vision", Some("nlp")), ("ghost", Some("nlp"))] {
+                let answer = a.apply_team(team, parent);
+                assert!(matches!(answer, Err(Error::Forbidden(_))), "{grants:?} {team} under {parent:?}: {answer:?}");
+            }
+        }
     }
 
     #[test]

@@ -447,13 +447,16 @@ pub fn check_min_runtime_nests(team: &TeamSpec, ancestors: &[(&str, &TeamSpec)])
     let Some(asked) = team.preemption.map(|p| p.min_runtime_seconds).filter(|&a| a > 0) else { return Vec::new() };
     let Some(&(top, top_spec)) = ancestors.last() else { return Vec::new() };
     let lowest = ancestors.iter().filter_map(|(name, s)| s.preemption.map(|p| (p.min_runtime_seconds, *name))).min();
+    // Names unquoted, each where "an ancestor team" reads well in its place: the messages
+    // go through the caller's redactor (a team admin low in the tree may not read them).
     let message = match (top_spec.preemption, lowest) {
         (None, _) => format!(
-            "must be 0: top-level team {top:?} sets no spec.preemption, so nothing in its tree is protected              (set it there first)"
+            "must be 0: {top}, the top-level team of this tree, sets no spec.preemption, so nothing in it is \
+             protected (set it there first)"
         ),
         (Some(_), Some((allowed, by))) if asked > allowed => {
             format!(
-                "must be at most {allowed}: the min runtime team {by:?} above it allows (a team below may only lower it)"
+                "must be at most {allowed}, the min runtime allowed by {by}, a team above it (a team below may only lower it)"
             )
         }
         _ => return Vec::new(),
@@ -549,14 +552,14 @@ mod tests {
         let above = field(check_min_runtime_nests(&with(Some(601)), &[("mid", &mid), ("top", &top)]));
         assert_eq!(above.len(), 1);
         assert_eq!(above[0].0, "/spec/preemption/min_runtime_seconds");
-        assert!(above[0].1.contains("at most 600") && above[0].1.contains("\"mid\""), "{}", above[0].1);
+        assert!(above[0].1.contains("at most 600") && above[0].1.contains("allowed by mid,"), "{}", above[0].1);
         // A middle team without one does not lift the limit of the one above.
         let through = field(check_min_runtime_nests(&with(Some(4000)), &[("unset", &unset), ("top", &top)]));
         assert!(through[0].1.contains("at most 3600"), "{}", through[0].1);
         // Under a top-level team without one, only 0.
         assert!(check_min_runtime_nests(&with(Some(0)), &[("unset", &unset)]).is_empty());
         let none = field(check_min_runtime_nests(&with(Some(60)), &[("unset", &unset)]));
-        assert!(none[0].1.contains("must be 0") && none[0].1.contains("\"unset\""), "{}", none[0].1);
+        assert!(none[0].1.contains("must be 0: unset, the top-level team"), "{}", none[0].1);
     }
 
     #[test]
