@@ -3,7 +3,8 @@
 //! the request's extensions for the [`crate::extract::OpCtx`] extractor. Requests are
 //! rate-limited per principal (reads and changes each with their own budget) and per team
 //! (the team a path names, for a caller who may read it, and the team owning a service
-//! account), so that creating more service accounts buys no more requests.
+//! account or a workload token's workload), so that more accounts or jobs buy no more
+//! requests.
 //!
 //! Failures are logged with a reason code and never with the token.
 
@@ -88,26 +89,18 @@ impl Auth {
         Ok(verified)
     }
 
-    /// The seconds to wait when the principal, or a team the request counts against, is
-    /// over its budget. The caller's own budget is asked first: a request it refuses costs
-    /// no team anything. `path_team` is the team the path names, given only where the
-    /// caller may read it ([`counted_team`]).
-    fn over_limit(&self, method: &Method, principal: &Principal, path_team: Option<&str>) -> Option<u64> {
+    /// The seconds to wait when the caller is over its own budget (reads and changes each
+    /// have one). Asked first: a request it refuses costs no team anything.
+    fn caller_over_limit(&self, method: &Method, principal: &Principal) -> Option<u64> {
         let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        let wait = |l: &Limiter, key: &str| {
-            l.check_key(&key.to_owned()).err().map(|not_until| {
-                let wait = not_until.wait_time_from(l.clock().now());
-                wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
-            })
-        };
-        if let Some(l) = if read { &self.reads } else { &self.writes }
-            && let Some(seconds) = wait(l, &format!("{} {}", principal.issuer, principal.subject))
-        {
-            return Some(seconds);
-        }
+        let l = if read { self.reads.as_ref() } else { self.writes.as_ref() }?;
+        wait(l, format!("{} {}", principal.issuer, principal.subject))
+    }
+
+    /// The seconds to wait when one of `teams` (from [`counted_teams`]) is over its budget.
+    fn teams_over_limit(&self, teams: Vec<String>) -> Option<u64> {
         let l = self.teams.as_ref()?;
-        let teams = path_team.into_iter().chain(principal.service_account_team.as_deref());
-        teams.filter_map(|t| wait(l, t)).max()
+        teams.into_iter().filter_map(|t| wait(l, t)).max()
     }
 
     fn limits_teams(&self) -> bool {
@@ -115,22 +108,37 @@ impl Auth {
     }
 }
 
-/// The team the request's path names, where its budget pays for the request: where the
-/// caller may read that team. A caller outside it (answered 404, as for a team that does
-/// not exist) spends only its own budget; before, anyone could spend a team's budget for
-/// it and lock its members out with 429s.
-async fn counted_team<'p>(state: &AppState, principal: &Principal, path: &'p str) -> Result<Option<&'p str>, Response> {
-    let Some(team) = path_team(path).filter(|_| state.auth.limits_teams()) else {
-        return Ok(None);
-    };
-    let everything = berth_core::auth::TeamTree::default();
-    if (berth_core::auth::Access { principal, tree: &everything }).reads_all() {
-        return Ok(Some(team));
+/// The seconds `key` must wait for `limiter`, or `None` when a request is allowed now.
+fn wait(limiter: &Limiter, key: String) -> Option<u64> {
+    limiter.check_key(&key).err().map(|not_until| {
+        let wait = not_until.wait_time_from(limiter.clock().now());
+        wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+    })
+}
+
+/// The teams whose budgets pay for the request, each once: the team owning the caller (a
+/// service account's, a workload token's workload's), and the team the path names where
+/// the caller may read it. A caller outside a team (answered 404, as for a team that does
+/// not exist) spends only its own budget: before, anyone could spend a team's budget and
+/// lock its members out with 429s. Only teams that exist count: the limiter keeps a key
+/// for every name it counts.
+async fn counted_teams(state: &AppState, principal: &Principal, path: &str) -> Result<Vec<String>, Response> {
+    if !state.auth.limits_teams() {
+        return Ok(Vec::new());
     }
-    let tree = berth_app::access_cache::team_tree(&state.db)
-        .await
-        .map_err(|e| crate::problem::ApiError::from(e).into_response())?;
-    Ok(berth_core::auth::Access { principal, tree: &tree }.can_read_team(team).then_some(team))
+    let owning = principal.service_account_team.iter().chain(principal.workload.as_ref().and_then(|w| w.team.as_ref()));
+    let mut teams: Vec<String> = owning.cloned().collect();
+    if let Some(team) = path_team(path) {
+        let tree = berth_app::access_cache::team_tree(&state.db)
+            .await
+            .map_err(|e| crate::problem::ApiError::from(e).into_response())?;
+        if tree.contains(&team) && (berth_core::auth::Access { principal, tree: &tree }).can_read_team(&team) {
+            teams.push(team);
+        }
+    }
+    teams.sort();
+    teams.dedup();
+    Ok(teams)
 }
 
 /// The longest a verified token is taken at its word (never past its expiry). A key its
@@ -165,9 +173,11 @@ impl VerifiedTokens {
     }
 }
 
-/// The team a path is about: `/api/v1/teams/{team}/...`.
-fn path_team(path: &str) -> Option<&str> {
-    path.strip_prefix("/api/v1/teams/")?.split('/').next().filter(|t| !t.is_empty())
+/// The team a path is about: `/api/v1/teams/{team}/...`, decoded as the router decodes it
+/// (so `%62ravo` is bravo's).
+fn path_team(path: &str) -> Option<String> {
+    let segment = path.strip_prefix("/api/v1/teams/")?.split('/').next().filter(|t| !t.is_empty())?;
+    percent_encoding::percent_decode_str(segment).decode_utf8().ok().map(std::borrow::Cow::into_owned)
 }
 
 /// The middleware on every `/api/v1` route.
@@ -181,12 +191,16 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
         }
         Err(Refusal::Store(e)) => return crate::problem::ApiError::from(e).into_response(),
     };
-    let team = match counted_team(&state, &principal, request.uri().path()).await {
-        Ok(team) => team,
+    if let Some(seconds) = state.auth.caller_over_limit(request.method(), &principal) {
+        tracing::info!(subject = %principal.subject, "rate limit reached");
+        return too_many_requests(seconds);
+    }
+    let teams = match counted_teams(&state, &principal, request.uri().path()).await {
+        Ok(teams) => teams,
         Err(response) => return response,
     };
-    if let Some(seconds) = state.auth.over_limit(request.method(), &principal, team) {
-        tracing::info!(subject = %principal.subject, "rate limit reached");
+    if let Some(seconds) = state.auth.teams_over_limit(teams) {
+        tracing::info!(subject = %principal.subject, "team rate limit reached");
         return too_many_requests(seconds);
     }
     request.extensions_mut().insert(principal);

@@ -132,7 +132,7 @@ struct SecurityArgs {
     #[arg(long, env = "BERTH_READ_RATE_LIMIT_BURST", default_value_t = 400)]
     read_rate_limit_burst: u32,
     /// Requests per second counted against one team: on its paths by callers who may read
-    /// it, and by its service accounts, together (0: no limit).
+    /// it, by its service accounts and by its jobs' tokens, together (0: no limit).
     #[arg(long, env = "BERTH_TEAM_RATE_LIMIT_PER_SECOND", default_value_t = 200)]
     team_rate_limit_per_second: u32,
     /// Burst of requests allowed a team above that rate.

@@ -2404,6 +2404,12 @@ export interface components {
             uid: string;
             /** Format: int32 */
             attempt: number;
+            /**
+             * @description The workload's team, whose request budget the token's requests count against (so
+             *     that a team's many jobs buy it no more requests). Tokens minted before it was
+             *     carried count against no team.
+             */
+            team?: string | null;
         };
         /**
          * @description Desired state of a workload.

@@ -559,8 +559,18 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
     }
     assert!(statuses[..4].iter().all(|s| *s == 200) && statuses.contains(&429), "{statuses:?}");
 
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    let send = async |method: Method, path: &str, body: Value| {
+        let r = reqwest::Client::new().request(method, format!("{base}{path}")).bearer_auth(&admin).json(&body);
+        r.send().await.unwrap().json::<Value>().await.unwrap()
+    };
+    send(Method::PUT, "/api/v1/flavors/h100", common::flavor("h100")).await;
+    for team in ["nlp", "ops"] {
+        send(Method::PUT, &format!("/api/v1/teams/{team}"), TeamBody::new().quota("h100", 1, None, 1).json()).await;
+    }
+
     // Three users, each within its own burst of 4, reading one team's paths share the
-    // team's budget of 6.
+    // team's budget of 6 (less the one its PUT spent).
     let mut statuses = Vec::new();
     for user in ["u1", "u2", "u3"] {
         let t = token(user, &[(Role::Viewer, None)]);
@@ -568,18 +578,9 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
             statuses.push(get(&t, "/api/v1/teams/nlp/workloads").await);
         }
     }
-    // (No team nlp exists here: 404; these callers read every team, so each request still
-    // counts against nlp's budget.)
-    assert!(statuses[..6].iter().all(|s| *s == 404) && statuses.contains(&429), "{statuses:?}");
+    assert!(statuses[..5].iter().all(|s| *s == 200) && statuses.contains(&429), "{statuses:?}");
 
     // Service accounts of one team share its budget wherever they read.
-    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
-    let send = async |method: Method, path: &str, body: Value| {
-        let r = reqwest::Client::new().request(method, format!("{base}{path}")).bearer_auth(&admin).json(&body);
-        r.send().await.unwrap().json::<Value>().await.unwrap()
-    };
-    send(Method::PUT, "/api/v1/flavors/h100", common::flavor("h100")).await;
-    send(Method::PUT, "/api/v1/teams/ops", TeamBody::new().quota("h100", 1, None, 1).json()).await;
     let mut tokens = Vec::new();
     for name in ["bot-1", "bot-2", "bot-3"] {
         send(Method::POST, "/api/v1/service-accounts", json!({"name": name, "team": "ops"})).await;
@@ -597,12 +598,9 @@ async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
     assert!(statuses.contains(&429), "three accounts, one team budget: {statuses:?}");
 }
 
-/// A team's budget pays only for callers who may read the team: a member of another team
-/// sending requests on its paths (answered 404) spends only its own budget, and a request
-/// the caller's own budget refuses costs the team nothing. Before, anyone could spend a
-/// team's budget and lock its members out with 429s.
-#[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn a_team_budget_pays_only_for_its_own_callers(db: berth_store::PgPool) {
+/// berthd with 4 reads a caller and 6 requests a team (each refilled at 1 a second), on an
+/// ephemeral port: its base URL.
+async fn serve_with_budgets(db: berth_store::PgPool) -> String {
     let limit = |burst: u32| {
         Some(berthd::auth::RateLimit {
             per_second: std::num::NonZeroU32::new(1).unwrap(),
@@ -613,8 +611,18 @@ async fn a_team_budget_pays_only_for_its_own_callers(db: berth_store::PgPool) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let auth = berthd::auth::Auth::with_limits(common::verifier(None), limits);
-    let app = berthd::app(berthd::state::AppState::new(db.clone(), auth));
+    let app = berthd::app(berthd::state::AppState::new(db, auth));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+/// A team's budget pays only for callers who may read the team: a member of another team
+/// sending requests on its paths (answered 404) spends only its own budget, and a request
+/// the caller's own budget refuses costs the team nothing. Before, anyone could spend a
+/// team's budget and lock its members out with 429s.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_team_budget_pays_only_for_its_own_callers(db: berth_store::PgPool) {
+    let base = serve_with_budgets(db).await;
     let client = reqwest::Client::new();
     let get = async |token: &str, path: &str| {
         client.get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().status().as_u16()
@@ -659,6 +667,52 @@ async fn a_team_budget_pays_only_for_its_own_callers(db: berth_store::PgPool) {
         200,
         "eve's refused requests spent charlie's budget"
     );
+}
+
+/// A job's token counts against its workload's team wherever it calls, so a team's many
+/// jobs buy it no more requests; and a path that names the team percent-encoded counts
+/// against the team as the plain name does (the router serves it as the team's).
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn jobs_and_encoded_paths_count_against_their_team(db: berth_store::PgPool) {
+    let base = serve_with_budgets(db).await;
+    let client = reqwest::Client::new();
+    let get = async |token: &str, path: &str| {
+        client.get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().status().as_u16()
+    };
+    let admin = token("admin", &[(Role::PlatformAdmin, None)]);
+    for (path, body) in [
+        ("/api/v1/flavors/h100", common::flavor("h100")),
+        ("/api/v1/teams/jobs", TeamBody::new().quota("h100", 1, None, 1).json()),
+        ("/api/v1/teams/bravo", TeamBody::new().quota("h100", 1, None, 1).json()),
+    ] {
+        let r = client.put(format!("{base}{path}")).bearer_auth(&admin).json(&body).send().await.unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+    }
+
+    // Three jobs of team jobs, each within its own burst of 4, share the team's budget.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let scope =
+            berth_core::auth::WorkloadScope { uid: uuid::Uuid::now_v7(), attempt: 0, team: Some("jobs".into()) };
+        let job = common::issuer().mint_workload(scope, std::time::Duration::from_secs(60)).token;
+        for _ in 0..4 {
+            statuses.push(get(&job, "/api/v1/flavors").await);
+        }
+    }
+    assert!(
+        statuses[..5].iter().all(|s| *s == 200) && statuses.contains(&429),
+        "three jobs, one team budget: {statuses:?}"
+    );
+
+    // Three members of bravo, each within its own burst, on bravo's path spelled %62ravo.
+    let mut statuses = Vec::new();
+    for member in ["b1", "b2", "b3"] {
+        let t = token(member, &[(Role::Member, Some("bravo"))]);
+        for _ in 0..4 {
+            statuses.push(get(&t, "/api/v1/teams/%62ravo/workloads").await);
+        }
+    }
+    assert!(statuses[..5].iter().all(|s| *s == 200) && statuses.contains(&429), "{statuses:?}");
 }
 
 /// However many connections a client opens, berthd serves a bounded number of API requests

@@ -5,7 +5,7 @@ use berth_core::apply::{self, Applied, ApplyAction, IfMatch};
 use berth_core::event::AuditVerb;
 use berth_core::page::{Page, PageRequest};
 use berth_core::team::{QuotaPreview, Team, TeamApply, TeamSpec, check_guarantees_nest, check_min_runtime_nests};
-use berth_core::{Error, FieldError, TeamId};
+use berth_core::{Error, TeamId};
 use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
 use crate::context::OpContext;
@@ -43,7 +43,7 @@ pub async fn team_apply(
             return Ok((existing.expect("unchanged implies existing"), Applied::Unchanged));
         }
         let uid = existing.as_ref().map_or_else(TeamId::new, |t| TeamId(t.metadata.uid));
-        let parent = check_tree(&mut tx, name, uid, existing.is_some(), input).await.map_err(|e| redacted(opctx, e))?;
+        let parent = check_tree(&mut tx, opctx, name, uid, existing.is_some(), input).await?;
         let (team, applied) = match action {
             ApplyAction::Create => match store::team_insert(&mut tx, uid, name, parent, &labels, &input.spec).await? {
                 Some(t) => (t, Applied::Created),
@@ -83,7 +83,7 @@ pub async fn team_preview(
     let mut tx = berth_store::begin(db).await?;
     check_flavors(&mut tx, input).await?;
     let team = store::team_fetch(&mut *tx, name).await?.ok_or_else(|| not_found(name))?;
-    check_tree(&mut tx, name, TeamId(team.metadata.uid), true, input).await.map_err(|e| redacted(opctx, e))?;
+    check_tree(&mut tx, opctx, name, TeamId(team.metadata.uid), true, input).await?;
     tx.rollback().await.map_err(berth_store::db_error)?;
     Ok(opctx.redactor().preview(preview(&input.spec).await?))
 }
@@ -103,9 +103,11 @@ async fn check_flavors(tx: &mut Tx<'_>, input: &TeamApply) -> Result<(), Error> 
 }
 
 /// Checks the parent exists, no cycle forms, guarantees nest and the min runtime is one
-/// the teams above allow; returns the parent's uid.
+/// the teams above allow; returns the parent's uid. The teams above are named as the
+/// caller may read them: a team admin low in the tree learns what they allow, not who.
 async fn check_tree(
     tx: &mut Tx<'_>,
+    opctx: &OpContext,
     name: &str,
     uid: TeamId,
     exists: bool,
@@ -144,24 +146,13 @@ async fn check_tree(
     if input.spec.preemption.is_some()
         && let Some((_, parent)) = &parent
     {
+        let redactor = opctx.redactor();
         let lineage = store::team_lineage_specs(&mut **tx, &parent.metadata.name).await?;
-        let above: Vec<_> = lineage.iter().map(|(name, spec)| (name.as_str(), spec)).collect();
+        let named: Vec<_> = lineage.iter().map(|(name, spec)| (redactor.team(name), spec)).collect();
+        let above: Vec<_> = named.iter().map(|(name, spec)| (name.as_str(), *spec)).collect();
         errors.extend(check_min_runtime_nests(&input.spec, &above));
     }
     if errors.is_empty() { Ok(parent.map(|(uid, _)| uid)) } else { Err(Error::Invalid(errors)) }
-}
-
-/// `e` with what it says of teams the caller may not read left out: the tree's checks
-/// speak of the teams above (a min runtime one of them allows), which a team admin low in
-/// the tree may not read.
-fn redacted(opctx: &OpContext, e: Error) -> Error {
-    match e {
-        Error::Invalid(errors) => {
-            let redactor = opctx.redactor();
-            Error::Invalid(errors.into_iter().map(|e| FieldError::new(e.field, redactor.text(&e.message))).collect())
-        }
-        e => e,
-    }
 }
 
 /// Fetches a team.

@@ -692,7 +692,7 @@ async fn lock_for_its_job(
     team: &str,
     name: &str,
 ) -> Result<Workload, Error> {
-    let Some(scope) = opctx.principal.workload else {
+    let Some(scope) = &opctx.principal.workload else {
         opctx.access().write_workloads(team)?;
         return lock_to_change(tx, opctx, team, name, None).await;
     };

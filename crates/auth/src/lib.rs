@@ -364,7 +364,7 @@ fn berth_claims(c: Claims) -> Result<Verified, AuthError> {
         (Some(_), None) => return Err(AuthError::MissingClaim),
     };
     // A workload's token is nothing else: no grants, no account, and its own subject.
-    if let Some(scope) = c.workload
+    if let Some(scope) = &c.workload
         && (service_account.is_some() || !c.grants.is_empty() || c.sub != workload_subject(scope.uid))
     {
         return Err(AuthError::Malformed);
@@ -442,9 +442,12 @@ mod tests {
     async fn a_workload_token_speaks_for_its_attempt_and_carries_nothing_else() {
         let v = verifier();
         let berth = v.berth.as_ref().unwrap();
-        let scope = WorkloadScope { uid: Uuid::now_v7(), attempt: 2 };
-        let ok = v.verify(&berth.mint_workload(scope, Duration::from_secs(60)).token).await.unwrap();
-        assert_eq!((ok.workload, ok.subject, ok.grants), (Some(scope), workload_subject(scope.uid), Vec::new()));
+        let scope = WorkloadScope { uid: Uuid::now_v7(), attempt: 2, team: Some("nlp".into()) };
+        let ok = v.verify(&berth.mint_workload(scope.clone(), Duration::from_secs(60)).token).await.unwrap();
+        assert_eq!(
+            (ok.workload, ok.subject, ok.grants),
+            (Some(scope.clone()), workload_subject(scope.uid), Vec::new())
+        );
         let forged = |edit: &dyn Fn(&mut Claims)| {
             let mut claims = Claims {
                 iss: "berth".into(),
@@ -456,7 +459,7 @@ mod tests {
                 jti: None,
                 grants: Vec::new(),
                 sa: None,
-                workload: Some(scope),
+                workload: Some(scope.clone()),
             };
             edit(&mut claims);
             berth.sign(&claims, Utc::now()).token

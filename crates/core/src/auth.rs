@@ -121,16 +121,21 @@ pub struct Principal {
 }
 
 /// The one attempt of one workload a workload token speaks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WorkloadScope {
     pub uid: Uuid,
     pub attempt: u32,
+    /// The workload's team, whose request budget the token's requests count against (so
+    /// that a team's many jobs buy it no more requests). Tokens minted before it was
+    /// carried count against no team.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 impl WorkloadScope {
     /// The workload's current attempt.
     pub fn of(w: &crate::workload::Workload) -> Self {
-        Self { uid: w.metadata.uid, attempt: w.status.attempt }
+        Self { uid: w.metadata.uid, attempt: w.status.attempt, team: w.metadata.team.clone() }
     }
 }
 
@@ -325,7 +330,9 @@ impl Access<'_> {
         if self.is_platform_admin() {
             return Ok(());
         }
-        if !self.principal.grants.iter().any(|g| g.role == Role::TeamAdmin) {
+        let admin_of =
+            |g: &Grant| g.role == Role::TeamAdmin && g.team.as_deref().is_some_and(|t| self.tree.contains(t));
+        if !self.principal.grants.iter().any(admin_of) {
             return Err(forbidden(format!("only a team admin or a platform admin may manage team {team:?}")));
         }
         if self.tree.contains(team) {

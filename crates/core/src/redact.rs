@@ -46,6 +46,13 @@ impl Redactor {
         !self.hidden.contains_key(team)
     }
 
+    /// `team`'s name, or the words it becomes for this reader ("another team", "an
+    /// ancestor team"): for a message built for the reader, where [`Self::text`] could
+    /// also replace other words that read like a hidden team's name.
+    pub fn team(&self, team: &str) -> String {
+        self.hidden.get(team).map_or_else(|| team.to_owned(), |&instead| instead.to_owned())
+    }
+
     /// `text` with every hidden team's name replaced. A name counts only as a whole word
     /// (team names are DNS labels, so `nlp` in `nlp-2` is another name).
     pub fn text(&self, text: &str) -> String {

@@ -447,8 +447,8 @@ pub fn check_min_runtime_nests(team: &TeamSpec, ancestors: &[(&str, &TeamSpec)])
     let Some(asked) = team.preemption.map(|p| p.min_runtime_seconds).filter(|&a| a > 0) else { return Vec::new() };
     let Some(&(top, top_spec)) = ancestors.last() else { return Vec::new() };
     let lowest = ancestors.iter().filter_map(|(name, s)| s.preemption.map(|p| (p.min_runtime_seconds, *name))).min();
-    // Names unquoted, each where "an ancestor team" reads well in its place: the messages
-    // go through the caller's redactor (a team admin low in the tree may not read them).
+    // Names unquoted, each where "an ancestor team" reads well in its place: the caller
+    // passes the teams above as the reader may know them (`Redactor::team`).
     let message = match (top_spec.preemption, lowest) {
         (None, _) => format!(
             "must be 0: {top}, the top-level team of this tree, sets no spec.preemption, so nothing in it is \

@@ -172,8 +172,11 @@ async fn the_change_feed_reads_explanations_by_uid_in_any_plan(db: PgPool) {
         5_000,
         "Pending",
         &[
-            // Each written by a transaction of its own, as they are.
-            "UPDATE workloads SET written_by = (1000 + substr(name, 2)::int)::text::xid8",
+            // Each written by a transaction of its own, as they are: ids older than any
+            // transaction running now (so never in a later cursor's feed, even on a fresh
+            // cluster whose ids are still low).
+            "UPDATE workloads SET written_by = greatest(3, oldest - 1 - substr(name, 2)::int % greatest(oldest - 4, 1))::text::xid8
+             FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS oldest) AS now",
             "INSERT INTO workload_explanations (uid, attempt, pending_reason, written_by)
              SELECT uid, 0, '{\"code\": \"NoClusterFits\", \"message\": \"-\"}', written_by FROM workloads",
             "ANALYZE workloads",
