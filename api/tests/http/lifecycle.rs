@@ -241,7 +241,7 @@ async fn a_jobs_own_token_acknowledges_its_checkpoint_and_nothing_else(db: berth
 
     let me = s.send_as(Some(job), Method::GET, "/api/v1/me", None).await;
     assert_eq!(me.status, 200, "{}", me.body);
-    assert_eq!(me.body["workload"], json!({"uid": w.metadata.uid, "attempt": 0}), "{}", me.body);
+    assert_eq!(me.body["workload"], json!({"uid": w.metadata.uid, "attempt": 0, "team": "a"}), "{}", me.body);
     assert_eq!(me.body["grants"], json!([]));
     assert_eq!(s.send_as(Some(job), Method::GET, path, None).await.status, 404, "it reads nothing");
     let other = s.send_as(Some(job), Method::POST, "/api/v1/teams/a/workloads/other/checkpointed", None).await;
