@@ -534,18 +534,7 @@ async fn slow_and_idle_connections_are_closed(db: berth_store::PgPool) {
 /// service accounts counts against one team budget, so more accounts buy no more requests.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn reads_are_limited_per_caller_and_per_team(db: berth_store::PgPool) {
-    let limit = |per_second: u32, burst: u32| {
-        Some(berthd::auth::RateLimit {
-            per_second: std::num::NonZeroU32::new(per_second).unwrap(),
-            burst: std::num::NonZeroU32::new(burst).unwrap(),
-        })
-    };
-    let limits = berthd::auth::RateLimits { writes: None, reads: limit(1, 4), teams: limit(1, 6) };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let auth = berthd::auth::Auth::with_limits(common::verifier(None), limits);
-    let app = berthd::app(berthd::state::AppState::new(db.clone(), auth));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = serve_with_budgets(db).await;
     let get = async |token: &str, path: &str| {
         reqwest::Client::new().get(format!("{base}{path}")).bearer_auth(token).send().await.unwrap().status().as_u16()
     };
