@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub struct Auth {
     writes: Option<Limiter>,
     reads: Option<Limiter>,
     teams: Option<Limiter>,
+    /// Budgets asked for so far, to prune the limiters every [`PRUNE_EVERY`].
+    asked: Arc<AtomicU64>,
 }
 
 type Limiter = Arc<DefaultKeyedRateLimiter<String>>;
@@ -73,6 +76,7 @@ impl Auth {
             writes: limiter(limits.writes),
             reads: limiter(limits.reads),
             teams: limiter(limits.teams),
+            asked: Arc::default(),
         }
     }
 
@@ -94,27 +98,49 @@ impl Auth {
     fn caller_over_limit(&self, method: &Method, principal: &Principal) -> Option<u64> {
         let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
         let l = if read { self.reads.as_ref() } else { self.writes.as_ref() }?;
-        wait(l, format!("{} {}", principal.issuer, principal.subject))
+        self.wait(l, format!("{} {}", principal.issuer, principal.subject))
     }
 
     /// The seconds to wait when one of `teams` (from [`counted_teams`]) is over its budget.
     fn teams_over_limit(&self, teams: Vec<String>) -> Option<u64> {
         let l = self.teams.as_ref()?;
-        teams.into_iter().filter_map(|t| wait(l, t)).max()
+        teams.into_iter().filter_map(|t| self.wait(l, t)).max()
     }
 
     fn limits_teams(&self) -> bool {
         self.teams.is_some()
     }
+
+    /// The seconds `key` must wait for `limiter`, or `None` when a request is allowed now.
+    fn wait(&self, limiter: &Limiter, key: String) -> Option<u64> {
+        if self.asked.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == PRUNE_EVERY - 1 {
+            self.prune();
+        }
+        limiter.check_key(&key).err().map(|not_until| {
+            let wait = not_until.wait_time_from(limiter.clock().now());
+            wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+        })
+    }
+
+    /// Forgets every key whose budget is whole again (a key not kept has a whole budget).
+    fn prune(&self) {
+        for l in [&self.writes, &self.reads, &self.teams].into_iter().flatten() {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+    }
+
+    /// Keys kept by the limiters (callers and teams that spent some of their budget lately).
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        [&self.writes, &self.reads, &self.teams].into_iter().flatten().map(|l| l.len()).sum()
+    }
 }
 
-/// The seconds `key` must wait for `limiter`, or `None` when a request is allowed now.
-fn wait(limiter: &Limiter, key: String) -> Option<u64> {
-    limiter.check_key(&key).err().map(|not_until| {
-        let wait = not_until.wait_time_from(limiter.clock().now());
-        wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
-    })
-}
+/// Budgets asked for between two prunings of the limiters. Each caller and each team is a
+/// key of its limiter, and a workload's job has a caller of its own (its token's subject):
+/// unpruned, a key stayed for every job that ever called, for as long as berthd ran.
+const PRUNE_EVERY: u64 = 10_000;
 
 /// The teams whose budgets pay for the request, each once: the team owning the caller (a
 /// service account's, a workload token's workload's), and the team the path names where
@@ -297,5 +323,33 @@ mod tests {
         assert_eq!(tokens.get("other", 1), None);
         std::thread::sleep(std::time::Duration::from_millis(400));
         assert_eq!(tokens.get("a", 1), None, "not past its expiry");
+    }
+
+    /// Each workload's job calls as a caller of its own: callers that come and go (a
+    /// million jobs over a month) must not each leave a key behind.
+    #[test]
+    fn callers_whose_budget_is_whole_again_are_forgotten() {
+        let per_ms = RateLimit { per_second: NonZeroU32::new(1_000).unwrap(), burst: NonZeroU32::new(1).unwrap() };
+        let verifier = Verifier { berth: None, oidc: None, leeway: Duration::ZERO };
+        let auth = Auth::with_limits(verifier, RateLimits { writes: Some(per_ms), reads: Some(per_ms), teams: None });
+        let job = |i: u64| berth_core::auth::Principal {
+            subject: format!("workload:{i}"),
+            issuer: "berth".into(),
+            service_account: None,
+            service_account_uid: None,
+            service_account_team: None,
+            grants: Vec::new(),
+            workload: None,
+        };
+        let ask = |i: u64| auth.caller_over_limit(&Method::GET, &job(i));
+        for i in 0..PRUNE_EVERY - 1 {
+            assert_eq!(ask(i), None);
+        }
+        assert_eq!(auth.kept(), usize::try_from(PRUNE_EVERY).unwrap() - 1, "each caller is a key until pruned");
+        // Spent a moment ago: a caller's whole budget (one request) comes back in a millisecond.
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(ask(0), None, "caller 0's budget is whole again");
+        assert_eq!(ask(0), Some(1), "and spent again at once");
+        assert_eq!(auth.kept(), 1, "pruned at the {PRUNE_EVERY}th budget asked: only caller 0 has spent lately");
     }
 }
