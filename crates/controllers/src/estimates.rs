@@ -6,7 +6,7 @@
 
 use berth_core::workload::{Phase, StartEstimate};
 use berth_core::{Error, WorkloadId};
-use berth_sched::estimate::After;
+use berth_sched::estimate::{After, on_clock};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 
@@ -46,6 +46,9 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
         let built = snapshot::build(&world, starvation_after);
         let limit =
             |i: usize| world.workloads[i].spec.max_runtime_seconds.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+        // A simulated cluster's clock may run faster: its jobs reach their limits sooner.
+        let time_scales: Vec<f64> =
+            world.clusters.iter().map(|c| c.spec.sim.as_ref().map_or(1.0, |s| s.time_scale)).collect();
         // Work told to stop ends at the end of its grace period, if not at its limit first.
         let ends: Vec<Option<i64>> = built
             .running
@@ -54,7 +57,7 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
             .map(|(&i, r)| {
                 let w = &world.workloads[i];
                 let started = w.status.started_at.unwrap_or(world.now).timestamp();
-                let at_limit = limit(i).map(|m| started.saturating_add(m));
+                let at_limit = limit(i).map(|m| started.saturating_add(on_clock(m, time_scales[r.cluster])));
                 if !r.preempting {
                     return at_limit;
                 }
@@ -63,7 +66,7 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
             })
             .collect();
         let runtimes: Vec<Option<i64>> = built.pending.iter().map(|&i| limit(i)).collect();
-        let estimates = berth_sched::estimate::start_times(&built.snapshot, &ends, &runtimes, MAX_STEPS);
+        let estimates = berth_sched::estimate::start_times(&built.snapshot, &ends, &runtimes, &time_scales, MAX_STEPS);
         (world, built, estimates)
     })
     .await?;

@@ -38,11 +38,14 @@ pub enum After {
 /// The estimated start of each of `s.pending` (by index). `running_ends[i]` is when
 /// `s.running[i]` must end: at its runtime limit, or, told to stop, at the end of its grace
 /// period (`None`: no limit; now for one told to stop); `runtimes[i]` is `s.pending[i]`'s
-/// runtime limit in seconds. At most `max_steps` cycles are simulated.
+/// runtime limit in seconds of the cluster it runs on, and `time_scales[c]` how many of
+/// them cluster `c` counts in one second of the snapshot's clock (1 but for a simulated
+/// cluster whose time runs faster). At most `max_steps` cycles are simulated.
 pub fn start_times(
     s: &Snapshot,
     running_ends: &[Option<i64>],
     runtimes: &[Option<i64>],
+    time_scales: &[f64],
     max_steps: usize,
 ) -> Vec<Option<Estimate>> {
     let mut out: Vec<Option<Estimate>> = vec![None; s.pending.len()];
@@ -80,7 +83,8 @@ pub fn start_times(
                 tasks: p.tasks,
                 placement: a.placement.clone(),
             });
-            ends.push(runtimes[origin[a.workload]].map(|r| snap.now + r.max(1)));
+            let scale = time_scales.get(a.cluster).copied().unwrap_or(1.0);
+            ends.push(runtimes[origin[a.workload]].map(|r| snap.now + on_clock(r, scale).max(1)));
         }
         // Victims of the plan stop at once (their grace period is not modelled).
         for p in &plan.preemptions {
@@ -130,4 +134,11 @@ pub fn start_times(
         snap.now = next;
     }
     out
+}
+
+/// `seconds` of a cluster that counts `time_scale` of them in one second, on the snapshot's
+/// clock.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)] // seconds, far within range
+pub fn on_clock(seconds: i64, time_scale: f64) -> i64 {
+    if time_scale > 0.0 { (seconds as f64 / time_scale).round() as i64 } else { seconds }
 }

@@ -729,6 +729,32 @@ async fn estimated_starts_match_the_actual_starts_when_runtimes_are_known(db: be
     assert!(errors.iter().all(|e| (-2..=4 * STEP + 2).contains(e)), "{errors:?}");
 }
 
+/// A simulated cluster whose clock runs 60 times faster ends a job at its one-hour limit
+/// after a minute: the estimate of the work waiting for it says so (it said an hour), and
+/// the work starts then.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn estimates_count_a_simulated_cluster_s_time(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("a", None, 16, None).await;
+    p.cluster("fast", 1, json!({"time_scale": 60})).await;
+    p.submit("a", "limited", 1, 8.0, json!({"sim": {"duration_seconds": 7200}, "max_runtime_seconds": 3600})).await;
+    p.step().await;
+    p.submit("a", "next", 1, 8.0, json!({"max_runtime_seconds": 600})).await;
+    p.step().await;
+    berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
+    let started = p.workload("a", "limited").await.status.started_at.expect("limited runs");
+    let e = p.workload("a", "next").await.status.estimated_start.expect("an estimate");
+    let expected = started + chrono::TimeDelta::seconds(60);
+    assert!((e.at - expected).num_seconds().abs() <= 1, "{} vs {expected}", e.at);
+    for _ in 0..13 {
+        p.advance(5);
+        p.step().await;
+    }
+    let next = p.workload("a", "next").await;
+    let actual = next.status.started_at.unwrap_or_else(|| panic!("next waits still: {:?}", next.status));
+    assert!((actual - e.at).num_seconds().abs() <= 5, "started {actual}, estimated {}", e.at);
+}
+
 /// A workload waiting for work without a runtime limit has no estimate; one waiting for
 /// work with a limit has one, when that limit is reached. A running workload's limit cannot
 /// change: its job keeps the one it was submitted with.
