@@ -86,6 +86,7 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         return Ok(status);
     }
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
+    let nodes = berth_store::cluster::cluster_nodes_list(&ctx.db).await?;
     let now = ctx.clock.now();
     let mut plans = Vec::new();
     for service in running {
@@ -95,7 +96,11 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         let load = read_load(ctx, &clusters, service).await;
         status.unreadable += usize::from(load.is_err());
         let team = service.metadata.team.as_deref().unwrap_or_default();
-        let held = ceiling(service, &berth_store::team::team_lineage_specs(&ctx.db, team).await?);
+        let limits = ceiling(service, &berth_store::team::team_lineage_specs(&ctx.db, team).await?);
+        let held = match (limits, room_on_nodes(service, &nodes)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         plans.push(plan(service, mine, load, held, now));
     }
     if plans.iter().all(|p| p.unchanged()) && orphaned.is_empty() {
@@ -178,7 +183,28 @@ fn ceiling(service: &Workload, lineage: &[(String, berth_core::team::TeamSpec)])
     Some(most)
 }
 
-/// What a pass does for one service. `held`: its [`ceiling`]. Replicas above it could
+/// The most replicas (the service's own tasks among them) every node of the flavors it
+/// accepts could hold at once, were they all free; None when it takes no GPU. A team
+/// without a limit is bounded only by this: a service asking for 1,000 one-GPU replicas
+/// where 80 GPUs exist made 1,000 workloads.
+fn room_on_nodes(
+    service: &Workload,
+    nodes: &[(berth_core::ClusterId, berth_store::cluster::ClusterNode)],
+) -> Option<u32> {
+    let gpus = service.spec.tasks.resources.gpus;
+    if gpus <= 0.0 {
+        return None;
+    }
+    let flavors = &service.spec.tasks.resources.flavors;
+    let each = nodes
+        .iter()
+        .filter(|(_, n)| n.flavor.as_ref().is_some_and(|f| flavors.contains(f)))
+        .map(|(_, n)| (f64::from(n.gpus.max(0)) / gpus + 1e-9).floor() as u64);
+    Some(u32::try_from(each.sum::<u64>()).unwrap_or(u32::MAX))
+}
+
+/// What a pass does for one service. `held`: the lower of its [`ceiling`] and
+/// [`room_on_nodes`]. Replicas above it could
 /// never all run: only one of them is added, to wait with the limit's reason (a service
 /// with `max_replicas: 1000` in a team limited to 4 GPUs made 999 workloads that could never
 /// be admitted, each in every queue and cycle).

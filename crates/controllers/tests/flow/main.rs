@@ -1833,6 +1833,33 @@ async fn an_inference_service_scales_with_its_load_within_the_teams_quota(db: be
     assert_eq!(left, ["svc", "svc-r1"], "the replicas are gone");
 }
 
+/// A service in a team without a limit, asking for 1,000 one-GPU replicas where one node of
+/// 8 GPUs exists: replicas are made up to what the node could hold, and one more waits to
+/// say why; not 999 workloads in every queue and cycle.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn replicas_are_not_made_beyond_what_the_nodes_could_hold(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 4, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    let spec = json!({"kind": "inference",
+        "sim": {"duration_seconds": 1_000_000, "load": [{"after_seconds": 0, "value": 1_000_000}]},
+        "inference": {"min_replicas": 1, "max_replicas": 1000, "target_in_flight": 1}});
+    p.submit("t", "svc", 1, 1.0, spec).await;
+    for _ in 0..3 {
+        p.settle().await;
+        p.advance(1);
+    }
+    let svc = p.workload("t", "svc").await;
+    let r = svc.status.replicas.clone().unwrap_or_default();
+    assert_eq!((r.current, r.desired), (8, 1000), "the node's 8 GPUs run the service and 7 replicas");
+    let replicas: i64 = sqlx::query_scalar("SELECT count(*) FROM workloads WHERE labels ? 'berth.dev/replica-of'")
+        .fetch_one(&p.ctx.db)
+        .await
+        .unwrap();
+    assert_eq!(replicas, 8, "7 that run and one that waits");
+    assert!(r.waiting.is_some_and(|w| w.starts_with("replica svc-r")), "the one that waits says why");
+}
+
 /// A reconciler that counts its passes and changes nothing.
 struct Counting {
     name: &'static str,
