@@ -228,7 +228,7 @@ fn recent_use(s: &Snapshot, team: usize, flavor: usize) -> Option<f64> {
     let used = (0..s.teams.len())
         .filter(|&t| below(t))
         .filter_map(|t| s.teams[t].recent_usage.as_ref().map(|r| r[flavor]))
-        .sum::<f64>();
+        .fold(0.0, |a, b| a + b);
     Some(used)
 }
 

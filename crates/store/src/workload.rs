@@ -420,7 +420,8 @@ pub async fn workload_queue(
     .await
     .map_err(db_error)?;
     let total = i64::try_from(keys.len()).unwrap_or(i64::MAX);
-    let gpus = keys.iter().map(|k| k.gpus).sum();
+    // Folded from +0: an empty sum of floats is -0, which clients print as "-0 GPUs".
+    let gpus = keys.iter().map(|k| k.gpus).fold(0.0, |a, b| a + b);
     let placed = queue_order(&keys, usize::try_from(limit).unwrap_or(usize::MAX));
     let uids: Vec<Uuid> = placed.iter().map(|&(k, ..)| keys[k].uid).collect();
     // As a list page: only the rows within the byte budget.

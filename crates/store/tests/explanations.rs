@@ -194,4 +194,8 @@ async fn the_queue_keeps_each_teams_own_order_whatever_positions_were_written(db
     let listed: Vec<_> =
         nlp.iter().map(|w| (w.metadata.name.as_str(), w.status.queue_position.map(|p| p.team))).collect();
     assert_eq!(listed, [("w3", Some(1)), ("w5", Some(2)), ("w1", Some(3))]);
+    // An empty queue waits for 0 GPUs, not -0 (an empty sum of floats).
+    let (none, pending, gpus) = store::workload_queue(&db, Some(&["nobody".to_owned()]), 3).await.unwrap();
+    assert_eq!((none.len(), pending), (0, 0));
+    assert!(gpus == 0.0 && gpus.is_sign_positive(), "{gpus}");
 }
