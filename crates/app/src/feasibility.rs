@@ -76,7 +76,8 @@ impl Facts {
         let team_ix: HashMap<String, usize> =
             teams.iter().enumerate().map(|(i, t)| (t.metadata.name.clone(), i)).collect();
         let team_uids = teams.iter().map(|t| TeamId(t.metadata.uid)).collect();
-        let teams = s::Team::tree(teams, &flavors);
+        // Budgets reset: what could ever run does not depend on them.
+        let teams = s::Team::tree(teams, &flavors, chrono::Utc::now());
         let mut snapshot = s::Snapshot { flavors, teams, ..s::Snapshot::default() };
         let cluster_ix: HashMap<ClusterId, usize> =
             clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();

@@ -114,7 +114,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
     let cluster_by_uid: FxHashMap<ClusterId, usize> =
         world.clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
 
-    let teams = s::Team::tree(&world.teams, &world.flavors);
+    let teams = s::Team::tree(&world.teams, &world.flavors, world.now);
     // What min runtime each team allows its work (most allow none).
     let allowed: Vec<u32> = (0..teams.len()).map(|t| s::min_runtime(&teams, t, None)).collect();
     let clusters = world

@@ -100,8 +100,8 @@ pub struct BudgetStop {
 impl Team {
     /// The stored teams as the scheduler sees them, in the same order: parents by index,
     /// one quota per flavor of `flavors` (a flavor a team declares nothing for gets
-    /// [`Quota::default`]; quotas of flavors not in `flavors` are left out).
-    pub fn tree(teams: &[berth_core::team::Team], flavors: &[String]) -> Vec<Self> {
+    /// [`Quota::default`]; quotas of flavors not in `flavors` are left out), at `now`.
+    pub fn tree(teams: &[berth_core::team::Team], flavors: &[String], now: chrono::DateTime<chrono::Utc>) -> Vec<Self> {
         let flavor_ix: HashMap<&str, usize> = flavors.iter().enumerate().map(|(i, f)| (f.as_str(), i)).collect();
         let team_ix: HashMap<&str, usize> =
             teams.iter().enumerate().map(|(i, t)| (t.metadata.name.as_str(), i)).collect();
@@ -138,7 +138,7 @@ impl Team {
                     name: t.metadata.name.clone(),
                     parent,
                     quotas,
-                    budget_stops: budget_stops(t, &flavor_ix),
+                    budget_stops: budget_stops(t, &flavor_ix, now),
                     min_runtime_seconds: t.spec.preemption.map(|p| p.min_runtime_seconds),
                     recent_usage,
                 }
@@ -147,25 +147,44 @@ impl Team {
     }
 }
 
-/// The budgets of `t` its status says are used up and whose action stops work (those the
-/// spec no longer declares are left out).
-fn budget_stops(t: &berth_core::team::Team, flavor_ix: &HashMap<&str, usize>) -> Vec<BudgetStop> {
+/// The budgets `t` declares that are used up and whose action stops work. Its status says
+/// which are, as the budgets controller last added them up (every 10 s at most); a budget
+/// declared or changed since counts as used up at once when what the status last said its
+/// flavor and period used already reaches it (a new budget of 0 GPU-hours, one lowered
+/// below what was used): before, work was admitted for seconds after a budget stopped it.
+fn budget_stops(
+    t: &berth_core::team::Team,
+    flavor_ix: &HashMap<&str, usize>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<BudgetStop> {
     use berth_core::usage::{BudgetAction, BudgetState};
-    t.status
+    t.spec
         .budgets
         .iter()
-        .filter(|b| b.state == BudgetState::Exhausted && b.budget.action != BudgetAction::Warn)
-        .filter(|b| t.spec.budgets.contains(&b.budget))
+        .filter(|b| b.action != BudgetAction::Warn)
         .filter_map(|b| {
-            let flavor = match &b.budget.flavor {
+            let known = t.status.budgets.iter().find(|s| s.budget.flavor == b.flavor && s.budget.period == b.period);
+            let resets_at = match known.filter(|s| s.budget == *b) {
+                Some(s) if s.state == BudgetState::Exhausted => s.resets_at,
+                Some(_) => return None,
+                None => {
+                    let (start, resets_at) = b.period.around(now);
+                    let used = known.filter(|s| s.period_start == start).map_or(0.0, |s| s.used_gpu_hours);
+                    if used < b.gpu_hours {
+                        return None;
+                    }
+                    resets_at
+                }
+            };
+            let flavor = match &b.flavor {
                 Some(f) => Some(*flavor_ix.get(f.as_str())?),
                 None => None,
             };
             Some(BudgetStop {
-                budget: b.budget.describe(),
+                budget: b.describe(),
                 flavor,
-                stop_new: b.budget.action == BudgetAction::StopNew,
-                resets_at: b.resets_at.timestamp(),
+                stop_new: b.action == BudgetAction::StopNew,
+                resets_at: resets_at.timestamp(),
             })
         })
         .collect()

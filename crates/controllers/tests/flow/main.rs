@@ -949,6 +949,50 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
     assert!(more.status.admission.unwrap().borrowed);
 }
 
+/// A budget declared or lowered stops work at once, not only once the budgets controller
+/// has added it up again (up to 10 s later; work was admitted meanwhile): lowered below
+/// what its period used, or declared at 0 GPU-hours.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_budget_lowered_below_its_use_or_declared_at_zero_stops_new_work_at_once(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    let team = |gpu_hours: f64| {
+        serde_json::from_value(json!({"spec": {"quotas": [{"flavor": "h100", "guaranteed": 16}],
+            "budgets": [{"gpu_hours": gpu_hours, "period": "week", "action": "stop_new"}]}}))
+        .unwrap()
+    };
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "a", &team(100.0), None).await.unwrap();
+    p.cluster("sim-a", 4, json!({})).await;
+    let long = json!({"sim": {"duration_seconds": 30 * 86_400}});
+    p.submit("a", "first", 1, 8.0, long.clone()).await;
+    p.settle().await;
+    // 8 GPUs for 30 minutes: 4 GPU-hours of 100.
+    p.advance(1800);
+    p.settle().await;
+    let used = berth_app::team::team_get(&p.ctx.db, &p.actor, "a").await.unwrap().status.budgets[0].used_gpu_hours;
+    assert!((used - 4.0).abs() < 0.01, "{used}");
+    // Lowered to 2, then a submission: the scheduler's next cycle, before the budgets
+    // controller's next pass, keeps it waiting.
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "a", &team(2.0), None).await.unwrap();
+    p.submit("a", "next", 1, 8.0, long.clone()).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let next = p.workload("a", "next").await;
+    assert_eq!(next.status.phase, Phase::Pending);
+    let reason = next.status.pending_reason.expect("a reason");
+    assert_eq!(reason.code, "BudgetExhausted", "{reason:?}");
+    assert!(reason.message.contains("2 GPU-hours of all flavors per week"), "{}", reason.message);
+    // A new team whose budget is 0 from the start.
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "b", &team(0.0), None).await.unwrap();
+    p.submit("b", "first", 1, 8.0, long).await;
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    let first = p.workload("b", "first").await;
+    assert_eq!(first.status.phase, Phase::Pending);
+    assert_eq!(first.status.pending_reason.map(|r| r.code), Some("BudgetExhausted".into()));
+    // Raised again above what was used: work runs.
+    berth_app::team::team_apply(&p.ctx.db, &p.actor, "a", &team(100.0), None).await.unwrap();
+    scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_ne!(p.phase("a", "next").await, Phase::Pending);
+}
+
 /// The scheduler's kept world follows the change feed: a write still uncommitted when the
 /// world is read arrives with the next read (it commits after a later one started), is
 /// all that keeps being looked for meanwhile, and deleted workloads leave it; a full read
