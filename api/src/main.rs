@@ -332,6 +332,9 @@ async fn main() -> anyhow::Result<()> {
             let issuer = issuer.issuer()?.context("set BERTH_JWT_SECRET or BERTH_JWT_SECRET_FILE to mint tokens")?;
             let grant = berth_core::auth::Grant { role, team };
             let mut v = berth_core::Validator::new();
+            if let Err(why) = berth_auth::check_subject(&subject) {
+                v.error("--subject", why);
+            }
             grant.validate(&mut v, "--role");
             v.finish().map_err(|e| anyhow::anyhow!("{e}"))?;
             println!("{}", issuer.mint(&subject, vec![grant], ttl, None).token);

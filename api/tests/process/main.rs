@@ -1185,3 +1185,27 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         (n == name && labels.iter().all(has)).then(|| value.parse().ok()).flatten()
     })
 }
+
+/// `berthd token create` mints only what the server accepts: a subject the server would
+/// refuse as malformed (a newline in it, too long) is refused here, naming `--subject`,
+/// and nothing is printed; a good one gives a token.
+#[test]
+fn token_create_refuses_a_subject_the_server_would_refuse() {
+    let mint = |subject: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_berthd"))
+            .args(["token", "create", "--subject", subject, "--role", "platform-admin", "--ttl", "1h"])
+            .env("BERTH_JWT_SECRET", "a-secret-of-at-least-thirty-two-bytes-0123456789")
+            .env_remove("BERTH_JWT_SECRET_FILE")
+            .output()
+            .unwrap()
+    };
+    for bad in ["ada\nlovelace", &"a".repeat(berth_auth::MAX_SUBJECT_CHARS + 1), " "] {
+        let out = mint(bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{bad:?}: {out:?}");
+        assert!(stderr.contains("--subject"), "{bad:?}: {stderr}");
+    }
+    let out = mint("ada");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim().split('.').count(), 3, "a JWT");
+}

@@ -27,6 +27,28 @@ pub use jwks::{Jwks, OidcConfig};
 /// The longest `sub` accepted (OpenID Connect's is at most 255 ASCII characters).
 pub const MAX_SUBJECT_CHARS: usize = 256;
 
+/// Whether a token's subject is one [`Verifier::verify`] accepts: what a minted token must
+/// name, or the server refuses it as malformed.
+///
+/// # Errors
+/// Says what is wrong with it.
+pub fn check_subject(subject: &str) -> Result<(), String> {
+    // RFC 8725 3.10: a subject must name someone; an empty one would match nothing and
+    // audit as no one.
+    if subject.trim().is_empty() {
+        return Err("must name someone".into());
+    }
+    // It is stored (audit records, bindings' authors) and shown: text of a bounded size,
+    // without control characters (a NUL cannot even be stored).
+    if subject.chars().count() > MAX_SUBJECT_CHARS {
+        return Err(format!("must be at most {MAX_SUBJECT_CHARS} characters"));
+    }
+    if subject.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// The most clock skew accepted on `exp` and `nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(60);
 
@@ -279,14 +301,10 @@ impl Verifier {
     /// Why it was refused.
     pub async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
         let verified = self.verify_signed(token).await?;
-        // RFC 8725 3.10: a subject must name someone; an empty one would match nothing and
-        // audit as no one.
         if verified.subject.trim().is_empty() {
             return Err(AuthError::MissingClaim);
         }
-        // It is stored (audit records, bindings' authors) and shown: text of a bounded size,
-        // without control characters (a NUL cannot even be stored).
-        if verified.subject.chars().count() > MAX_SUBJECT_CHARS || verified.subject.chars().any(char::is_control) {
+        if check_subject(&verified.subject).is_err() {
             return Err(AuthError::Malformed);
         }
         Ok(verified)
