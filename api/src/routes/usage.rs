@@ -62,6 +62,11 @@ async fn get_usage_report(
     ApiQuery(q): ApiQuery<ReportParams>,
 ) -> Result<Response, ApiError> {
     let now = Utc::now();
+    // Without `to` the report ends now: a `from` not before it is what is wrong.
+    if q.to.is_none() && q.from.is_some_and(|from| from >= now) {
+        let why = "must be in the past: the report ends now unless `to` says otherwise";
+        return Err(berth_core::Error::invalid("from", why).into());
+    }
     let to = q.to.unwrap_or(now);
     let mut group_by = Vec::new();
     for part in q.group_by.as_deref().unwrap_or("").split(',').filter(|p| !p.is_empty()) {

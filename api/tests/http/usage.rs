@@ -295,6 +295,8 @@ async fn bad_reports_prices_and_budgets_name_their_field(db: berth_store::PgPool
     get("group_by=team,colour").await.assert_problem(422, Some("group_by"));
     get("from=2026-11-04T00:00:00Z&to=2026-11-02T00:00:00Z").await.assert_problem(422, Some("to"));
     get("from=2024-01-01T00:00:00Z&to=2026-11-02T00:00:00Z").await.assert_problem(422, Some("from"));
+    // Without `to`, the report ends now: a start in the future is the start's fault.
+    get("from=2999-01-01T00:00:00Z").await.assert_problem(422, Some("from"));
     get("from=2026-01-01T00:00:00Z&to=2026-11-02T00:00:00Z&bucket=hour").await.assert_problem(422, Some("bucket"));
     get("bucket=fortnight").await.assert_problem(400, Some("bucket"));
     get("format=xml").await.assert_problem(400, Some("format"));
