@@ -2285,7 +2285,8 @@ export interface components {
             in_quota_gpu_hours: number;
             /**
              * Format: double
-             * @description Beyond the team's guarantee (reclaimable when they ran).
+             * @description Beyond the team's guarantee: of work admitted beyond it, while the team's subtree
+             *     held more than it ([`settle_borrowed`]).
              */
             borrowed_gpu_hours: number;
             /**

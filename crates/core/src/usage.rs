@@ -72,6 +72,99 @@ pub fn mark_reused_names(intervals: &mut [Interval], current: &HashMap<String, U
     }
 }
 
+/// Each team's guarantee of each flavor in GPUs, by the team's uid.
+pub type GuaranteeGpus = HashMap<(Uuid, String), f64>;
+
+/// From, to, and the share of the flagged GPUs that stays borrowed over it.
+type Stretch = (DateTime<Utc>, DateTime<Utc>, f64);
+
+/// Work admitted beyond its team's guarantee carries `borrowed` for all of its run, but it
+/// is borrowed only while the team's subtree holds more than the team's guarantee (of its
+/// flavor): once the team's other work ends, what it holds is within the guarantee again.
+/// Splits each interval so flagged: over each stretch of time, the GPUs beyond the
+/// guarantee (at most those flagged) stay borrowed, shared among the flagged work in
+/// proportion, and the rest count as in quota. An interval not flagged, or whose team is
+/// gone (no guarantee in `guarantees`, which has every team's, whoever reads the report),
+/// stays as it is. Each team's subtree must be whole in `intervals`: the split of an
+/// interval must not depend on who reads it.
+pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus) -> Vec<Interval> {
+    // The flagged, by their team and flavor; and every interval of those teams' subtrees.
+    let mut flagged: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
+    for (k, i) in intervals.iter().enumerate() {
+        if let Some(team) =
+            i.team_uids.first().filter(|t| i.borrowed && guarantees.contains_key(&(**t, i.flavor.clone())))
+        {
+            flagged.entry((*team, i.flavor.as_str())).or_default().push(k);
+        }
+    }
+    if flagged.is_empty() {
+        return intervals;
+    }
+    let mut subtree: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
+    for (k, i) in intervals.iter().enumerate() {
+        for t in &i.team_uids {
+            if flagged.contains_key(&(*t, i.flavor.as_str())) {
+                subtree.entry((*t, i.flavor.as_str())).or_default().push(k);
+            }
+        }
+    }
+    // What stays borrowed of each flagged interval.
+    let mut shares: HashMap<usize, Vec<Stretch>> = HashMap::new();
+    for (key, mine) in &flagged {
+        let guaranteed = guarantees[&(key.0, key.1.to_owned())];
+        // Changes of the subtree's use and of the flagged GPUs, in time.
+        let mut changes: Vec<(DateTime<Utc>, f64, f64)> = Vec::new();
+        for &k in subtree.get(key).into_iter().flatten() {
+            let i = &intervals[k];
+            changes.extend([(i.start, i.gpus, 0.0), (i.end, -i.gpus, 0.0)]);
+        }
+        for &k in mine {
+            let i = &intervals[k];
+            changes.extend([(i.start, 0.0, i.gpus), (i.end, 0.0, -i.gpus)]);
+        }
+        changes.sort_by_key(|c| c.0);
+        let mut stretches: Vec<Stretch> = Vec::new();
+        let (mut used, mut borrowed) = (0.0_f64, 0.0_f64);
+        for (n, &(at, d_used, d_borrowed)) in changes.iter().enumerate() {
+            used += d_used;
+            borrowed += d_borrowed;
+            let Some(&(next, ..)) = changes.get(n + 1) else { break };
+            if next > at && borrowed > 1e-9 {
+                let beyond = (used - guaranteed).max(0.0).min(borrowed);
+                stretches.push((at, next, (beyond / borrowed).clamp(0.0, 1.0)));
+            }
+        }
+        for &k in mine {
+            let i = &intervals[k];
+            let first = stretches.partition_point(|s| s.1 <= i.start);
+            let mut own: Vec<Stretch> = Vec::new();
+            for &(a, b, share) in stretches[first..].iter().take_while(|s| s.0 < i.end) {
+                let (a, b) = (a.max(i.start), b.min(i.end));
+                match own.last_mut() {
+                    Some(last) if last.1 == a && (last.2 - share).abs() < 1e-12 => last.1 = b,
+                    _ => own.push((a, b, share)),
+                }
+            }
+            shares.insert(k, own);
+        }
+    }
+    let mut out = Vec::with_capacity(intervals.len() + shares.len());
+    for (k, i) in intervals.into_iter().enumerate() {
+        let Some(own) = shares.remove(&k) else {
+            out.push(i);
+            continue;
+        };
+        for (start, end, share) in own {
+            for (part, borrowed) in [(share, true), (1.0 - share, false)] {
+                if part > 1e-12 {
+                    out.push(Interval { gpus: i.gpus * part, borrowed, start, end, ..i.clone() });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Hours from `a` to `b` (0 when `b` is not after `a`).
 fn hours(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     if b <= a { 0.0 } else { (b - a).num_milliseconds() as f64 / 3_600_000.0 }
@@ -183,7 +276,8 @@ pub struct UsageAmounts {
     pub gpu_hours: f64,
     /// Within the team's guarantee.
     pub in_quota_gpu_hours: f64,
-    /// Beyond the team's guarantee (reclaimable when they ran).
+    /// Beyond the team's guarantee: of work admitted beyond it, while the team's subtree
+    /// held more than it ([`settle_borrowed`]).
     pub borrowed_gpu_hours: f64,
     /// GPU-hours times their flavor's price; GPU-hours of flavors without a price cost
     /// nothing.
@@ -687,6 +781,52 @@ mod tests {
         assert_eq!(kept[0].team, "nlp");
         mark_reused_names(&mut kept, &HashMap::new());
         assert_eq!(kept[0].team, "nlp");
+    }
+
+    /// nlp is guaranteed 8. bob's 4 GPUs were admitted beyond it (10:00–14:00) while
+    /// alice held 8 (09:00–11:00); a child team's 2 (12:00–13:00) count for nlp's subtree;
+    /// carol's 2, also flagged (10:30–11:30), share what is beyond. Borrowed: 10:00–10:30
+    /// 4 (of 12 held), 10:30–11:00 6 of 14 (bob 4, carol 2, both wholly), 11:00–11:30 0
+    /// (6 held), then nothing; the rest of the flagged hours count in quota.
+    #[test]
+    fn work_flagged_borrowed_is_borrowed_only_while_its_team_holds_more_than_its_guarantee() {
+        let flagged = |mut i: Interval| {
+            i.borrowed = true;
+            i
+        };
+        let intervals = vec![
+            run("nlp", &["nlp", "research"], "alice", 8.0, "2026-11-01T09:00:00Z", "2026-11-01T11:00:00Z"),
+            flagged(run("nlp", &["nlp", "research"], "bob", 4.0, "2026-11-01T10:00:00Z", "2026-11-01T14:00:00Z")),
+            flagged(run("nlp", &["nlp", "research"], "carol", 2.0, "2026-11-01T10:30:00Z", "2026-11-01T11:30:00Z")),
+            run("sub", &["sub", "nlp", "research"], "dan", 2.0, "2026-11-01T12:00:00Z", "2026-11-01T13:00:00Z"),
+            // Another team's flagged work, whose team is gone: stays as it was.
+            flagged(run("gone", &["gone"], "eve", 1.0, "2026-11-01T10:00:00Z", "2026-11-01T12:00:00Z")),
+        ];
+        let guarantees = GuaranteeGpus::from([((uid("nlp"), "h100".to_owned()), 8.0)]);
+        let settled = settle_borrowed(intervals.clone(), &guarantees);
+        let (from, to) = (t("2026-11-01T00:00:00Z"), t("2026-11-02T00:00:00Z"));
+        let sum = |owner: &str, borrowed: bool| -> f64 {
+            settled
+                .iter()
+                .filter(|i| i.owner.as_deref() == Some(owner) && i.borrowed == borrowed)
+                .map(|i| i.gpu_hours(from, to))
+                .sum()
+        };
+        // bob: 4 × 0.5 h + 4 × 0.5 h borrowed; the other 3 h in quota.
+        assert!((sum("bob", true) - 4.0).abs() < 1e-9, "{settled:#?}");
+        assert!((sum("bob", false) - 12.0).abs() < 1e-9);
+        // carol: 2 × 0.5 h borrowed, 2 × 0.5 h in quota.
+        assert!((sum("carol", true) - 1.0).abs() < 1e-9 && (sum("carol", false) - 1.0).abs() < 1e-9);
+        assert!((sum("alice", false) - 16.0).abs() < 1e-9 && sum("alice", true) == 0.0);
+        assert!((sum("eve", true) - 2.0).abs() < 1e-9, "no guarantee known: the flag stands");
+        // Nothing is lost or made: the GPU-hours, the cost and the GPUs held at any time.
+        let total = |v: &[Interval]| v.iter().map(|i| i.gpu_hours(from, to)).sum::<f64>();
+        assert!((total(&settled) - total(&intervals)).abs() < 1e-9);
+        // Within the guarantee all along: nothing stays borrowed.
+        let alone = vec![flagged(run("nlp", &["nlp"], "bob", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T13:00:00Z"))];
+        let settled = settle_borrowed(alone, &guarantees);
+        assert_eq!(settled.len(), 1);
+        assert!(!settled[0].borrowed && settled[0].gpus == 2.0);
     }
 
     #[test]
