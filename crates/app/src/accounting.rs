@@ -102,7 +102,7 @@ pub async fn usage_report(
     // Half a million intervals take a second: off the threads that serve requests.
     let req = req.clone();
     let mut report = tokio::task::spawn_blocking(move || {
-        let mut intervals = usage::settle_borrowed(intervals, &guarantee_gpus);
+        let mut intervals = usage::settle_borrowed(intervals, &guarantee_gpus, &req);
         if let Visibility::Some { teams, covering } = &visibility {
             intervals.retain(|i| {
                 i.team_uids.first().is_some_and(|t| teams.contains(t))

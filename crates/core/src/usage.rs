@@ -83,11 +83,12 @@ type Stretch = (DateTime<Utc>, DateTime<Utc>, f64);
 /// flavor): once the team's other work ends, what it holds is within the guarantee again.
 /// Splits each interval so flagged: over each stretch of time, the GPUs beyond the
 /// guarantee (at most those flagged) stay borrowed, shared among the flagged work in
-/// proportion, and the rest count as in quota. An interval not flagged, or whose team is
+/// proportion, and the rest count as in quota (averaged over each part of `req` counted
+/// apart: a bucket, the period). An interval not flagged, or whose team is
 /// gone (no guarantee in `guarantees`, which has every team's, whoever reads the report),
 /// stays as it is. Each team's subtree must be whole in `intervals`: the split of an
 /// interval must not depend on who reads it.
-pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus) -> Vec<Interval> {
+pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus, req: &ReportRequest) -> Vec<Interval> {
     // The flagged, by their team and flavor; and every interval of those teams' subtrees.
     let mut flagged: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
     for (k, i) in intervals.iter().enumerate() {
@@ -134,15 +135,25 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus) -> 
                 stretches.push((at, next, (beyond / borrowed).clamp(0.0, 1.0)));
             }
         }
+        // Each flagged interval's share, averaged over each part of it the report counts
+        // apart (a bucket, the period, before and after it): exact where the report adds
+        // up, and at most two pieces a part (a share per stretch made a piece for every
+        // change of the team's use while it ran).
         for &k in mine {
             let i = &intervals[k];
             let first = stretches.partition_point(|s| s.1 <= i.start);
             let mut own: Vec<Stretch> = Vec::new();
+            let (mut part, mut part_end, mut weighted) = (i.start, boundary_after(req, i.start).min(i.end), 0.0);
             for &(a, b, share) in stretches[first..].iter().take_while(|s| s.0 < i.end) {
-                let (a, b) = (a.max(i.start), b.min(i.end));
-                match own.last_mut() {
-                    Some(last) if last.1 == a && (last.2 - share).abs() < 1e-12 => last.1 = b,
-                    _ => own.push((a, b, share)),
+                let (mut a, b) = (a.max(i.start), b.min(i.end));
+                while a < b {
+                    let upto = b.min(part_end);
+                    weighted += share * hours(a, upto);
+                    a = upto;
+                    if a == part_end {
+                        own.push((part, part_end, weighted / hours(part, part_end)));
+                        (part, part_end, weighted) = (part_end, boundary_after(req, part_end).min(i.end), 0.0);
+                    }
                 }
             }
             shares.insert(k, own);
@@ -150,7 +161,7 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus) -> 
     }
     let mut out = Vec::with_capacity(intervals.len() + shares.len());
     for (k, i) in intervals.into_iter().enumerate() {
-        let Some(own) = shares.remove(&k) else {
+        let Some(own) = shares.remove(&k).filter(|own| !own.is_empty()) else {
             out.push(i);
             continue;
         };
@@ -163,6 +174,19 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus) -> 
         }
     }
     out
+}
+
+/// The next time after `t` where the report starts counting apart: its period's start
+/// and end, and its buckets'.
+fn boundary_after(req: &ReportRequest, t: DateTime<Utc>) -> DateTime<Utc> {
+    let period = if t < req.from {
+        req.from
+    } else if t < req.to {
+        req.to
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    };
+    req.bucket.map_or(period, |b| period.min(b.next(b.floor(t))))
 }
 
 /// Hours from `a` to `b` (0 when `b` is not after `a`).
@@ -803,8 +827,10 @@ mod tests {
             flagged(run("gone", &["gone"], "eve", 1.0, "2026-11-01T10:00:00Z", "2026-11-01T12:00:00Z")),
         ];
         let guarantees = GuaranteeGpus::from([((uid("nlp"), "h100".to_owned()), 8.0)]);
-        let settled = settle_borrowed(intervals.clone(), &guarantees);
         let (from, to) = (t("2026-11-01T00:00:00Z"), t("2026-11-02T00:00:00Z"));
+        let mut req = ReportRequest { from, to, group_by: vec![GroupBy::Owner], bucket: None };
+        let settled = settle_borrowed(intervals.clone(), &guarantees, &req);
+        assert_eq!(settled.iter().filter(|i| i.owner.as_deref() == Some("bob")).count(), 2, "{settled:#?}");
         let sum = |owner: &str, borrowed: bool| -> f64 {
             settled
                 .iter()
@@ -822,9 +848,21 @@ mod tests {
         // Nothing is lost or made: the GPU-hours, the cost and the GPUs held at any time.
         let total = |v: &[Interval]| v.iter().map(|i| i.gpu_hours(from, to)).sum::<f64>();
         assert!((total(&settled) - total(&intervals)).abs() < 1e-9);
+        // By the hour: bob's borrowed hours all fall in the 10:00 bucket.
+        req.bucket = Some(Bucket::Hour);
+        let settled = settle_borrowed(intervals.clone(), &guarantees, &req);
+        let r = report(&req, &settled, &[], &BTreeSet::new(), &Visibility::All, to);
+        let bob: Vec<(u32, f64, f64)> = r
+            .rows
+            .iter()
+            .filter(|r| r.owner.as_deref() == Some("bob"))
+            .map(|r| (r.bucket.unwrap().hour(), r.borrowed_gpu_hours, r.in_quota_gpu_hours))
+            .collect();
+        assert_eq!(bob, [(10, 4.0, 0.0), (11, 0.0, 4.0), (12, 0.0, 4.0), (13, 0.0, 4.0)]);
         // Within the guarantee all along: nothing stays borrowed.
         let alone = vec![flagged(run("nlp", &["nlp"], "bob", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T13:00:00Z"))];
-        let settled = settle_borrowed(alone, &guarantees);
+        req.bucket = None;
+        let settled = settle_borrowed(alone, &guarantees, &req);
         assert_eq!(settled.len(), 1);
         assert!(!settled[0].borrowed && settled[0].gpus == 2.0);
     }
