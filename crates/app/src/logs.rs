@@ -57,7 +57,8 @@ pub async fn workload_logs(
     }
     if query.task >= workload.spec.tasks.count {
         let count = workload.spec.tasks.count;
-        return Err(Error::invalid("task", format!("{team}/{name} has {count} tasks (0 to {})", count - 1)));
+        let tasks = if count == 1 { "1 task (0)".to_owned() } else { format!("{count} tasks (0 to {})", count - 1) };
+        return Err(Error::invalid("task", format!("{team}/{name} has {tasks}")));
     }
     let job = workload.status.backend_ref.as_ref();
     let Some(cluster_name) = job.map(|j| j.cluster.clone()).or(workload.status.admission.map(|a| a.cluster)) else {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::apply::{self, Action};
 use crate::client::{ApiError, Client, exit, seg};
 use crate::config::{Config, Context};
-use crate::output::{self, Format, age, cell, gpus, structured, table};
+use crate::output::{self, Format, age, cell, gpus, gpus_said, structured, table};
 use crate::submit;
 
 /// What every command reaches.
@@ -771,7 +771,7 @@ async fn create(
             let w = &answer["items"][0];
             if !structured(env.out, w) {
                 let name = cell(&w["metadata"]["name"]);
-                println!("workload {team}/{name} {what} ({} GPUs of {flavor})", gpus(gpus_of(w)));
+                println!("workload {team}/{name} {what} ({} of {flavor})", gpus_said(gpus_of(w)));
             }
         }
         Some(array) => {
@@ -784,9 +784,9 @@ async fn create(
                     n => (format!("{n} workloads"), format!("{base}-{first} … {base}-{last}")),
                 };
                 println!(
-                    "array {team}/{base}: {count} {what} ({names}, {} GPUs of {flavor} each); \
+                    "array {team}/{base}: {count} {what} ({names}, {} of {flavor} each); \
                      berth get workloads --team {team} -l {ARRAY_LABEL}={base}",
-                    gpus(gpus_of(w)),
+                    gpus_said(gpus_of(w)),
                 );
             }
         }
@@ -874,7 +874,7 @@ async fn flavor(c: &Client, r: &submit::Request) -> Result<String> {
     match flavors.as_slice() {
         [only] => Ok(name(only)),
         _ => bail!(
-            "say which GPUs: --flavor NAME, or #SBATCH --gres=gpu:TYPE:N (flavors: {})",
+            "say which GPUs: --flavor NAME (in a batch script, #SBATCH --gres=gpu:TYPE:N too) (flavors: {})",
             flavors.iter().map(name).collect::<Vec<_>>().join(", ")
         ),
     }
@@ -1226,7 +1226,7 @@ pub async fn queue(env: &Env<'_>, team: Option<String>, limit: u32) -> Result<i3
     if structured(env.out, &q) {
         return Ok(0);
     }
-    println!("{} waiting for {} GPUs", cell(&q["total"]), cell(&q["gpus"]));
+    println!("{} waiting for {}", cell(&q["total"]), gpus_said(q["gpus"].as_f64().unwrap_or(0.0)));
     let rows: Vec<Vec<String>> = q["items"]
         .as_array()
         .into_iter()

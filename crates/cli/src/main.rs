@@ -186,7 +186,7 @@ environment (BERTH_WORKLOAD, BERTH_TEAM, BERTH_API_URL, BERTH_JOB_TOKEN).")]
         /// Group rows by: team, owner, flavor, cluster, kind, backend (comma-separated)
         #[arg(long, default_value = "team")]
         by: String,
-        /// Cut the period into hour, day, week or month buckets
+        /// Cut the period into minute, hour, day, week or month buckets
         #[arg(long, value_parser = ["minute", "hour", "day", "week", "month"])]
         bucket: Option<String>,
         /// Print the rows as CSV (for a spreadsheet)

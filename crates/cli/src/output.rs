@@ -66,6 +66,12 @@ pub fn gpus(n: f64) -> String {
     if n.fract() == 0.0 { format!("{n:.0}") } else { format!("{n:.2}").trim_end_matches('0').to_owned() }
 }
 
+/// `n` GPUs, as said: `1 GPU`, `2 GPUs`, `0.5 GPUs`.
+pub fn gpus_said(n: f64) -> String {
+    let n = gpus(n);
+    if n == "1" { "1 GPU".to_owned() } else { format!("{n} GPUs") }
+}
+
 /// How long ago (or from now) an RFC 3339 time is, as people say it.
 pub fn age(t: &Value) -> String {
     let Some(t) = t.as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok()) else { return String::new() };

@@ -304,8 +304,7 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     let out = w.berth_as(&alice, &["submit", &script]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout)
-            .starts_with("array nlp/sweep: 4 workloads submitted (sweep-1 … sweep-8, 1 GPUs of h100 each)"),
+        text(&out.stdout).starts_with("array nlp/sweep: 4 workloads submitted (sweep-1 … sweep-8, 1 GPU of h100 each)"),
         "{}",
         text(&out.stdout)
     );
