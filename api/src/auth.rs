@@ -329,9 +329,10 @@ mod tests {
     /// million jobs over a month) must not each leave a key behind.
     #[test]
     fn callers_whose_budget_is_whole_again_are_forgotten() {
-        let per_ms = RateLimit { per_second: NonZeroU32::new(1_000).unwrap(), burst: NonZeroU32::new(1).unwrap() };
+        // One request every 100 ms.
+        let limit = RateLimit { per_second: NonZeroU32::new(10).unwrap(), burst: NonZeroU32::new(1).unwrap() };
         let verifier = Verifier { berth: None, oidc: None, leeway: Duration::ZERO };
-        let auth = Auth::with_limits(verifier, RateLimits { writes: Some(per_ms), reads: Some(per_ms), teams: None });
+        let auth = Auth::with_limits(verifier, RateLimits { writes: Some(limit), reads: Some(limit), teams: None });
         let job = |i: u64| berth_core::auth::Principal {
             subject: format!("workload:{i}"),
             issuer: "berth".into(),
@@ -346,8 +347,9 @@ mod tests {
             assert_eq!(ask(i), None);
         }
         assert_eq!(auth.kept(), usize::try_from(PRUNE_EVERY).unwrap() - 1, "each caller is a key until pruned");
-        // Spent a moment ago: a caller's whole budget (one request) comes back in a millisecond.
-        std::thread::sleep(Duration::from_millis(5));
+        // A caller's whole budget (one request) comes back in 100 ms; governor forgets a key
+        // once twice that has passed.
+        std::thread::sleep(Duration::from_millis(250));
         assert_eq!(ask(0), None, "caller 0's budget is whole again");
         assert_eq!(ask(0), Some(1), "and spent again at once");
         assert_eq!(auth.kept(), 1, "pruned at the {PRUNE_EVERY}th budget asked: only caller 0 has spent lately");

@@ -2286,7 +2286,7 @@ export interface components {
             /**
              * Format: double
              * @description Beyond the team's guarantee: of work admitted beyond it, while the team's subtree
-             *     held more than it ([`settle_borrowed`]).
+             *     held more than it (to a caller who may not read the whole subtree: as admitted).
              */
             borrowed_gpu_hours: number;
             /**

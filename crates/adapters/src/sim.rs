@@ -229,7 +229,9 @@ impl SimCluster {
         let &j = s.by_key.get(&key).ok_or_else(|| BackendError::Rejected(format!("no job {key}")))?;
         let tasks = s.jobs[j].request.tasks;
         if task >= tasks {
-            return Err(BackendError::Rejected(format!("job {key} has {tasks} tasks (0 to {})", tasks - 1)));
+            let tasks =
+                if tasks == 1 { "1 task (0)".to_owned() } else { format!("{tasks} tasks (0 to {})", tasks - 1) };
+            return Err(BackendError::Rejected(format!("job {key} has {tasks}")));
         }
         Ok(s.printed(j, task, now))
     }

@@ -59,20 +59,13 @@ pub async fn usage_report(
             covering: covering.iter().filter_map(uid).collect(),
         },
     };
-    // What was borrowed depends on what each team's whole subtree held (see
-    // `usage::settle_borrowed`), whoever reads the report: the subtrees of the teams the
-    // caller may read are read whole, settled, then cut down to what the caller may read.
-    let subtrees = match &visibility {
+    let scope = match &visibility {
         Visibility::All => None,
         Visibility::Some { teams, covering } => {
-            Some(LedgerScope { teams: Vec::new(), covering: teams.iter().chain(covering).copied().collect() })
+            Some(LedgerScope { teams: teams.iter().copied().collect(), covering: covering.iter().copied().collect() })
         }
     };
-    let intervals = ledger_intervals(db, req.from, req.to, now, subtrees.as_ref()).await?;
-    let guarantee_gpus: usage::GuaranteeGpus = teams
-        .iter()
-        .flat_map(|t| t.spec.quotas.iter().map(|q| ((t.metadata.uid, q.flavor.clone()), f64::from(q.guaranteed))))
-        .collect();
+    let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
     // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs to
     // see (a member of a department sees only its own work, not its department's; a member
     // of a team with none below it, all of it).
@@ -97,18 +90,17 @@ pub async fn usage_report(
             })
         })
         .collect();
+    // What was borrowed depends on what the team's whole subtree held: settled for the
+    // teams whose subtree the caller reads (all of it is in `intervals`), as their idle
+    // guarantee is shown; the others' work is shown as it was admitted (settling it would
+    // tell a member of a department, bucket by bucket, what the teams below it held).
+    let guarantee_gpus: usage::GuaranteeGpus = guarantees.iter().map(|g| ((g.uid, g.flavor.clone()), g.gpus)).collect();
     let current: HashMap<String, uuid::Uuid> =
         teams.iter().map(|t| (t.metadata.name.clone(), t.metadata.uid)).collect();
     // Half a million intervals take a second: off the threads that serve requests.
     let req = req.clone();
     let mut report = tokio::task::spawn_blocking(move || {
         let mut intervals = usage::settle_borrowed(intervals, &guarantee_gpus, &req);
-        if let Visibility::Some { teams, covering } = &visibility {
-            intervals.retain(|i| {
-                i.team_uids.first().is_some_and(|t| teams.contains(t))
-                    || i.team_uids.iter().any(|t| covering.contains(t))
-            });
-        }
         usage::mark_reused_names(&mut intervals, &current);
         usage::report(&req, &intervals, &guarantees, &guaranteed, &visibility, now)
     })

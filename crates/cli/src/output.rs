@@ -63,6 +63,8 @@ pub fn cell(v: &Value) -> String {
 
 /// A number of GPUs: whole numbers without a fraction.
 pub fn gpus(n: f64) -> String {
+    // In hundredths: a sum of tenths (0.9999999999999999) says 1, not "1.".
+    let n = (n * 100.0).round() / 100.0;
     if n.fract() == 0.0 { format!("{n:.0}") } else { format!("{n:.2}").trim_end_matches('0').to_owned() }
 }
 
@@ -100,5 +102,8 @@ mod tests {
         assert_eq!(gpus(2.0), "2");
         assert_eq!(gpus(0.25), "0.25");
         assert_eq!(gpus(1.5), "1.5");
+        // Ten tenths add up to 0.9999999999999999: one GPU, as said.
+        let tenths = (0..10).map(|_| 0.1).fold(0.0, |a: f64, b| a + b);
+        assert_eq!((gpus(tenths), gpus_said(tenths), gpus_said(2.0)), ("1".into(), "1 GPU".into(), "2 GPUs".into()));
     }
 }

@@ -86,7 +86,13 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         return Ok(status);
     }
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    let nodes = berth_store::cluster::cluster_nodes_list(&ctx.db).await?;
+    // Nodes by flavor and GPUs a node (read again only when the inventory changed).
+    let mut nodes: HashMap<String, HashMap<i32, u64>> = HashMap::new();
+    for (_, n) in ctx.world.nodes(&ctx.db).await?.iter() {
+        if let Some(flavor) = &n.flavor {
+            *nodes.entry(flavor.clone()).or_default().entry(n.gpus).or_default() += 1;
+        }
+    }
     let now = ctx.clock.now();
     let mut plans = Vec::new();
     for service in running {
@@ -187,20 +193,14 @@ fn ceiling(service: &Workload, lineage: &[(String, berth_core::team::TeamSpec)])
 /// accepts could hold at once, were they all free; None when it takes no GPU. A team
 /// without a limit is bounded only by this: a service asking for 1,000 one-GPU replicas
 /// where 80 GPUs exist made 1,000 workloads.
-fn room_on_nodes(
-    service: &Workload,
-    nodes: &[(berth_core::ClusterId, berth_store::cluster::ClusterNode)],
-) -> Option<u32> {
+fn room_on_nodes(service: &Workload, nodes: &HashMap<String, HashMap<i32, u64>>) -> Option<u32> {
     let gpus = service.spec.tasks.resources.gpus;
     if gpus <= 0.0 {
         return None;
     }
-    let flavors = &service.spec.tasks.resources.flavors;
-    let each = nodes
-        .iter()
-        .filter(|(_, n)| n.flavor.as_ref().is_some_and(|f| flavors.contains(f)))
-        .map(|(_, n)| (f64::from(n.gpus.max(0)) / gpus + 1e-9).floor() as u64);
-    Some(u32::try_from(each.sum::<u64>()).unwrap_or(u32::MAX))
+    let each = service.spec.tasks.resources.flavors.iter().filter_map(|f| nodes.get(f)).flatten();
+    let room: u64 = each.map(|(&g, &n)| (f64::from(g.max(0)) / gpus + 1e-9).floor() as u64 * n).sum();
+    Some(u32::try_from(room).unwrap_or(u32::MAX))
 }
 
 /// What a pass does for one service. `held`: the lower of its [`ceiling`] and

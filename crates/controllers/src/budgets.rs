@@ -2,7 +2,8 @@
 //! `spec.budgets`, from the ledger and the work running now, written to `status.budgets`.
 //! Crossing 80 % and 100 % is recorded as an event on the team; a used-up budget whose
 //! action is `stop_borrowing` or `stop_new` is enforced by the scheduler (it reads the
-//! status) until the period resets. Nothing running is stopped.
+//! status, and the spec for a budget declared or changed since) until the period resets.
+//! Nothing running is stopped.
 
 use std::collections::HashMap;
 

@@ -85,9 +85,8 @@ type Stretch = (DateTime<Utc>, DateTime<Utc>, f64);
 /// guarantee (at most those flagged) stay borrowed, shared among the flagged work in
 /// proportion, and the rest count as in quota (averaged over each part of `req` counted
 /// apart: a bucket, the period). An interval not flagged, or whose team is
-/// gone (no guarantee in `guarantees`, which has every team's, whoever reads the report),
-/// stays as it is. Each team's subtree must be whole in `intervals`: the split of an
-/// interval must not depend on who reads it.
+/// gone or whose subtree the reader may not read (no guarantee in `guarantees`),
+/// stays as it is. Each team of `guarantees` must have its whole subtree in `intervals`.
 pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus, req: &ReportRequest) -> Vec<Interval> {
     // The flagged, by their team and flavor; and every interval of those teams' subtrees.
     let mut flagged: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
@@ -109,18 +108,18 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus, req
             }
         }
     }
-    // What stays borrowed of each flagged interval.
+    // The parts of each flagged interval, with the share of its GPUs that stays borrowed.
     let mut shares: HashMap<usize, Vec<Stretch>> = HashMap::new();
     for (key, mine) in &flagged {
         let guaranteed = guarantees[&(key.0, key.1.to_owned())];
-        // Changes of the subtree's use and of the flagged GPUs, in time.
+        // Changes of the subtree's use and of the flagged GPUs, in time. A record that ends
+        // before it starts (a backend's clock against Berth's) held nothing.
+        let held = |i: &&Interval| i.start < i.end;
         let mut changes: Vec<(DateTime<Utc>, f64, f64)> = Vec::new();
-        for &k in subtree.get(key).into_iter().flatten() {
-            let i = &intervals[k];
+        for i in subtree.get(key).into_iter().flatten().map(|&k| &intervals[k]).filter(held) {
             changes.extend([(i.start, i.gpus, 0.0), (i.end, -i.gpus, 0.0)]);
         }
-        for &k in mine {
-            let i = &intervals[k];
+        for i in mine.iter().map(|&k| &intervals[k]).filter(held) {
             changes.extend([(i.start, 0.0, i.gpus), (i.end, 0.0, -i.gpus)]);
         }
         changes.sort_by_key(|c| c.0);
@@ -135,26 +134,37 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus, req
                 stretches.push((at, next, (beyond / borrowed).clamp(0.0, 1.0)));
             }
         }
-        // Each flagged interval's share, averaged over each part of it the report counts
-        // apart (a bucket, the period, before and after it): exact where the report adds
-        // up, and at most two pieces a part (a share per stretch made a piece for every
-        // change of the team's use while it ran).
+        // The share's hours up to each stretch: any part's average is two lookups.
+        let mut before = Vec::with_capacity(stretches.len() + 1);
+        before.push(0.0);
+        for s in &stretches {
+            before.push(before[before.len() - 1] + s.2 * hours(s.0, s.1));
+        }
+        let up_to = |t: DateTime<Utc>| {
+            let k = stretches.partition_point(|s| s.1 <= t);
+            before[k] + stretches.get(k).map_or(0.0, |s| s.2 * hours(s.0, t))
+        };
+        // Each part of a flagged interval the report counts apart (a bucket, the period)
+        // gets its average share: exact wherever the report adds up. Neighbours of one
+        // share are one piece (a share per change of the team's use made a piece for every
+        // change while it ran).
         for &k in mine {
             let i = &intervals[k];
-            let first = stretches.partition_point(|s| s.1 <= i.start);
             let mut own: Vec<Stretch> = Vec::new();
-            let (mut part, mut part_end, mut weighted) = (i.start, boundary_after(req, i.start).min(i.end), 0.0);
-            for &(a, b, share) in stretches[first..].iter().take_while(|s| s.0 < i.end) {
-                let (mut a, b) = (a.max(i.start), b.min(i.end));
-                while a < b {
-                    let upto = b.min(part_end);
-                    weighted += share * hours(a, upto);
-                    a = upto;
-                    if a == part_end {
-                        own.push((part, part_end, weighted / hours(part, part_end)));
-                        (part, part_end, weighted) = (part_end, boundary_after(req, part_end).min(i.end), 0.0);
-                    }
+            let mut part = i.start;
+            while part < i.end {
+                let end = boundary_after(req, part).min(i.end);
+                let h = hours(part, end);
+                let share = if h > 0.0 {
+                    ((up_to(end) - up_to(part)) / h).clamp(0.0, 1.0)
+                } else {
+                    own.last().map_or(1.0, |l| l.2)
+                };
+                match own.last_mut() {
+                    Some(last) if (last.2 - share).abs() < 1e-9 => last.1 = end,
+                    _ => own.push((part, end, share)),
                 }
+                part = end;
             }
             shares.insert(k, own);
         }
@@ -177,16 +187,15 @@ pub fn settle_borrowed(intervals: Vec<Interval>, guarantees: &GuaranteeGpus, req
 }
 
 /// The next time after `t` where the report starts counting apart: its period's start
-/// and end, and its buckets'.
+/// and end, and its buckets' within it.
 fn boundary_after(req: &ReportRequest, t: DateTime<Utc>) -> DateTime<Utc> {
-    let period = if t < req.from {
+    if t < req.from {
         req.from
     } else if t < req.to {
-        req.to
+        req.bucket.map_or(req.to, |b| req.to.min(b.next(b.floor(t))))
     } else {
         DateTime::<Utc>::MAX_UTC
-    };
-    req.bucket.map_or(period, |b| period.min(b.next(b.floor(t))))
+    }
 }
 
 /// Hours from `a` to `b` (0 when `b` is not after `a`).
@@ -301,7 +310,7 @@ pub struct UsageAmounts {
     /// Within the team's guarantee.
     pub in_quota_gpu_hours: f64,
     /// Beyond the team's guarantee: of work admitted beyond it, while the team's subtree
-    /// held more than it ([`settle_borrowed`]).
+    /// held more than it (to a caller who may not read the whole subtree: as admitted).
     pub borrowed_gpu_hours: f64,
     /// GPU-hours times their flavor's price; GPU-hours of flavors without a price cost
     /// nothing.
@@ -859,6 +868,17 @@ mod tests {
             .map(|r| (r.bucket.unwrap().hour(), r.borrowed_gpu_hours, r.in_quota_gpu_hours))
             .collect();
         assert_eq!(bob, [(10, 4.0, 0.0), (11, 0.0, 4.0), (12, 0.0, 4.0), (13, 0.0, 4.0)]);
+        // A run flagged 30 days before a report of the last hour by the minute stays a few
+        // pieces (a piece a minute of its run before the period made 43,000), and a record
+        // that ends before it starts changes nothing.
+        let long = flagged(run("nlp", &["nlp"], "bob", 12.0, "2026-10-02T00:00:00Z", "2026-11-01T23:30:00Z"));
+        let backwards = run("nlp", &["nlp"], "alice", 8.0, "2026-11-01T23:50:00Z", "2026-11-01T23:10:00Z");
+        let late =
+            ReportRequest { from: t("2026-11-01T23:00:00Z"), to, group_by: vec![], bucket: Some(Bucket::Minute) };
+        let settled = settle_borrowed(vec![long, backwards], &guarantees, &late);
+        let bob: Vec<&Interval> = settled.iter().filter(|i| i.owner.as_deref() == Some("bob")).collect();
+        let pieces: Vec<(bool, f64)> = bob.iter().map(|i| (i.borrowed, i.gpus)).collect();
+        assert_eq!(pieces, [(true, 4.0), (false, 8.0)], "12 GPUs against 8 all along: {bob:#?}");
         // Within the guarantee all along: nothing stays borrowed.
         let alone = vec![flagged(run("nlp", &["nlp"], "bob", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T13:00:00Z"))];
         req.bucket = None;

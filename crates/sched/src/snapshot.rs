@@ -163,7 +163,10 @@ fn budget_stops(
         .iter()
         .filter(|b| b.action != BudgetAction::Warn)
         .filter_map(|b| {
-            let known = t.status.budgets.iter().find(|s| s.budget.flavor == b.flavor && s.budget.period == b.period);
+            // Its own entry, else one of its flavor and period (the budget changed since).
+            let known = t.status.budgets.iter().find(|s| s.budget == *b).or_else(|| {
+                t.status.budgets.iter().find(|s| s.budget.flavor == b.flavor && s.budget.period == b.period)
+            });
             let resets_at = match known.filter(|s| s.budget == *b) {
                 Some(s) if s.state == BudgetState::Exhausted => s.resets_at,
                 Some(_) => return None,

@@ -15,7 +15,7 @@ export function Queue() {
       <h1>Queue</h1>
       {error && <p class="error" role="alert">Not refreshed: {error.message}</p>}
       <p class="muted">
-        {queue.total} workload{queue.total === 1 ? "" : "s"} waiting for {fmt(queue.gpus)} GPUs
+        {queue.total} workload{queue.total === 1 ? "" : "s"} waiting for {fmt(queue.gpus)} GPU{fmt(queue.gpus) === "1" ? "" : "s"}
         {queue.total > ordered.length ? `; the first ${ordered.length} shown` : ""}.
       </p>
       <table class="queue">
