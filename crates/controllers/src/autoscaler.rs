@@ -86,11 +86,17 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         return Ok(status);
     }
     let clusters = berth_store::cluster::cluster_list_all(&ctx.db).await?;
-    // Nodes by flavor and GPUs a node (read again only when the inventory changed).
+    // The nodes that take work now (of clusters neither cordoned nor unreachable), by
+    // flavor and GPUs free of faults a node (read again only when the inventory changed).
+    let open: std::collections::HashSet<berth_core::ClusterId> = clusters
+        .iter()
+        .filter(|c| !c.spec.cordoned && c.status.health != berth_core::cluster::ClusterHealth::Unreachable)
+        .map(|c| berth_core::ClusterId(c.metadata.uid))
+        .collect();
     let mut nodes: HashMap<String, HashMap<i32, u64>> = HashMap::new();
-    for (_, n) in ctx.world.nodes(&ctx.db).await?.iter() {
-        if let Some(flavor) = &n.flavor {
-            *nodes.entry(flavor.clone()).or_default().entry(n.gpus).or_default() += 1;
+    for (cluster, n) in ctx.world.nodes(&ctx.db).await?.iter() {
+        if let Some(flavor) = n.flavor.as_ref().filter(|_| n.schedulable && open.contains(cluster)) {
+            *nodes.entry(flavor.clone()).or_default().entry(n.gpus - n.unavailable_gpus).or_default() += 1;
         }
     }
     let now = ctx.clock.now();
@@ -189,10 +195,10 @@ fn ceiling(service: &Workload, lineage: &[(String, berth_core::team::TeamSpec)])
     Some(most)
 }
 
-/// The most replicas (the service's own tasks among them) every node of the flavors it
-/// accepts could hold at once, were they all free; None when it takes no GPU. A team
-/// without a limit is bounded only by this: a service asking for 1,000 one-GPU replicas
-/// where 80 GPUs exist made 1,000 workloads.
+/// The most replicas (the service's own tasks among them) the nodes of the flavors it
+/// accepts that take work now (`nodes`) could hold at once, were they all free; None when
+/// it takes no GPU. A team without a limit is bounded only by this: a service asking for
+/// 1,000 one-GPU replicas where 80 GPUs exist made 1,000 workloads.
 fn room_on_nodes(service: &Workload, nodes: &HashMap<String, HashMap<i32, u64>>) -> Option<u32> {
     let gpus = service.spec.tasks.resources.gpus;
     if gpus <= 0.0 {
@@ -247,6 +253,12 @@ fn plan<'a>(
         add = (room - wanted) as usize;
         numbers = (1..).filter(|n| !taken.contains(n)).take(add + NAME_TRIES).collect();
         (replicas.low_since, replicas.low_max) = (None, None);
+    } else if wanted > room.max(running + 1) && mine.iter().any(|r| r.status.phase == Phase::Pending) {
+        // Room went (a cluster cordoned or gone, nodes failed): the waiting replicas beyond
+        // it go at once, newest first (what runs stays).
+        let mut waiting: Vec<&Workload> = mine.iter().copied().filter(|r| r.status.phase == Phase::Pending).collect();
+        waiting.sort_by_key(|r| std::cmp::Reverse(index(service, r)));
+        remove = waiting.into_iter().take((wanted - room.max(running + 1)) as usize).collect();
     } else if desired < wanted {
         let since = before.low_since.unwrap_or(now);
         let most = before.low_max.map_or(desired, |m| m.max(desired));

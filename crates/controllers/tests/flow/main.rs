@@ -1904,6 +1904,43 @@ async fn replicas_are_not_made_beyond_what_the_nodes_could_hold(db: berth_store:
     assert!(r.waiting.is_some_and(|w| w.starts_with("replica svc-r")), "the one that waits says why");
 }
 
+/// The room replicas are held to is what takes work now: a cordoned cluster's nodes do not
+/// count, and replicas made while it was open that still wait beyond the room go at once.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn replicas_waiting_beyond_the_room_left_go_when_a_cluster_is_cordoned(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("t", None, 4, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    p.cluster("sim-b", 1, json!({})).await;
+    let spec = json!({"kind": "inference",
+        "sim": {"duration_seconds": 1_000_000, "load": [{"after_seconds": 0, "value": 1_000_000}]},
+        "inference": {"min_replicas": 1, "max_replicas": 1000, "target_in_flight": 1}});
+    p.submit("t", "svc", 1, 1.0, spec).await;
+    p.step().await;
+    assert_eq!(p.phase("t", "svc").await, Phase::Running);
+    let waiting = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM workloads WHERE labels ? 'berth.dev/replica-of' AND deletion_timestamp IS NULL",
+        )
+        .fetch_one(&p.ctx.db)
+        .await
+        .unwrap()
+    };
+    // Two nodes of 8: the service and 15 replicas, and one that waits to say why; none
+    // admitted yet.
+    berth_controllers::autoscaler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(waiting().await, 16);
+    let mut cordoned = json!({"spec": {"kind": "sim", "cordoned": true, "sim": {"node_groups": [
+        {"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}}});
+    p.apply_cluster("sim-b", cordoned.take()).await;
+    let status = berth_controllers::autoscaler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(status.replicas_removed, 8, "{status:?}");
+    assert_eq!(waiting().await, 8, "sim-a's 8 GPUs: the service, 7 replicas and one that waits");
+    // Once placed, the cordoned cluster's room is not counted again.
+    p.settle().await;
+    assert_eq!(waiting().await, 8);
+}
+
 /// A reconciler that counts its passes and changes nothing.
 struct Counting {
     name: &'static str,
