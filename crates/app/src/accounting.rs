@@ -100,9 +100,11 @@ pub async fn usage_report(
     // Half a million intervals take a second: off the threads that serve requests.
     let req = req.clone();
     let mut report = tokio::task::spawn_blocking(move || {
-        let mut intervals = usage::settle_borrowed(intervals, &guarantee_gpus, &req);
+        let mut intervals = intervals;
+        let mut pieces = usage::settle_borrowed(&mut intervals, &guarantee_gpus, &req);
         usage::mark_reused_names(&mut intervals, &current);
-        usage::report(&req, &intervals, &guarantees, &guaranteed, &visibility, now)
+        usage::mark_reused_names(&mut pieces, &current);
+        usage::report(&req, intervals.iter().chain(&pieces), &guarantees, &guaranteed, &visibility, now)
     })
     .await
     .map_err(|e| Error::Internal(format!("the report failed: {e}")))?;
