@@ -91,6 +91,9 @@ fn any_item(field: &str) -> String {
         .map_or_else(|| field.to_owned(), |(_, after)| format!("/items/*/{after}"))
 }
 
+/// How many times a request the server refused for its rate (429) is sent again.
+const RATE_LIMITED_TRIES: u32 = 5;
+
 #[derive(Clone)]
 pub struct Client {
     base: String,
@@ -112,9 +115,27 @@ impl Client {
         }
     }
 
-    /// Sends and reads the JSON answer (`Null` for an empty one).
-    pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value, ApiError> {
-        let response = req.send().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
+    /// Sends and reads the JSON answer (`Null` for an empty one). Asked to slow down (429:
+    /// nothing was done), it waits the `Retry-After` the server gave and asks again, a few
+    /// times: cancelling an array of 1,000 is 1,000 changes, beyond a caller's rate.
+    pub async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Value, ApiError> {
+        let mut tries = 0;
+        let response = loop {
+            let again = req.try_clone();
+            let response = req.send().await.map_err(|e| ApiError::Unreachable(e.to_string()))?;
+            let wait = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+            match (response.status(), wait, again) {
+                (StatusCode::TOO_MANY_REQUESTS, Some(wait), Some(again)) if tries < RATE_LIMITED_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_secs(wait.clamp(1, 30))).await;
+                    req = again;
+                }
+                _ => break response,
+            }
+        };
         let status = response.status();
         let problem_type = response
             .headers()

@@ -173,7 +173,17 @@ pub async fn apply(env: &Env<'_>, files: &[PathBuf], dry_run: bool, prune: Optio
     let docs = apply::read(files)?;
     let selector = match &prune {
         Some(s) => {
-            Some(berth_core::selector::LabelSelector::parse("selector", s).map_err(|e| anyhow!("--selector: {e}"))?)
+            let selector =
+                berth_core::selector::LabelSelector::parse("selector", s).map_err(|e| anyhow!("--selector: {e}"))?;
+            // An empty one (an unset variable in a pipeline) would match every flavor, team
+            // and cluster, labelled or not.
+            if selector == berth_core::selector::LabelSelector::default() {
+                anyhow::bail!(
+                    "--selector {s:?}: --prune needs labels to choose what it may delete (as -l managed-by=gitops): \
+                     an empty selector would delete every flavor, team and cluster in no file"
+                );
+            }
+            Some(selector)
         }
         None => None,
     };
@@ -639,6 +649,13 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     let directives = <Directives as clap::Parser>::try_parse_from(&berth).map_err(|e| anyhow!("#BERTH: {e}"))?;
     directives.shape.onto(&mut r)?;
     a.shape.onto(&mut r)?;
+    if let (Some(nodes), Some(tasks)) = (r.nodes, r.tasks)
+        && nodes > tasks
+    {
+        eprintln!(
+            "note: --ntasks={tasks} on --nodes={nodes}: as Slurm, nodes without a task are not asked for (--nodes={tasks})"
+        );
+    }
     create(env, r, &script, None, a.shape.dry_run || directives.shape.dry_run).await
 }
 
@@ -939,20 +956,28 @@ fn by_index(name: &str) -> (Option<u64>, String) {
 /// may); the exit status is then that of a refusal.
 async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
     const ENDED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
-    let (mut answers, mut refused) = (Vec::new(), Vec::new());
-    for w in array.iter().filter(|w| w["status"]["phase"].as_str().is_none_or(|p| !ENDED.contains(&p))) {
+    let (mut answers, mut refused, mut failed) = (Vec::new(), Vec::new(), None);
+    let mut ended = 0;
+    for w in array {
+        if w["status"]["phase"].as_str().is_some_and(|p| ENDED.contains(&p)) {
+            ended += 1;
+            continue;
+        }
         let member = cell(&w["metadata"]["name"]);
         let path = format!("/api/v1/teams/{}/workloads/{}/cancel", seg(team), seg(&member));
         match env.client.post(&path, None).await {
             Ok(w) => answers.push(w),
             // Ended or deleted meanwhile.
-            Err(e) if matches!(e.status(), Some(404 | 409)) => {}
+            Err(e) if matches!(e.status(), Some(404 | 409)) => ended += 1,
             Err(e) if e.status() == Some(403) => refused.push((member, e)),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    let ended = array.len() - answers.len() - refused.len();
-    if !structured(env.out, &json!({"items": answers})) {
+    let structured = structured(env.out, &json!({"items": answers}));
+    if !structured || failed.is_some() {
         let mut line = format!("array {team}/{name}: {} of its {} workloads cancelled", answers.len(), array.len());
         if ended > 0 {
             line.push_str(&format!(", {ended} had ended"));
@@ -960,10 +985,16 @@ async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
         if !refused.is_empty() {
             line.push_str(&format!(", {} not yours to cancel", refused.len()));
         }
-        println!("{line}");
+        if failed.is_some() {
+            line.push_str(", then it stopped (below): run it again for the rest");
+        }
+        if structured { eprintln!("{line}") } else { println!("{line}") }
     }
     for (member, e) in &refused {
         eprintln!("error: {team}/{member} was not cancelled: {e}");
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
 }
@@ -991,7 +1022,7 @@ pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
 /// Deletes every member of an array, as [`cancel_array`] cancels them: a member the caller
 /// may not delete is passed over and named.
 async fn delete_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) -> Result<i32> {
-    let (mut answers, mut refused) = (Vec::new(), Vec::new());
+    let (mut answers, mut refused, mut failed) = (Vec::new(), Vec::new(), None);
     for w in array {
         let member = cell(&w["metadata"]["name"]);
         match env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(team), seg(&member)), None).await {
@@ -999,18 +1030,29 @@ async fn delete_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
             // Deleted meanwhile.
             Err(e) if e.status() == Some(404) => {}
             Err(e) if e.status() == Some(403) => refused.push((member, e)),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    if !structured(env.out, &json!({"items": answers})) {
+    let structured = structured(env.out, &json!({"items": answers}));
+    if !structured || failed.is_some() {
         let mut line = format!("array {team}/{name}: {} of its {} workloads deleted", answers.len(), array.len());
         if !refused.is_empty() {
             line.push_str(&format!(", {} not yours to delete", refused.len()));
         }
-        println!("{line} (one with a job stops within its grace period)");
+        if failed.is_some() {
+            line.push_str(", then it stopped (below): run it again for the rest");
+        }
+        line.push_str(" (one with a job stops within its grace period)");
+        if structured { eprintln!("{line}") } else { println!("{line}") }
     }
     for (member, e) in &refused {
         eprintln!("error: {team}/{member} was not deleted: {e}");
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
 }
@@ -1079,12 +1121,31 @@ pub async fn logs(env: &Env<'_>, name: &str, team: Option<String>, o: LogOptions
         }
     }
     let path = format!("/api/v1/teams/{}/workloads/{}/logs?{}", seg(&team), seg(name), query.join("&"));
-    let mut response = env
-        .client
-        .request(reqwest::Method::GET, &path)
-        .send()
-        .await
-        .map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))?;
+    let mut waiting = None;
+    let mut response = loop {
+        let response = env
+            .client
+            .request(reqwest::Method::GET, &path)
+            .send()
+            .await
+            .map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))?;
+        // Followed before its job started (submit, then logs -f, and it queues): it waits,
+        // as `tail -F` waits for the file.
+        if o.follow && response.status() == reqwest::StatusCode::CONFLICT {
+            let w = env.client.get(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name))).await?;
+            let phase = w["status"]["phase"].as_str().unwrap_or_default().to_owned();
+            if ["Pending", "Admitted", "Dispatched"].contains(&phase.as_str()) {
+                if waiting.as_ref() != Some(&phase) {
+                    let why = w["status"]["pending_reason"]["message"].as_str().map(|m| format!(": {m}"));
+                    eprintln!("{team}/{name} is {phase}{}; its logs follow once it starts", why.unwrap_or_default());
+                    waiting = Some(phase);
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
+        }
+        break response;
+    };
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();

@@ -222,6 +222,12 @@ Examples:
   #BERTH --priority 10 --label project=llm     (in the script)";
 
 fn main() {
+    // As every Unix tool: a reader that goes away (`berth get workloads | head`) ends the
+    // program quietly (Rust ignores SIGPIPE, and printing to a closed pipe panicked).
+    // SAFETY: before any thread starts; restores the default disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let code = runtime.block_on(run(cli));

@@ -5,12 +5,12 @@
 //! | sbatch | Berth |
 //! | --- | --- |
 //! | `--job-name`, `-J` | the name (made a DNS label; `generate_name` when it is not one) |
-//! | `--nodes`, `-N` | one task per node, unless tasks are given |
+//! | `--nodes`, `-N` | one task per node, unless tasks are given (more nodes than tasks: as many as tasks, as Slurm) |
 //! | `--ntasks`, `-n`; `--ntasks-per-node` | `tasks.count` |
-//! | `--gres=gpu[:TYPE]:N`, `--gpus-per-node` | N GPUs per node, split over its tasks; TYPE names a flavor by its name or its `slurm.gres_type` |
+//! | `--gres=gpu[:TYPE]:N` (one GPU type; `none`), `--gpus-per-node` | N GPUs per node, split over its tasks; TYPE names a flavor by its name or its `slurm.gres_type` |
 //! | `--gpus`, `-G`; `--gpus-per-task` | GPUs in all, or per task |
 //! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
-//! | `--time`, `-t` (`0`, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
+//! | `--time`, `-t` (`0` in any format, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
 //! | `--partition`, `-p` (a list: the first a cluster has) | the flavor a cluster's Slurm partition of that name holds; one no cluster has is refused |
 //! | `--dependency`, `-d`; `--begin`, `-b`; `--hold`, `-H` | refused: Berth does not hold or defer a job, and left out it would start at once |
 //! | `--array`, `-a` (`0-15`, `1,3,5`, `0-15:4`) | a workload per index, named `NAME-INDEX`, each with `SLURM_ARRAY_TASK_ID` (and `_MIN`, `_MAX`, `_COUNT`, `_STEP`) in its environment and the label `berth.dev/array=NAME`; a `%N` limit on how many run at once is not kept (Berth's quotas decide) |
@@ -199,8 +199,10 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
                     Some(slurm_time(v).ok_or_else(|| bad("not a Slurm time (minutes, HH:MM:SS, D-HH:MM…)"))?)
             }
             "--partition" => r.partition = Some(v.to_owned()),
+            // sbatch's way of saying none (a site's default GRES is not Berth's).
+            "--gres" if v.trim() == "none" => (r.gpu_type, r.gpus_per_node) = (None, None),
             "--gres" => {
-                let (ty, n) = gres(v).ok_or_else(|| bad("not gpu[:TYPE]:COUNT"))?;
+                let (ty, n) = gres(v).ok_or_else(|| bad("not gpu[:TYPE]:COUNT (one GPU type a job)"))?;
                 r.gpu_type = ty.or(r.gpu_type.take());
                 r.gpus_per_node = Some(n);
             }
@@ -317,7 +319,9 @@ impl Array {
 
 /// `gpu:h100:2`, `gpu:2` → (type, count).
 fn gres(v: &str) -> Option<(Option<String>, f64)> {
-    let first = v.split(',').find(|g| g.starts_with("gpu"))?;
+    // One GPU request: a job's tasks have one shape (two GPU types in one job are refused).
+    let mut gpus = v.split(',').filter(|g| g.starts_with("gpu"));
+    let first = gpus.next().filter(|_| gpus.next().is_none())?;
     let parts: Vec<&str> = first.split(':').collect();
     match parts.as_slice() {
         ["gpu"] => Some((None, 1.0)),
@@ -328,9 +332,10 @@ fn gres(v: &str) -> Option<(Option<String>, f64)> {
     }
 }
 
-/// No time limit, as sbatch reads `--time`: `0`, `UNLIMITED`, `INFINITE`.
+/// No time limit, as sbatch reads `--time`: `0` (in any of its formats: `00:00:00`),
+/// `UNLIMITED`, `INFINITE`.
 pub fn no_time_limit(v: &str) -> bool {
-    ["0", "unlimited", "infinite"].contains(&v.trim().to_ascii_lowercase().as_str())
+    ["unlimited", "infinite"].contains(&v.trim().to_ascii_lowercase().as_str()) || slurm_time(v) == Some(0)
 }
 
 /// Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`; also `4h`,
@@ -396,7 +401,9 @@ pub fn shortened(label: &str, most: usize) -> &str {
 /// The workload spec: `flavor` is the flavor the request's GPU type or partition named
 /// (resolved by the caller against the server's flavors and clusters).
 pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
-    let nodes = r.nodes.unwrap_or(1).max(1);
+    // More nodes than tasks: as Slurm ("can't run 1 processes on 2 nodes, setting nnodes
+    // to 1"); asking a node's GPUs of nodes no task runs on would ask for more.
+    let nodes = r.nodes.unwrap_or(1).max(1).min(r.tasks.unwrap_or(u32::MAX).max(1));
     let tasks = match (r.tasks, r.tasks_per_node) {
         (Some(n), _) => n,
         (None, Some(per)) => per * nodes,
@@ -552,7 +559,28 @@ mod tests {
                 spec.get("max_runtime_seconds").is_none() && spec["tasks"]["resources"].get("memory_mib").is_none()
             );
         }
-        assert!(no_time_limit(" Infinite") && !no_time_limit("00:00:00"));
+        // Zero in any format is no limit, as sbatch reads it (a limit of 0 was refused).
+        assert!(
+            no_time_limit(" Infinite") && no_time_limit("00:00:00") && no_time_limit("0-0") && !no_time_limit("0:01")
+        );
+        // More nodes than tasks: Slurm takes as many nodes as tasks, so a node's GPUs and
+        // memory are asked once a task (-N2 -n1 asked for 8 GPUs and 128 GiB).
+        let one = spec(&read("#SBATCH -N2 -n1 --gres=gpu:h100:4 --mem=64G\n"), "h100", "").unwrap();
+        assert_eq!(
+            one["tasks"],
+            json!({"count": 1, "resources": {"flavors": ["h100"], "gpus": 4.0, "memory_mib": 65536}})
+        );
+        let two = spec(&read("#SBATCH -N4 -n2 --gres=gpu:h100:4\n"), "h100", "").unwrap();
+        assert_eq!((two["tasks"]["count"].as_u64(), two["tasks"]["resources"]["gpus"].as_f64()), (Some(2), Some(4.0)));
+        // --gres=none asks for none; two GPU types in one job are refused, not one dropped.
+        let none = read("#SBATCH --gres=gpu:h100:2\n#SBATCH --gres=none\n");
+        assert_eq!(
+            (none.gpus_per_node, spec(&none, "h100", "").unwrap()["tasks"]["resources"]["gpus"].as_f64()),
+            (None, Some(0.0))
+        );
+        let mut two_types = Request::default();
+        let err = read_sbatch(&words("--gres=gpu:h100:2,gpu:a100:1"), &mut two_types).unwrap_err().to_string();
+        assert!(err.contains("one GPU type a job"), "{err}");
         let err = spec(&read("#SBATCH --ntasks=3 --gres=gpu:h100:8\n"), "h100", "").unwrap_err().to_string();
         assert!(err.starts_with("8 GPUs a node over 3 tasks a node is 2.67 GPUs a task"), "{err}");
         let err = spec(&read("#SBATCH -n 3 --gpus=2\n"), "h100", "").unwrap_err().to_string();

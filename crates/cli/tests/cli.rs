@@ -218,6 +218,19 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     assert!(pruned.contains("- team/old deleted (pruned)"), "{pruned}");
     let gone = w.berth(&["get", "team", "old"]);
     assert_eq!(gone.status.code(), Some(3), "{}", text(&gone.stderr));
+    // An empty selector (a pipeline's unset variable) would prune everything in no file,
+    // labelled or not: refused, nothing deleted (a team without labels went).
+    w.ok(&["apply", "-f", &w.write("loose.yaml", "kind: Team\nmetadata: {name: loose}\nspec: {}\n")]);
+    for empty in ["", " ", ","] {
+        let out = w.berth(&["apply", "-f", &org, "--prune", "-l", empty]);
+        assert_eq!(out.status.code(), Some(2), "{empty:?}: {}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("--prune needs labels to choose what it may delete"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    w.ok(&["get", "team", "loose"]);
 
     // A file the server's types refuse: nothing is sent, the field is named, exit 2.
     let bad = w.write("bad.yaml", "kind: Team\nmetadata: {name: x}\nspec: {quota: []}\n");
@@ -286,6 +299,73 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     assert!(listed.status.success(), "{}", text(&listed.stderr));
     let refused = plain(&["login", "--server", &w.url, "--with-token", "not-a-token"]);
     assert_eq!(refused.status.code(), Some(3), "a bad token is refused: {}", text(&refused.stderr));
+}
+
+/// Found from outside: `berth cancel` of an array larger than the caller's rate stopped
+/// at the first 429 with no word of what it had done (four tries to cancel 1,000); `berth
+/// logs -f` of queued work (the README's submit, then logs -f) was a 409; and a reader that
+/// goes away (`berth get workloads | head`) made the CLI panic.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn an_array_beyond_the_rate_limit_is_cancelled_whole_logs_wait_and_a_closed_pipe_ends_quietly(db: PgPool) {
+    let w = World::start_with(&db, &[("BERTH_RATE_LIMIT_PER_SECOND", "20"), ("BERTH_RATE_LIMIT_BURST", "5")]);
+    w.write("org.yaml", ORG);
+    w.write("cluster.json", CLUSTER);
+    w.ok(&["apply", "-f", &w.dir.join("org.yaml").display().to_string()]);
+    w.ok(&["apply", "-f", &w.dir.join("cluster.json").display().to_string()]);
+    let script = w.write(
+        "wide.sbatch",
+        "#!/bin/bash\n#SBATCH -J wide --gres=gpu:h100:1 --array=0-29\n#BERTH --sim-seconds 36000\nhostname\n",
+    );
+    w.ok(&["submit", "--team", "nlp", &script]);
+    let out = w.ok(&["cancel", "wide", "--team", "nlp"]);
+    assert!(out.starts_with("array nlp/wide: 30 of its 30 workloads cancelled"), "{out}");
+    let listed = w.json(&["get", "workloads", "--team", "nlp", "--selector", "berth.dev/array=wide"]);
+    let items = listed["items"].as_array().unwrap();
+    assert!(items.len() == 30 && items.iter().all(|i| i["status"]["cancellation"].is_object()), "{listed}");
+
+    // `berth logs -f` of work that waits follows it once it starts (it was a 409, exit 3).
+    let big = w.write(
+        "big.sbatch",
+        "#!/bin/bash\n#SBATCH -J big -N2 --gres=gpu:h100:8\n#BERTH --sim-seconds 36000\nhostname\n",
+    );
+    let small =
+        w.write("small.sbatch", "#!/bin/bash\n#SBATCH -J small --gres=gpu:h100:1\n#BERTH --sim-seconds 60\nhostname\n");
+    w.ok(&["submit", "--team", "nlp", &big]);
+    w.wait_for("big runs", &["get", "workload", "big", "--team", "nlp"], |v| v["status"]["phase"] == "Running");
+    w.ok(&["submit", "--team", "nlp", &small]);
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["logs", "-f", "small", "--team", "nlp"])
+        .env("BERTH_SERVER", &w.url)
+        .env("BERTH_TOKEN", &w.admin)
+        .env("BERTH_CONFIG", w.dir.join("config.toml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(follow.try_wait().unwrap().is_none(), "it waits for small to start");
+    w.ok(&["cancel", "big", "--team", "nlp"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while follow.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "small's logs did not end within a minute");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = follow.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("nlp/small is Pending"), "{}", text(&out.stderr));
+    assert!(!out.stdout.is_empty(), "its logs once it ran");
+
+    // The reader is gone before the CLI writes: SIGPIPE ends it, as any Unix tool.
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["completion", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(13), "{:?}: {}", out.status, text(&out.stderr));
 }
 
 /// `#SBATCH --array` makes a workload per index, each told its index as Slurm tells it.
