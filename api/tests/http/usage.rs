@@ -212,6 +212,34 @@ async fn borrowed_hours_follow_what_the_team_held_for_those_who_may_read_it(db: 
     }
 }
 
+/// Found from outside: a member of a team whose only team below was deleted read the team
+/// as a team with none below it, and its report settled the team's borrowed work against
+/// its own work alone (the deleted team's is not in what a member reads): in quota for the
+/// member, borrowed for an admin, with an idle guarantee only the member was shown.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_team_whose_team_below_was_deleted_is_not_read_whole_by_its_member(db: berth_store::PgPool) {
+    let s = Server::start(db).await;
+    fixture(&s).await;
+    s.put_ok("/api/v1/teams/kid", &TeamBody::new().parent("nlp").json(), 201).await;
+    let (from, to) = ("2026-11-03T14:00:00Z", "2026-11-03T16:00:00Z");
+    record(&s, (&["kid", "nlp", "research"][..], "kim", 8.0, from, to, false, "alpha", "slurm", None)).await;
+    record(&s, (&["nlp", "research"][..], "nina", 4.0, from, to, true, "alpha", "slurm", None)).await;
+    let gone = s.delete("/api/v1/teams/kid").await;
+    assert!(gone.status.is_success(), "{}", gone.body);
+    let q = format!("/api/v1/usage/report?{PERIOD}&group_by=owner");
+    for (t, whole) in
+        [(token("admin", &[(Role::PlatformAdmin, None)]), true), (token("nm", &[(Role::Member, Some("nlp"))]), false)]
+    {
+        let r = s.send_as(Some(&t), Method::GET, &q, None).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        // nlp held 12 GPUs against 8: all of nina's 4 beyond it, for both.
+        let nina = r.body["rows"].as_array().unwrap().iter().find(|r| r["owner"] == "nina").expect("nina's row");
+        assert!(near(&nina["borrowed_gpu_hours"], 8.0), "{nina}");
+        let nlp = r.body["teams"].as_array().unwrap().iter().find(|t| t["team"] == "nlp").expect("nlp");
+        assert_eq!(nlp["idle_guarantee_gpu_hours"].is_number(), whole, "{nlp}");
+    }
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn running_work_counts_up_to_now(db: berth_store::PgPool) {
     let s = Server::start(db).await;

@@ -5,7 +5,7 @@ use berth_core::Error;
 use berth_core::usage::{
     self, Guarantee, REPORT_MAX_BUCKETS, REPORT_MAX_DAYS, REPORT_MAX_ROWS, ReportRequest, UsageReport, Visibility,
 };
-use berth_store::ledger::{LedgerScope, ledger_intervals};
+use berth_store::ledger::{LedgerScope, ledger_intervals, ledger_teams_with_work_below};
 use berth_store::{PgPool, team};
 use std::collections::{BTreeSet, HashMap};
 
@@ -68,14 +68,23 @@ pub async fn usage_report(
     let intervals = ledger_intervals(db, req.from, req.to, now, scope.as_ref()).await?;
     // Teams whose whole subtree the caller reads: their guarantees' idle share is theirs to
     // see (a member of a department sees only its own work, not its department's; a member
-    // of a team with none below it, all of it).
+    // of a team with none below it, all of it, unless the period has work of a team below it
+    // deleted since: that is not in what the member reads).
     let parents: BTreeSet<&str> = teams.iter().filter_map(|t| t.spec.parent.as_deref()).collect();
-    let guaranteed: BTreeSet<String> = teams
+    let mut guaranteed: BTreeSet<String> = teams
         .iter()
         .map(|t| &t.metadata.name)
         .filter(|t| access.reads_subtree(t) || !parents.contains(t.as_str()) && access.can_read_team(t))
         .cloned()
         .collect();
+    let leaves: Vec<uuid::Uuid> = guaranteed.iter().filter(|t| !access.reads_subtree(t)).filter_map(uid).collect();
+    if !leaves.is_empty() {
+        for had in ledger_teams_with_work_below(db, req.from, req.to, &leaves).await? {
+            if let Some(t) = teams.iter().find(|t| t.metadata.uid == had) {
+                guaranteed.remove(&t.metadata.name);
+            }
+        }
+    }
     let guarantees: Vec<Guarantee> = teams
         .iter()
         .filter(|t| guaranteed.contains(&t.metadata.name))

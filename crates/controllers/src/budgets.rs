@@ -126,8 +126,10 @@ pub async fn reconcile(ctx: &Context) -> Result<BudgetsStatus, Error> {
     write(ctx, &writes, &events, status).await
 }
 
-/// GPU-hours in words: a tenth of an hour from 1 up, three decimals below.
+/// GPU-hours in words: a tenth of an hour from 1 up, three decimals below (none, or a
+/// sum's rounding below zero, is 0: a budget of 0 said "used up: -0.000 GPU-hours").
 pub(crate) fn hours(h: f64) -> String {
+    let h = if h > 0.0 { h } else { 0.0 };
     if h >= 1.0 { format!("{h:.1}") } else { format!("{h:.3}") }
 }
 
@@ -161,4 +163,15 @@ async fn write(
     berth_store::commit(tx).await?;
     status.updated = writes.len();
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hours_read_as_people_say_them() {
+        assert_eq!(
+            [-0.0, -1e-12, 0.0004, 0.25, 12.345].map(super::hours),
+            ["0.000", "0.000", "0.000", "0.250", "12.3"]
+        );
+    }
 }

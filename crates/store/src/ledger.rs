@@ -215,6 +215,35 @@ pub async fn ledger_intervals(
         .collect())
 }
 
+/// Those of `teams` under which some work touching `[from, to)` ran: of a team below them
+/// (deleted since, when they have none now).
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn ledger_teams_with_work_below(
+    db: impl sqlx::PgExecutor<'_>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    teams: &[Uuid],
+) -> Result<Vec<Uuid>, Error> {
+    sqlx::query_scalar!(
+        r#"SELECT DISTINCT u AS "team!"
+           FROM (
+               SELECT l.team_uids FROM usage_ledger l
+               WHERE l.started_at IS NOT NULL AND l.started_at < $2 AND l.ended_at > $1 AND l.team_uids[2:] && $3
+               UNION ALL
+               SELECT r.team_uids FROM running_attempts r WHERE r.started_at < $2 AND r.team_uids[2:] && $3
+           ) i, unnest(i.team_uids[2:]) u
+           WHERE u = ANY($3)"#,
+        from,
+        to,
+        teams,
+    )
+    .fetch_all(db)
+    .await
+    .map_err(db_error)
+}
+
 /// GPU-hours used from `from` to `now` by each of `teams` (by uid: its whole subtree,
 /// then), per flavor: ended attempts and those running now, added up in Postgres.
 ///
