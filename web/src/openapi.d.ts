@@ -2249,7 +2249,11 @@ export interface components {
             parent?: string | null;
             /** @description The team's own workloads. */
             own: components["schemas"]["UsageAmounts"];
-            /** @description The team's and every team's below it: what a department spent. */
+            /**
+             * @description The team's and every team's below it: what a department spent. Its borrowed hours
+             *     are those beyond the team's own guarantee (for a caller who may read the whole
+             *     subtree): what its teams borrowed within it, from each other, is in quota.
+             */
             subtree: components["schemas"]["UsageAmounts"];
             /**
              * Format: double

@@ -20,14 +20,14 @@ const RECORDS = [
   // team, owner, GPUs, borrowed, start, end, price
   ["nlp", "alice", 4, false, "2026-11-02T10:00Z", "2026-11-02T16:00Z", 2.5], // 24
   ["nlp", "bob", 2, false, "2026-11-03T22:00Z", "2026-11-04T04:00Z", 2.5], // 12: 4 on the 3rd, 8 on the 4th
-  ["nlp", "alice", 8, true, "2026-11-05T08:00Z", "2026-11-05T11:30Z", 2.5], // 28, borrowed
+  ["nlp", "alice", 8, true, "2026-11-05T08:00Z", "2026-11-05T11:30Z", 2.5], // 28, admitted borrowed: 8 against nlp's 4, so 14 borrowed
   ["vision", "carol", 1, false, "2026-11-06T00:00Z", "2026-11-07T12:00Z", 2.5], // 36
   ["vision", "carol", 2, false, "2026-11-08T20:00Z", "2026-11-09T04:00Z", 2.5], // 8 within the period
   ["research", "dave", 1, false, "2026-11-07T06:00Z", "2026-11-07T08:00Z", null], // 2, no price then
   ["nlp", "alice", 4, false, "2026-10-20T00:00Z", "2026-10-20T10:00Z", 2.5], // before the period
 ];
 // By hand.
-const TOTALS = { gpu_hours: 110, in_quota_gpu_hours: 82, borrowed_gpu_hours: 28, cost: 270 };
+const TOTALS = { gpu_hours: 110, in_quota_gpu_hours: 96, borrowed_gpu_hours: 14, cost: 270 };
 const OWNERS = { "nlp/alice": [52, 130], "nlp/bob": [12, 30], "vision/carol": [44, 110], "research/dave": [2, 0] };
 const TEAMS = { research: [110, 270], nlp: [64, 160], vision: [44, 110] };
 
@@ -105,6 +105,9 @@ test("the API's report of the seeded week is the one computed by hand", async ()
     assert.ok(t && close(t.subtree.gpu_hours, h) && close(t.subtree.cost, cost), `${team}: ${JSON.stringify(t)}`);
   }
   assert.equal(r.teams.find((x) => x.team === "nlp").parent, "research");
+  // research held 8 then, its own guarantee: nlp's borrowing was within it.
+  const borrowed = (team) => r.teams.find((x) => x.team === team).subtree.borrowed_gpu_hours;
+  assert.ok(close(borrowed("nlp"), 14) && close(borrowed("research"), 0), JSON.stringify(r.teams));
   assert.ok(!r.teams.find((x) => x.team === "research").parent);
   // bob's run crosses midnight: 4 GPU-hours on the 3rd, 8 on the 4th.
   const daily = await berth.call("GET", `/api/v1/usage/report?${PERIOD}&group_by=team&bucket=day`);

@@ -197,6 +197,19 @@ async fn borrowed_hours_follow_what_the_team_held_for_those_who_may_read_it(db: 
         None,
     );
     record(&s, below).await;
+    // vision (guaranteed 0) borrows 2 GPUs 11:00–12:00, within research's 16.
+    let lent = (
+        &["vision", "research"][..],
+        "vera",
+        2.0,
+        "2026-11-03T11:00:00Z",
+        "2026-11-03T12:00:00Z",
+        true,
+        "alpha",
+        "slurm",
+        None,
+    );
+    record(&s, lent).await;
     let q = format!("/api/v1/usage/report?{PERIOD}&group_by=owner");
     let callers = [
         (token("admin", &[(Role::PlatformAdmin, None)]), 6.0),
@@ -209,6 +222,12 @@ async fn borrowed_hours_follow_what_the_team_held_for_those_who_may_read_it(db: 
         let rita = r.body["rows"].as_array().unwrap().iter().find(|r| r["owner"] == "rita").expect("rita's row");
         assert!(near(&rita["borrowed_gpu_hours"], borrowed), "{rita}");
         assert!(near(&rita["in_quota_gpu_hours"], 16.0 - borrowed), "{rita}");
+        // The department borrowed what it held beyond its own 16: those 6; vera's 2 are
+        // vision's borrowing, within research's guarantee (its teams' sum said 8).
+        let research = r.body["teams"].as_array().unwrap().iter().find(|t| t["team"] == "research").unwrap();
+        if borrowed == 6.0 {
+            assert!(near(&research["subtree"]["borrowed_gpu_hours"], 6.0), "{research}");
+        }
     }
 }
 

@@ -41,8 +41,10 @@ pub struct Interval {
     /// The workload kind: `training`, `inference`, `notebook` …
     pub kind: String,
     pub gpus: f64,
-    /// The part of `gpus` held beyond its team's guarantee: 1 for work admitted beyond it,
-    /// else 0 (as the ledger has it); [`settle_borrowed`] makes it the part that was.
+    /// Admitted beyond its team's guarantee (the ledger's flag).
+    pub flagged: bool,
+    /// The part of `gpus` held beyond its team's guarantee: 1 when `flagged`, else 0;
+    /// [`settle_borrowed`] makes it the part that was.
     pub borrowed: f64,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
@@ -98,7 +100,7 @@ pub fn settle_borrowed(intervals: &mut [Interval], guarantees: &GuaranteeGpus, r
     let guarantees: HashMap<(Uuid, &str), f64> = guarantees.iter().map(|((t, f), g)| ((*t, f.as_str()), *g)).collect();
     // The flagged, by their team and flavor; and every interval of those teams' subtrees.
     let mut flagged: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
-    for (k, i) in intervals.iter().enumerate().filter(|(_, i)| i.borrowed > 0.0) {
+    for (k, i) in intervals.iter().enumerate().filter(|(_, i)| i.flagged) {
         if let Some((key, _)) = i.team_uids.first().and_then(|t| guarantees.get_key_value(&(*t, i.flavor.as_str()))) {
             flagged.entry(*key).or_default().push(k);
         }
@@ -396,7 +398,9 @@ pub struct TeamUsage {
     pub parent: Option<String>,
     /// The team's own workloads.
     pub own: UsageAmounts,
-    /// The team's and every team's below it: what a department spent.
+    /// The team's and every team's below it: what a department spent. Its borrowed hours
+    /// are those beyond the team's own guarantee (for a caller who may read the whole
+    /// subtree): what its teams borrowed within it, from each other, is in quota.
     pub subtree: UsageAmounts,
     /// GPU-hours its guarantees (today's, all flavors) stood for over the period, from when
     /// the team was created until now at the latest; absent for a caller who may not read
@@ -534,6 +538,19 @@ pub fn report<'a>(
             row.cost += a.cost;
         }
     }
+    // A team's subtree borrowed beyond the team's own guarantee only: work of the teams below
+    // it that each borrowed within it (a sibling's idle guarantee) is the department's in
+    // quota (a department holding 44 GPUs against 28 reported 24 borrowed, its teams' sum).
+    for g in guarantees {
+        let Some(used) = users.get(&(g.uid, g.flavor.as_str())) else { continue };
+        if used.iter().all(|i| i.team_uids.first() == Some(&g.uid)) {
+            continue;
+        }
+        let e = teams.entry(g.team.as_str()).or_insert_with(|| new_team(&g.team));
+        let over = (e.subtree.borrowed_gpu_hours - beyond(g.gpus, used, req.from, req.to)).max(0.0);
+        e.subtree.borrowed_gpu_hours -= over;
+        e.subtree.in_quota_gpu_hours += over;
+    }
     for g in guarantees.iter().filter(|g| g.gpus > 0.0) {
         let (from, to) = (req.from.max(g.since), req.to.min(now));
         if to <= from {
@@ -606,6 +623,27 @@ fn idle<'a>(guaranteed: f64, used: impl Iterator<Item = &'a Interval>, from: Dat
         in_use += delta;
     }
     total + (guaranteed - in_use).max(0.0) * hours(at, to)
+}
+
+/// GPU-hours of `used` (a team's subtree) beyond `guaranteed` within `[from, to)`, at most
+/// the GPUs admitted beyond a guarantee (`flagged`) at each time.
+fn beyond(guaranteed: f64, used: &[&Interval], from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    let mut changes: Vec<(DateTime<Utc>, f64, f64)> = Vec::with_capacity(2 * used.len());
+    for i in used {
+        let (a, b) = (i.start.max(from), i.end.min(to));
+        let flagged = if i.flagged { i.gpus } else { 0.0 };
+        if a < b {
+            changes.push((a, i.gpus, flagged));
+            changes.push((b, -i.gpus, -flagged));
+        }
+    }
+    changes.sort_unstable_by_key(|c| c.0);
+    let (mut at, mut held, mut flagged, mut total) = (from, 0.0_f64, 0.0_f64, 0.0);
+    for (t, d_held, d_flagged) in changes {
+        total += (held - guaranteed).max(0.0).min(flagged.max(0.0)) * hours(at, t);
+        (at, held, flagged) = (t, held + d_held, flagged + d_flagged);
+    }
+    total
 }
 
 /// The report as CSV: a header, then one line per row (the bucket first when there are
@@ -787,6 +825,7 @@ mod tests {
             backend: "slurm".into(),
             kind: "training".into(),
             gpus,
+            flagged: false,
             borrowed: 0.0,
             start: t(start),
             end: t(end),
@@ -838,7 +877,7 @@ mod tests {
     #[test]
     fn work_flagged_borrowed_is_borrowed_only_while_its_team_holds_more_than_its_guarantee() {
         let flagged = |mut i: Interval| {
-            i.borrowed = 1.0;
+            (i.flagged, i.borrowed) = (true, 1.0);
             i
         };
         let intervals = vec![
@@ -958,6 +997,46 @@ mod tests {
         assert_eq!(nlp.guaranteed_gpu_hours, Some(32.0));
         // 8 idle for 1 h, 4 idle for 2 h, 0 for the last hour.
         assert_eq!(nlp.idle_guarantee_gpu_hours, Some(16.0));
+    }
+
+    /// research (guaranteed 8) over nlp (4) and vision (4). 10:00–11:00 nlp holds 6 (2
+    /// borrowed beyond its 4), vision 2: research holds 8, its guarantee, so nothing is
+    /// borrowed for it. 11:00–12:00 vision holds 4 too: research holds 10, 2 beyond.
+    #[test]
+    fn a_department_borrows_only_beyond_its_own_guarantee() {
+        let mut lent = run("nlp", &["nlp", "research"], "nina", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T12:00:00Z");
+        (lent.flagged, lent.borrowed) = (true, 1.0);
+        let intervals = [
+            run("nlp", &["nlp", "research"], "ned", 4.0, "2026-11-01T10:00:00Z", "2026-11-01T12:00:00Z"),
+            lent,
+            run("vision", &["vision", "research"], "vic", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T11:00:00Z"),
+            run("vision", &["vision", "research"], "val", 4.0, "2026-11-01T11:00:00Z", "2026-11-01T12:00:00Z"),
+        ];
+        let g = |team: &str, parent: Option<&str>, gpus: f64| Guarantee {
+            team: team.into(),
+            uid: uid(team),
+            parent: parent.map(Into::into),
+            flavor: "h100".into(),
+            gpus,
+            since: t("2026-10-01T00:00:00Z"),
+        };
+        let guarantees =
+            [g("research", None, 8.0), g("nlp", Some("research"), 4.0), g("vision", Some("research"), 4.0)];
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-02T00:00:00Z"),
+            group_by: vec![GroupBy::Team],
+            bucket: None,
+        };
+        let all = BTreeSet::from(["research".into(), "nlp".into(), "vision".into()]);
+        let r = report(&req, &intervals, &guarantees, &all, &Visibility::All, req.to);
+        let team = |name: &str| r.teams.iter().find(|t| t.team == name).unwrap().subtree;
+        // nlp borrowed 2 GPUs for 2 h beyond its own 4; research only 2 GPUs for the second hour.
+        assert_eq!((team("nlp").borrowed_gpu_hours, team("nlp").in_quota_gpu_hours), (4.0, 8.0));
+        assert_eq!((team("research").borrowed_gpu_hours, team("research").in_quota_gpu_hours), (2.0, 16.0));
+        assert_eq!(team("research").gpu_hours, 18.0);
+        // Rows and totals count each work's borrowing against its own team's guarantee.
+        assert_eq!(r.totals.borrowed_gpu_hours, 4.0);
     }
 
     #[test]

@@ -207,6 +207,7 @@ pub async fn ledger_intervals(
             backend: r.backend,
             kind: r.kind,
             gpus: r.gpus,
+            flagged: r.borrowed,
             borrowed: if r.borrowed { 1.0 } else { 0.0 },
             start: r.started_at,
             end: r.ended_at,
