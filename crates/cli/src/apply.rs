@@ -452,14 +452,19 @@ pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError
 }
 
 /// Prints a plan for people.
+/// A step's mark and what it does (or did).
+fn said(action: &Action, dry_run: bool) -> (&'static str, &'static str) {
+    match action {
+        Action::Create => ("+", if dry_run { "would be created" } else { "created" }),
+        Action::Change => ("~", if dry_run { "would change" } else { "changed" }),
+        Action::Unchanged => ("=", "unchanged"),
+        Action::Delete => ("-", if dry_run { "would be deleted (pruned)" } else { "deleted (pruned)" }),
+    }
+}
+
 pub fn print(steps: &[Step], dry_run: bool) {
     for s in steps {
-        let (mark, what) = match s.action {
-            Action::Create => ("+", if dry_run { "would be created" } else { "created" }),
-            Action::Change => ("~", if dry_run { "would change" } else { "changed" }),
-            Action::Unchanged => ("=", "unchanged"),
-            Action::Delete => ("-", if dry_run { "would be deleted (pruned)" } else { "deleted (pruned)" }),
-        };
+        let (mark, what) = said(&s.action, dry_run);
         println!("{mark} {} {what}", s.id);
         for c in &s.changes {
             println!("    {c}");
@@ -482,7 +487,7 @@ pub fn print(steps: &[Step], dry_run: bool) {
 /// Carries the plan out, in its order; each change and delete is conditional on the
 /// version the plan read, so a concurrent change is reported rather than overwritten.
 pub async fn execute(client: &Client, steps: &[Step]) -> Result<()> {
-    for s in steps {
+    for (n, s) in steps.iter().enumerate() {
         let result = match (&s.action, &s.doc) {
             (Action::Unchanged, _) => continue,
             (Action::Create, Some(d)) if d.kind == Kind::RoleBinding => client.post(&s.path, Some(&d.spec)).await,
@@ -497,7 +502,14 @@ pub async fn execute(client: &Client, steps: &[Step]) -> Result<()> {
                 _ => "",
             };
             let source = s.doc.as_ref().map_or(String::new(), |d| format!(" ({})", d.source));
-            return Err(anyhow!(e)).context(format!("{}{source}{hint}", s.id));
+            // What was done before it stays done: said, so that a run again is no surprise.
+            let mut done = steps[..n].iter().filter(|d| !matches!(d.action, Action::Unchanged)).peekable();
+            let partly = if done.peek().is_some() { " (what is above was applied, the rest not)" } else { "" };
+            for d in done {
+                let (mark, what) = said(&d.action, false);
+                eprintln!("{mark} {} {what}", d.id);
+            }
+            return Err(anyhow!(e)).context(format!("{}{source}{hint}{partly}", s.id));
         }
     }
     Ok(())

@@ -271,6 +271,14 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     let out = w.berth(&["apply", "-f", &greedy]);
     assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(text(&out.stderr).matches("\n  /spec/quotas/0/guaranteed: ").count(), 1, "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("what is above"), "nothing was applied: {}", text(&out.stderr));
+    // What was applied before a refusal is said (a new flavor was created, then the team
+    // refused, and only the refusal was printed).
+    let l40 = w.write("l40.yaml", "kind: Flavor\nmetadata: {name: l40}\nspec: {}\n");
+    let out = w.berth(&["apply", "-f", &l40, "-f", &greedy]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stderr).starts_with("+ flavor/l40 created\n"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("(what is above was applied, the rest not)"), "{}", text(&out.stderr));
 
     for args in [["get", "flavors"], ["get", "teams"], ["get", "clusters"], ["get", "rolebindings"]] {
         w.json(&args);
