@@ -1392,6 +1392,25 @@ pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
         .collect();
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     table(&headers, &rows);
+    // Wide: each team's own and department (subtree) figures, as a manager explains them.
+    if env.out == Format::Wide {
+        let teams: Vec<Vec<String>> = r["teams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                let s = &t["subtree"];
+                let idle = t.get("idle_guarantee_gpu_hours").map_or_else(|| "-".to_owned(), hours);
+                let parent = t["parent"].as_str().unwrap_or("-").to_owned();
+                let (own, subtree) = (hours(&t["own"]["gpu_hours"]), hours(&s["gpu_hours"]));
+                let (in_quota, borrowed) = (hours(&s["in_quota_gpu_hours"]), hours(&s["borrowed_gpu_hours"]));
+                vec![cell(&t["team"]), parent, own, subtree, in_quota, borrowed, idle, money(&s["cost"])]
+            })
+            .collect();
+        println!();
+        let headers = ["TEAM", "PARENT", "OWN", "WITH SUBTEAMS", "IN QUOTA", "BORROWED", "IDLE GUARANTEE", "COST"];
+        table(&headers, &teams);
+    }
     let t = &r["totals"];
     println!(
         "\n{} to {}: {} GPU-hours ({} borrowed), cost {}",

@@ -772,6 +772,15 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     assert!(csv.starts_with("bucket,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost\n"), "{csv}");
     let table = w.ok(&["usage", "--by", "team"]);
     assert!(table.contains("GPU-HOURS") && table.contains("nlp") && table.contains("GPU-hours ("), "{table}");
+    assert!(!table.contains("WITH SUBTEAMS"), "{table}");
+    // Wide: each team's own and department figures (-o wide printed the same table).
+    let wide = w.ok(&["usage", "--by", "team", "-o", "wide"]);
+    let parent = |team: &str| {
+        let line = wide.lines().rfind(|l| l.starts_with(&format!("{team} ")));
+        line.unwrap_or_else(|| panic!("{wide}")).split_whitespace().nth(1).unwrap().to_owned()
+    };
+    assert!(wide.contains("WITH SUBTEAMS") && wide.contains("IDLE GUARANTEE"), "{wide}");
+    assert_eq!((parent("research"), parent("nlp")), ("-".to_owned(), "research".to_owned()), "{wide}");
     let bad = w.berth(&["usage", "--from", "last tuesday"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
     assert!(text(&bad.stderr).contains("--from"), "{}", text(&bad.stderr));
