@@ -350,7 +350,12 @@ async fn an_array_beyond_the_rate_limit_is_cancelled_whole_logs_wait_and_a_close
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    // Its word that it waits, read as it comes.
+    let (said, lines) = std::sync::mpsc::channel();
+    let stderr = follow.stderr.take().unwrap();
+    std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).for_each(|l| drop(said.send(l))));
+    let waits = lines.recv_timeout(Duration::from_secs(60)).expect("berth logs -f says why it waits");
+    assert!(waits.contains("nlp/small is Pending"), "{waits}");
     assert!(follow.try_wait().unwrap().is_none(), "it waits for small to start");
     w.ok(&["cancel", "big", "--team", "nlp"]);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -359,8 +364,7 @@ async fn an_array_beyond_the_rate_limit_is_cancelled_whole_logs_wait_and_a_close
         std::thread::sleep(Duration::from_millis(200));
     }
     let out = follow.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("nlp/small is Pending"), "{}", text(&out.stderr));
+    assert!(out.status.success(), "{:?}", lines.try_iter().collect::<Vec<_>>());
     assert!(!out.stdout.is_empty(), "its logs once it ran");
 
     // The reader is gone before the CLI writes: SIGPIPE ends it, as any Unix tool.
