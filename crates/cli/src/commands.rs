@@ -14,6 +14,7 @@ use crate::output::{self, Format, age, cell, gpus, gpus_said, structured, table}
 use crate::submit;
 
 /// What every command reaches.
+#[derive(Clone)]
 pub struct Env<'a> {
     pub client: &'a Client,
     /// The context's team.
@@ -604,8 +605,10 @@ impl Shape {
 pub struct SubmitArgs {
     #[command(flatten)]
     shape: Shape,
-    /// The batch script (`-` for standard input)
-    script: PathBuf,
+    /// sbatch's options as on its command line, which win over the script's (`-J train
+    /// --gres=gpu:h100:2 -t 4:00:00`), then the batch script (`-` for standard input)
+    #[arg(value_name = "[SBATCH OPTIONS] SCRIPT", required = true, allow_hyphen_values = true)]
+    words: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -632,22 +635,64 @@ struct Directives {
 }
 
 pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
-    let script = if a.script == Path::new("-") {
+    let line = submit::CommandLine::split(&a.words, own_option)?;
+    let out = match &line.output {
+        Some(o) => <Format as clap::ValueEnum>::from_str(o, false)
+            .map_err(|_| anyhow!("-o {o}: not table, wide, json or yaml"))?,
+        None => env.out,
+    };
+    let env = &Env { out, ..env.clone() };
+    if !line.args.is_empty() {
+        bail!(
+            "{} after the script: Berth runs a batch script without arguments (sbatch would pass them to it); \
+             put them in the script",
+            line.args.join(" ")
+        );
+    }
+    if let Some(global) = line
+        .berth
+        .iter()
+        .find(|w| ["--server", "--token", "--context"].contains(&w.split('=').next().unwrap_or_default()))
+    {
+        bail!("{global}: give Berth's --server, --token and --context before the script and sbatch's options");
+    }
+    // Among sbatch's options -o is sbatch's --output (a file); one naming a format of
+    // Berth's was meant as Berth's.
+    let formats = ["table", "wide", "json", "yaml"];
+    for (i, w) in line.sbatch.iter().enumerate() {
+        let value = match w.as_str() {
+            "-o" | "--output" => line.sbatch.get(i + 1).map(String::as_str),
+            w => w.strip_prefix("--output=").or_else(|| w.strip_prefix("-o")),
+        };
+        if let Some(f) = value.filter(|v| formats.contains(v)) {
+            bail!(
+                "{w} {f}: after sbatch's options this is sbatch's --output (a file): give Berth's -o {f} before them, or after the script"
+            );
+        }
+    }
+    let script = if line.script == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the script")?
     } else {
-        std::fs::read_to_string(&a.script).with_context(|| format!("reading {}", a.script.display()))?
+        std::fs::read_to_string(&line.script).with_context(|| format!("reading {}", line.script))?
     };
     submit::check_script(&script)?;
     let (sbatch, berth) = submit::directives(&script);
     let mut r = submit::Request::default();
-    for line in &sbatch {
-        submit::read_sbatch(line, &mut r)?;
+    for words in &sbatch {
+        submit::read_sbatch(words, &mut r, "#SBATCH ")?;
     }
     if !r.ignored.is_empty() {
-        eprintln!("note: #SBATCH options Berth does not use: {}", r.ignored.join(" "));
+        eprintln!("note: #SBATCH options Berth does not use: {}", std::mem::take(&mut r.ignored).join(" "));
     }
     let directives = <Directives as clap::Parser>::try_parse_from(&berth).map_err(|e| anyhow!("#BERTH: {e}"))?;
     directives.shape.onto(&mut r)?;
+    // The command line wins, as sbatch's does: sbatch's options, then Berth's own.
+    submit::read_command_line(&line.sbatch, &mut r)?;
+    if !r.ignored.is_empty() {
+        eprintln!("note: sbatch options Berth does not use: {}", r.ignored.join(" "));
+    }
+    let own = <Directives as clap::Parser>::try_parse_from(&line.berth).map_err(|e| anyhow!("{e}"))?;
+    own.shape.onto(&mut r)?;
     a.shape.onto(&mut r)?;
     if let (Some(nodes), Some(tasks)) = (r.nodes, r.tasks)
         && nodes > tasks
@@ -656,7 +701,26 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
             "note: --ntasks={tasks} on --nodes={nodes}: as Slurm, nodes without a task are not asked for (--nodes={tasks})"
         );
     }
-    create(env, r, &script, None, a.shape.dry_run || directives.shape.dry_run).await
+    let dry_run = a.shape.dry_run || directives.shape.dry_run || own.shape.dry_run || r.test_only;
+    create(env, r, &script, None, dry_run).await
+}
+
+/// Whether `berth submit` has the option `opt` of its own, and whether it takes a value:
+/// given among sbatch's options it is still Berth's (`--gpus` is GPUs per task). Berth's
+/// options of every command are refused there: as sbatch's, they would be passed over.
+fn own_option(opt: &str) -> Option<bool> {
+    let command = <Directives as clap::CommandFactory>::command();
+    let takes = |a: &clap::Arg| a.get_action().takes_values();
+    if let Some(long) = opt.strip_prefix("--") {
+        if ["server", "token", "context"].contains(&long) {
+            // Not sbatch's: handed over as Berth's, to be refused (see `submit`).
+            return Some(true);
+        }
+        command.get_arguments().find(|a| a.get_long() == Some(long)).map(takes)
+    } else {
+        let short = opt.strip_prefix('-').and_then(|s| s.chars().next())?;
+        command.get_arguments().find(|a| a.get_short() == Some(short)).map(takes)
+    }
 }
 
 pub async fn run(env: &Env<'_>, a: RunArgs) -> Result<i32> {
@@ -784,6 +848,12 @@ async fn create(
     };
     let what = if dry_run { "would be submitted" } else { "submitted" };
     match &r.array {
+        // As sbatch --parsable prints the job id alone (an array's: what scancel takes).
+        _ if r.parsable && matches!(env.out, Format::Table | Format::Wide) => {
+            let w = &answer["items"][0];
+            let name = if r.array.is_some() { &w["metadata"]["labels"][ARRAY_LABEL] } else { &w["metadata"]["name"] };
+            println!("{}", cell(name));
+        }
         None => {
             let w = &answer["items"][0];
             if !structured(env.out, w) {

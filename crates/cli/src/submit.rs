@@ -15,7 +15,13 @@
 //! | `--dependency`, `-d`; `--begin`, `-b`; `--hold`, `-H` | refused: Berth does not hold or defer a job, and left out it would start at once |
 //! | `--array`, `-a` (`0-15`, `1,3,5`, `0-15:4`) | a workload per index, named `NAME-INDEX`, each with `SLURM_ARRAY_TASK_ID` (and `_MIN`, `_MAX`, `_COUNT`, `_STEP`) in its environment and the label `berth.dev/array=NAME`; a `%N` limit on how many run at once is not kept (Berth's quotas decide) |
 //!
-//! Other `#SBATCH` options are listed on standard error and left out.
+//! | `--test-only` | checked, and what would be submitted shown: nothing is submitted |
+//! | `--parsable` | only the name is printed (an array's name) |
+//! | `--wait`, `-W` | refused: `berth submit` does not wait for the job's end |
+//!
+//! Other `#SBATCH` options are listed on standard error and left out. The same options
+//! work on `berth submit`'s command line, before the script ([`CommandLine`]), and win
+//! over the script's.
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
@@ -48,6 +54,86 @@ pub struct Request {
     pub array: Option<Array>,
     /// `#SBATCH` options Berth does not read.
     pub ignored: Vec<String>,
+    /// sbatch's `--test-only`: check it and say what would be submitted, submit nothing.
+    pub test_only: bool,
+    /// sbatch's `--parsable`: print only the name (sbatch prints only the job id).
+    pub parsable: bool,
+}
+
+/// `berth submit`'s words after its own options, as sbatch's command line has them.
+#[derive(Debug, Default, PartialEq)]
+pub struct CommandLine {
+    /// sbatch's options: they win over the script's `#SBATCH` and `#BERTH` lines.
+    pub sbatch: Vec<String>,
+    /// `berth submit`'s own options given among them (`--team`, `--sim-seconds` …).
+    pub berth: Vec<String>,
+    /// The batch script (`-`: standard input).
+    pub script: String,
+    /// What follows the script but Berth's options: sbatch would pass it to the script.
+    pub args: Vec<String>,
+    /// Berth's `-o`/`--output` after the script (before it, among sbatch's options, it is
+    /// sbatch's `--output`, a file).
+    pub output: Option<String>,
+}
+
+impl CommandLine {
+    /// Splits `words`: sbatch's options, the script, then what follows it, where Berth's
+    /// options are still Berth's (`berth submit job.sh -o json`). `own` says whether an
+    /// option is one of `berth submit`'s and whether it takes a value (`None`: not one).
+    ///
+    /// # Errors
+    /// No script; a value missing.
+    pub fn split(words: &[String], own: impl Fn(&str) -> Option<bool>) -> Result<Self> {
+        let mut line = Self::default();
+        let mut script = None;
+        let mut i = 0;
+        while i < words.len() {
+            let w = &words[i];
+            if script.is_none() && (!w.starts_with('-') || w == "-") {
+                script = Some(w.clone());
+                i += 1;
+                continue;
+            }
+            let (opt, inline) = match w.split_once('=') {
+                Some((o, _)) if o.starts_with("--") => (o, true),
+                _ if !w.starts_with("--") && w.len() > 2 && w.is_char_boundary(2) => (&w[..2], true),
+                _ => (w.as_str(), false),
+            };
+            let value = |i: &mut usize| -> Result<String> {
+                *i += 1;
+                words.get(*i).cloned().ok_or_else(|| anyhow::anyhow!("{opt}: a value is missing"))
+            };
+            match (own(opt), script.is_some()) {
+                (Some(takes), _) => {
+                    line.berth.push(w.clone());
+                    if takes && !inline {
+                        let v = value(&mut i)?;
+                        line.berth.push(v);
+                    }
+                }
+                (None, true) if w.starts_with('-') && ["-o", "--output"].contains(&opt) => {
+                    line.output = Some(match w.split_once('=') {
+                        Some((_, v)) => v.to_owned(),
+                        None if inline => w[2..].to_owned(),
+                        None => value(&mut i)?,
+                    });
+                }
+                (None, true) => line.args.push(w.clone()),
+                (None, false) => {
+                    line.sbatch.push(w.clone());
+                    if sbatch_takes_value(opt) && !inline {
+                        let v = value(&mut i)?;
+                        line.sbatch.push(v);
+                    }
+                }
+            }
+            i += 1;
+        }
+        line.script = script.ok_or_else(|| {
+            anyhow::anyhow!("no batch script: give its path after the options (- for standard input)")
+        })?;
+        Ok(line)
+    }
 }
 
 /// What sbatch refuses of a script as a whole, refused the same: an empty one, one whose
@@ -125,8 +211,93 @@ fn words(s: &str) -> Vec<String> {
     out
 }
 
-/// Reads the options of one `#SBATCH` line into `r`.
-pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
+/// sbatch's short options Berth reads, as their long names.
+fn long_name(opt: &str) -> &str {
+    match opt {
+        "-J" => "--job-name",
+        "-N" => "--nodes",
+        "-n" => "--ntasks",
+        "-c" => "--cpus-per-task",
+        "-t" => "--time",
+        "-p" => "--partition",
+        "-G" => "--gpus",
+        "-a" => "--array",
+        "-d" => "--dependency",
+        "-b" => "--begin",
+        "-H" => "--hold",
+        "-W" => "--wait",
+        other => other,
+    }
+}
+
+/// The options Berth reads that take a value.
+const TAKES_VALUE: [&str; 17] = [
+    "--job-name",
+    "--nodes",
+    "--ntasks",
+    "--ntasks-per-node",
+    "--cpus-per-task",
+    "--time",
+    "--partition",
+    "--gpus",
+    "--gres",
+    "--gpus-per-node",
+    "--gpus-per-task",
+    "--mem",
+    "--mem-per-cpu",
+    "--priority",
+    "--array",
+    "--dependency",
+    "--begin",
+];
+
+/// sbatch's options that take no value (or one only as `--option=value`); every other
+/// option of sbatch takes one (`--account proj`, `-q high`).
+const NO_VALUE: [&str; 33] = [
+    "--contiguous",
+    "--exclusive",
+    "--get-user-env",
+    "--hold",
+    "--ignore-pbs",
+    "--no-kill",
+    "--no-requeue",
+    "--overcommit",
+    "--oversubscribe",
+    "--parsable",
+    "--quiet",
+    "--reboot",
+    "--requeue",
+    "--spread-job",
+    "--test-only",
+    "--use-min-nodes",
+    "--verbose",
+    "--wait",
+    "--help",
+    "--usage",
+    "--version",
+    "--nice",
+    "--propagate",
+    "--x11",
+    "-H",
+    "-k",
+    "-O",
+    "-s",
+    "-Q",
+    "-v",
+    "-W",
+    "-h",
+    "-V",
+];
+
+/// Whether sbatch's option `opt` (as written, without `=value`) takes the next word as its
+/// value on sbatch's command line.
+pub fn sbatch_takes_value(opt: &str) -> bool {
+    TAKES_VALUE.contains(&long_name(opt)) || !(NO_VALUE.contains(&opt) || NO_VALUE.contains(&long_name(opt)))
+}
+
+/// Reads the options of one `#SBATCH` line (`from`: `"#SBATCH "`), or of sbatch's command
+/// line (`from`: `""`), into `r`.
+pub fn read_sbatch(words: &[String], r: &mut Request, from: &str) -> Result<()> {
     let mut i = 0;
     while i < words.len() {
         let w = &words[i];
@@ -138,39 +309,7 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             }
             _ => (w.clone(), None),
         };
-        let long = match opt.as_str() {
-            "-J" => "--job-name",
-            "-N" => "--nodes",
-            "-n" => "--ntasks",
-            "-c" => "--cpus-per-task",
-            "-t" => "--time",
-            "-p" => "--partition",
-            "-G" => "--gpus",
-            "-a" => "--array",
-            "-d" => "--dependency",
-            "-b" => "--begin",
-            "-H" => "--hold",
-            other => other,
-        };
-        const TAKES_VALUE: [&str; 17] = [
-            "--job-name",
-            "--nodes",
-            "--ntasks",
-            "--ntasks-per-node",
-            "--cpus-per-task",
-            "--time",
-            "--partition",
-            "--gpus",
-            "--gres",
-            "--gpus-per-node",
-            "--gpus-per-task",
-            "--mem",
-            "--mem-per-cpu",
-            "--priority",
-            "--array",
-            "--dependency",
-            "--begin",
-        ];
+        let long = long_name(&opt);
         let takes = TAKES_VALUE.contains(&long);
         // A short option that takes no value, or is not read, stays one word (`-vv`).
         let (long, inline) =
@@ -181,10 +320,10 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             inline
         } else {
             i += 1;
-            Some(words.get(i).cloned().ok_or_else(|| anyhow::anyhow!("#SBATCH {opt}: a value is missing"))?)
+            Some(words.get(i).cloned().ok_or_else(|| anyhow::anyhow!("{from}{opt}: a value is missing"))?)
         };
         let v = value.as_deref().unwrap_or_default();
-        let bad = |what: &str| anyhow::anyhow!("#SBATCH {long}={v}: {what}");
+        let bad = |what: &str| anyhow::anyhow!("{from}{long}={v}: {what}");
         match long {
             "--job-name" => r.name = Some(v.to_owned()),
             "--nodes" => {
@@ -229,16 +368,46 @@ pub fn read_sbatch(words: &[String], r: &mut Request) -> Result<()> {
             // What says when a job may start: left out, the job would start at once (a
             // pipeline's steps out of order), so it is refused.
             "--dependency" => bail!(
-                "#SBATCH {long}={v}: Berth does not hold a job until others end; submit it once they have \
-                 (or remove the line)"
+                "{from}{long}={v}: Berth does not hold a job until others end; submit it once they have \
+                 (or remove the option)"
             ),
-            "--begin" => bail!("#SBATCH {long}={v}: Berth does not defer a job's start; submit it when it should run"),
-            "--hold" => bail!("#SBATCH --hold: Berth does not hold a job; submit it when it should run"),
+            "--begin" => bail!("{from}{long}={v}: Berth does not defer a job's start; submit it when it should run"),
+            "--hold" => bail!("{from}--hold: Berth does not hold a job; submit it when it should run"),
+            // Left out, a pipeline that waits for the job's end would go on at once.
+            "--wait" => bail!(
+                "{from}--wait: berth submit does not wait for the job to end; follow it with berth logs -f NAME, \
+                 which ends when the job does"
+            ),
+            // Left out, a check would submit the job.
+            "--test-only" => r.test_only = true,
+            "--parsable" => r.parsable = true,
             _ => r.ignored.push(w.clone()),
         }
         i += 1;
     }
     Ok(())
+}
+
+/// Reads sbatch's command line into `r`, over what the script asked: a GPU count given
+/// there replaces the script's (`-G 4` over `#SBATCH --gres=gpu:8`), as a memory size does.
+///
+/// # Errors
+/// As [`read_sbatch`].
+pub fn read_command_line(words: &[String], r: &mut Request) -> Result<()> {
+    let given = |names: &[&str]| {
+        words.iter().any(|w| {
+            let opt = w.split_once('=').map_or(w.as_str(), |(o, _)| o);
+            let opt = if opt.starts_with("--") { opt } else { opt.get(..2).unwrap_or(opt) };
+            names.contains(&long_name(opt))
+        })
+    };
+    if given(&["--gres", "--gpus", "--gpus-per-node", "--gpus-per-task"]) {
+        (r.gpus_per_node, r.gpus_per_task, r.gpus_total) = (None, None, None);
+    }
+    if given(&["--mem", "--mem-per-cpu"]) {
+        (r.mem_per_node_mib, r.mem_per_cpu_mib) = (None, None);
+    }
+    read_sbatch(words, r, "")
 }
 
 /// A job array: sbatch's `--array` (`0-15`, `1,3,5-7`, `0-15:4`, `0-99%10`).
@@ -478,7 +647,7 @@ mod tests {
         let (sbatch, _) = directives(script);
         let mut r = Request::default();
         for line in &sbatch {
-            read_sbatch(line, &mut r).unwrap();
+            read_sbatch(line, &mut r, "#SBATCH ").unwrap();
         }
         r
     }
@@ -542,7 +711,7 @@ mod tests {
         // A value is on its option's line: a bare option does not take the next line's.
         let (sbatch, _) = directives("#SBATCH -J\n#SBATCH --array=0-3\n");
         let mut r = Request::default();
-        let err = read_sbatch(&sbatch[0], &mut r).unwrap_err().to_string();
+        let err = read_sbatch(&sbatch[0], &mut r, "#SBATCH ").unwrap_err().to_string();
         assert_eq!(err, "#SBATCH -J: a value is missing");
         // A long name is shortened to a DNS label, not dropped.
         assert_eq!(dns_label(&"B".repeat(70)), Some("b".repeat(63)));
@@ -579,7 +748,8 @@ mod tests {
             (None, Some(0.0))
         );
         let mut two_types = Request::default();
-        let err = read_sbatch(&words("--gres=gpu:h100:2,gpu:a100:1"), &mut two_types).unwrap_err().to_string();
+        let err =
+            read_sbatch(&words("--gres=gpu:h100:2,gpu:a100:1"), &mut two_types, "#SBATCH ").unwrap_err().to_string();
         assert!(err.contains("one GPU type a job"), "{err}");
         let err = spec(&read("#SBATCH --ntasks=3 --gres=gpu:h100:8\n"), "h100", "").unwrap_err().to_string();
         assert!(err.starts_with("8 GPUs a node over 3 tasks a node is 2.67 GPUs a task"), "{err}");
@@ -613,7 +783,7 @@ mod tests {
         assert_eq!(slurm_time("soon"), None);
         assert_eq!(gres("gpu"), Some((None, 1.0)));
         assert_eq!(gres("gpu:4"), Some((None, 4.0)));
-        assert!(read_sbatch(&["--nodes".into()], &mut Request::default()).is_err());
+        assert!(read_sbatch(&["--nodes".into()], &mut Request::default(), "#SBATCH ").is_err());
         assert_eq!(words(r#"--job-name="a b" -N 1 # note"#), ["--job-name=a b", "-N", "1"]);
     }
 
@@ -621,7 +791,7 @@ mod tests {
     fn what_would_hold_a_job_back_is_refused_not_left_out() {
         let refused = |line: &str| {
             let mut r = Request::default();
-            read_sbatch(&words(line), &mut r).map(|()| r.ignored).unwrap_err().to_string()
+            read_sbatch(&words(line), &mut r, "#SBATCH ").map(|()| r.ignored).unwrap_err().to_string()
         };
         for (line, says) in [
             ("--dependency=afterok:12", "#SBATCH --dependency=afterok:12: Berth does not hold a job until others end"),
@@ -637,5 +807,49 @@ mod tests {
         // What does not change when a job starts is still only left out.
         let r = read("#SBATCH --mail-type=END -p gpu,debug\n");
         assert_eq!((r.ignored, r.partition.as_deref()), (vec!["--mail-type=END".to_owned()], Some("gpu,debug")));
+    }
+
+    #[test]
+    fn sbatch_options_on_the_command_line_split_from_berths_own_and_the_script() {
+        let own = |o: &str| match o {
+            "--team" | "-a" => Some(true),
+            "--dry-run" => Some(false),
+            _ => None,
+        };
+        let w = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let line =
+            CommandLine::split(&w("-J x --team nlp --exclusive -t 30 --qos high -Jy --dry-run -a0-3 job.sh a -b"), own)
+                .unwrap();
+        assert_eq!(line.sbatch, w("-J x --exclusive -t 30 --qos high -Jy"));
+        assert_eq!(line.berth, w("--team nlp --dry-run -a0-3"));
+        assert_eq!((line.script.as_str(), line.args, line.output), ("job.sh", w("a -b"), None));
+        // After the script, Berth's options are still Berth's, -o too (before it, sbatch's).
+        let line = CommandLine::split(&w("-o out.txt job.sh --team nlp -o json"), own).unwrap();
+        assert_eq!((line.sbatch, line.berth), (w("-o out.txt"), w("--team nlp")));
+        assert_eq!((line.args.len(), line.output.as_deref()), (0, Some("json")));
+        assert_eq!(CommandLine::split(&w("-N 2 -"), own).unwrap().script, "-", "standard input");
+        let no_script = CommandLine::split(&w("-J x"), own).unwrap_err().to_string();
+        assert!(no_script.starts_with("no batch script"), "{no_script}");
+        assert_eq!(CommandLine::split(&w("-J"), own).unwrap_err().to_string(), "-J: a value is missing");
+    }
+
+    #[test]
+    fn the_command_line_wins_over_the_script_and_replaces_its_gpu_count_and_memory() {
+        let mut r = read("#!/bin/bash\n#SBATCH --gres=gpu:h100:8 --mem=64G -n 2 -J a\nhostname\n");
+        read_command_line(&words("-G 4 --mem-per-cpu=1G -J b"), &mut r).unwrap();
+        assert_eq!((r.gpus_per_node, r.gpus_total, r.gpu_type.as_deref()), (None, Some(4.0), Some("h100")));
+        assert_eq!(
+            (r.mem_per_node_mib, r.mem_per_cpu_mib, r.tasks, r.name.as_deref()),
+            (None, Some(1024), Some(2), Some("b"))
+        );
+        let mut r = Request::default();
+        read_command_line(&words("--test-only --parsable"), &mut r).unwrap();
+        assert!(r.test_only && r.parsable);
+        let wait = read_command_line(&words("-W"), &mut r).unwrap_err().to_string();
+        assert!(wait.starts_with("--wait: berth submit does not wait"), "{wait}");
+        let err = read_command_line(&words("-t soon"), &mut r).unwrap_err().to_string();
+        assert!(err.starts_with("--time=soon: not a Slurm time"), "{err}");
+        let err = read_sbatch(&words("-t soon"), &mut r, "#SBATCH ").unwrap_err().to_string();
+        assert!(err.starts_with("#SBATCH --time=soon: "), "{err}");
     }
 }

@@ -606,6 +606,46 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("workload nlp/train submitted (4 GPUs of h100)"), "{}", text(&out.stdout));
     assert!(text(&out.stderr).contains("--mail-type=END"), "the option left out is named");
+    // sbatch's options on the command line win over the script's, as sbatch's do; one
+    // Berth does not use is named; --test-only submits nothing.
+    let probe = ["-J", "probe", "-N", "1", "-G", "1", "-t", "10", "--account", "proj"];
+    let tested = w.berth_as(&alice, &[&["submit", "-o", "json", "--test-only"][..], &probe, &[&script]].concat());
+    assert!(tested.status.success(), "{}", text(&tested.stderr));
+    assert!(
+        text(&tested.stderr).contains("sbatch options Berth does not use: --account proj"),
+        "{}",
+        text(&tested.stderr)
+    );
+    let tested: Value = serde_json::from_slice(&tested.stdout).unwrap();
+    assert_eq!(
+        (tested["metadata"]["name"].as_str(), tested["spec"]["max_runtime_seconds"].as_u64()),
+        (Some("probe"), Some(600))
+    );
+    assert_eq!(
+        (tested["spec"]["tasks"]["count"].as_u64(), tested["spec"]["tasks"]["resources"]["gpus"].as_f64()),
+        (Some(1), Some(1.0))
+    );
+    let none = w.berth_as(&alice, &["get", "workload", "probe", "--team", "nlp"]);
+    assert!(
+        none.status.code() == Some(3) && text(&none.stderr).contains("404"),
+        "not submitted: {}",
+        text(&none.stderr)
+    );
+    // --parsable prints the name alone, for a pipeline.
+    let parsed = w.berth_as(&alice, &[&["submit", "--parsable"][..], &probe, &[&script]].concat());
+    assert_eq!(text(&parsed.stdout), "probe\n", "{}", text(&parsed.stderr));
+    w.ok(&["delete", "probe", "--team", "nlp"]);
+    w.wait_for("probe is gone", &["get", "workloads", "--team", "nlp"], |l| {
+        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["metadata"]["name"] != "probe"))
+    });
+    // After sbatch's options, -o is sbatch's --output: a format of Berth's there is refused.
+    let format = w.berth_as(&alice, &["submit", "-J", "late", "-o", "json", &script]);
+    assert_eq!(format.status.code(), Some(2), "{}", text(&format.stderr));
+    assert!(text(&format.stderr).contains("give Berth's -o json before them"), "{}", text(&format.stderr));
+    // What follows the script sbatch would pass to it: refused, not dropped.
+    let args = w.berth_as(&alice, &["submit", &script, "--epochs", "3"]);
+    assert_eq!(args.status.code(), Some(2), "{}", text(&args.stderr));
+    assert!(text(&args.stderr).contains("--epochs 3 after the script"), "{}", text(&args.stderr));
     let train =
         w.wait_for("train runs", &["get", "workload", "train", "--team", "nlp"], |w| w["status"]["phase"] == "Running");
     assert_eq!(train["metadata"]["owner"]["subject"], "alice");
