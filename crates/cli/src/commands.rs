@@ -976,6 +976,12 @@ pub async fn cancel(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
         Err(e) if e.status() == Some(404) => {
             return cancel_array(env, &team, name, &array_of(env, &team, name, e).await?).await;
         }
+        // A workload of an array's name (anyone may give one that name) is not the array.
+        Err(e) if e.status() == Some(403) => {
+            let array = array_of(env, &team, name, e).await?;
+            eprintln!("note: the workload {team}/{name} is not yours to cancel: this cancels the array {name}");
+            return cancel_array(env, &team, name, &array).await;
+        }
         w => w?,
     };
     if !structured(env.out, &w) {
@@ -1074,6 +1080,12 @@ pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i
     let w = match env.client.delete(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name)), None).await {
         Err(e) if e.status() == Some(404) => {
             return delete_array(env, &team, name, &array_of(env, &team, name, e).await?).await;
+        }
+        // A workload of an array's name (anyone may give one that name) is not the array.
+        Err(e) if e.status() == Some(403) => {
+            let array = array_of(env, &team, name, e).await?;
+            eprintln!("note: the workload {team}/{name} is not yours to delete: this deletes the array {name}");
+            return delete_array(env, &team, name, &array).await;
         }
         w => w?,
     };

@@ -547,8 +547,16 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     let bob = w.token("bob", "member", Some("nlp"));
     let joined = w.berth_as(&bob, &["submit", "--name", "bobs", "--label", "berth.dev/array=sweep", &plain]);
     assert!(joined.status.success(), "{}", text(&joined.stderr));
+    // So may a workload take the array's own name: the owner's cancel is still the array's.
+    let taken = w.berth_as(&bob, &["submit", "--name", "sweep", &plain]);
+    assert!(text(&taken.stdout).contains("workload nlp/sweep submitted"), "{}", text(&taken.stderr));
     let all = w.berth_as(&alice, &["cancel", "sweep"]);
     assert_eq!(all.status.code(), Some(3), "{}", text(&all.stderr));
+    assert!(
+        text(&all.stderr).contains("the workload nlp/sweep is not yours to cancel: this cancels the array sweep"),
+        "{}",
+        text(&all.stderr)
+    );
     assert!(
         text(&all.stdout)
             .contains("array nlp/sweep: 3 of its 5 workloads cancelled, 1 had ended, 1 not yours to cancel"),
@@ -563,11 +571,23 @@ async fn a_job_array_is_a_workload_per_index_told_its_index(db: PgPool) {
     });
     let other = w.json(&["get", "workload", names[0], "--team", "nlp"]);
     assert_ne!(other["status"]["phase"], "Cancelled", "another run's array is left alone");
+    assert_ne!(w.json(&["get", "workload", "sweep", "--team", "nlp"])["status"]["phase"], "Cancelled", "bob's");
+    w.ok(&["delete", "sweep", "--team", "nlp"]);
+    w.wait_for("bob's sweep is gone", &["get", "workloads", "--team", "nlp"], |l| {
+        l["items"].as_array().is_some_and(|items| items.iter().all(|w| w["metadata"]["name"] != "sweep"))
+    });
     // Deleting the array deletes what of it the caller may.
     let why = w.berth_as(&alice, &["why", "sweep"]);
     assert!(text(&why.stdout).starts_with("array nlp/sweep: 5 workloads: 4 Cancelled, 1 "), "{}", text(&why.stdout));
+    let taken = w.berth_as(&bob, &["submit", "--name", "sweep", &plain]);
+    assert!(taken.status.success(), "{}", text(&taken.stderr));
     let deleted = w.berth_as(&alice, &["delete", "sweep"]);
     assert_eq!(deleted.status.code(), Some(3), "{}", text(&deleted.stderr));
+    assert!(
+        text(&deleted.stderr).contains("not yours to delete: this deletes the array sweep"),
+        "{}",
+        text(&deleted.stderr)
+    );
     assert!(
         text(&deleted.stdout).contains("array nlp/sweep: 4 of its 5 workloads deleted, 1 not yours to delete"),
         "{}",

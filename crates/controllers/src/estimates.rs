@@ -94,7 +94,11 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
                 Some(After::BudgetResets(budget)) => format!("when the budget of {budget} resets"),
                 None => "now: what it needs is free".to_owned(),
             };
-            StartEstimate { at: at(e.at), basis: format!("{when}; {} workloads start before it", e.ahead) }
+            let ahead = match e.ahead {
+                1 => "1 workload starts".to_owned(),
+                n => format!("{n} workloads start"),
+            };
+            StartEstimate { at: at(e.at), basis: format!("{when}; {ahead} before it") }
         });
         status.estimated += usize::from(next.is_some());
         // Only once the scheduler has looked at it and left it waiting (it gave a reason):

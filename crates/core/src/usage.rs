@@ -749,7 +749,8 @@ impl Budget {
             BudgetPeriod::Week => "week",
             BudgetPeriod::Month => "month",
         };
-        format!("{} GPU-hours of {} per {period}", self.gpu_hours, self.flavor.as_deref().unwrap_or("all flavors"))
+        let unit = if self.gpu_hours == 1.0 { "GPU-hour" } else { "GPU-hours" };
+        format!("{} {unit} of {} per {period}", self.gpu_hours, self.flavor.as_deref().unwrap_or("all flavors"))
     }
 
     /// Whether usage of `flavor` counts against it.

@@ -70,9 +70,10 @@ impl Impossible {
                 flavor(*f)
             ),
             Self::NoClusterHolds { flavor: f, tasks, task_gpus, most_tasks, .. } => format!(
-                "{}: {tasks} tasks of {task_gpus} GPUs, but even empty no allowed cluster (or required topology \
+                "{}: {tasks} tasks of {task_gpus} {}, but even empty no allowed cluster (or required topology \
                  block) holds more than {most_tasks} of them",
-                flavor(*f)
+                flavor(*f),
+                if *task_gpus == 1.0 { "GPU" } else { "GPUs" }
             ),
             Self::NoNodes { flavor: f } => format!("{}: no cluster the placement allows has such nodes", flavor(*f)),
             Self::NotCapable { flavor: f, missing } => {

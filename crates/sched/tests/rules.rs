@@ -768,7 +768,11 @@ fn a_task_larger_than_every_node_says_so_instead_of_waiting_for_room() {
     assert_eq!(reason(&w, &plan, "huge"), &Reason::Unschedulable { why: vec![huge] });
     // Three 8-GPU tasks on a cluster of two 8-GPU nodes: never, too.
     let gang = Impossible::NoClusterHolds { flavor: 0, tasks: 3, task_gpus: 8.0, most_tasks: 2, largest_node_gpus: 8 };
-    assert_eq!(reason(&w, &plan, "gang"), &Reason::Unschedulable { why: vec![gang] });
+    assert_eq!(reason(&w, &plan, "gang"), &Reason::Unschedulable { why: vec![gang.clone()] });
+    assert!(gang.describe(&w.s).contains(": 3 tasks of 8 GPUs, but even empty"), "{}", gang.describe(&w.s));
+    let ones =
+        Impossible::NoClusterHolds { flavor: 0, tasks: 17, task_gpus: 1.0, most_tasks: 16, largest_node_gpus: 8 };
+    assert!(ones.describe(&w.s).contains(": 17 tasks of 1 GPU, but even empty"), "{}", ones.describe(&w.s));
 }
 
 #[test]

@@ -926,7 +926,7 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
     assert_eq!(reason.code, "BudgetExhausted", "{reason:?}");
     let resets = budget.resets_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     assert!(
-        reason.message.contains("1 GPU-hours of all flavors per week") && reason.message.contains(&resets),
+        reason.message.contains("1 GPU-hour of all flavors per week") && reason.message.contains(&resets),
         "{}",
         reason.message
     );
@@ -936,7 +936,7 @@ async fn a_used_up_budget_stops_borrowing_until_its_period_resets(db: berth_stor
     berth_controllers::estimates::reconcile(&p.ctx).await.unwrap();
     let e = p.workload("a", "more").await.status.estimated_start.expect("an estimate");
     assert_eq!(e.at, budget.resets_at, "{e:?}");
-    assert!(e.basis.starts_with("when the budget of 1 GPU-hours of all flavors per week resets"), "{}", e.basis);
+    assert!(e.basis.starts_with("when the budget of 1 GPU-hour of all flavors per week resets"), "{}", e.basis);
     // The next week: the budget starts from 0 and borrowing resumes.
     let to_reset = (budget.resets_at - p.ctx.clock.now()).num_seconds() + 1;
     p.advance(to_reset);
