@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, anyhow, bail};
 use berth_core::cluster::ClusterSpec;
 use berth_core::flavor::FlavorSpec;
-use berth_core::meta::Labels;
+use berth_core::meta::{ApplyMeta, Labels};
 use berth_core::selector::LabelSelector;
 use berth_core::team::TeamSpec;
 use berth_core::workload::WorkloadSpec;
@@ -230,10 +230,28 @@ fn document(v: &Value, source: String) -> Result<Document, String> {
         .ok_or_else(|| at("kind: required (Flavor, Team, Cluster, RoleBinding or Workload)".into()))?;
     let kind = Kind::parse(kind)
         .ok_or_else(|| at(format!("kind: {kind:?} is not one of Flavor, Team, Cluster, RoleBinding, Workload")))?;
+    // Read as strictly as the server reads a body: a field it would refuse is not dropped
+    // (`metadata.parent` made a top-level team of one meant to be below another).
+    if let Some(unknown) = v
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.keys())
+        .find(|k| !["kind", "metadata", "spec", "status"].contains(&k.as_str()))
+    {
+        return Err(at(format!("{unknown}: not a field of a document (kind, metadata, spec; status is ignored)")));
+    }
+    let meta: ApplyMeta = match &v["metadata"] {
+        Value::Null => ApplyMeta::default(),
+        m => serde_json::from_value(m.clone()).map_err(|e| {
+            let hint = if m.get("parent").is_some() { " (a team's parent is spec.parent)" } else { "" };
+            at(format!("metadata: {e}{hint}"))
+        })?,
+    };
+    if meta.team.is_some() && kind != Kind::Workload {
+        return Err(at("metadata.team: only a workload names its team (a team's parent is spec.parent)".into()));
+    }
     let spec = kind.normalize(&v["spec"]).map_err(at)?;
-    let meta = &v["metadata"];
-    let labels: Labels = serde_json::from_value(meta.get("labels").cloned().unwrap_or(json!({})))
-        .map_err(|e| at(format!("metadata.labels: {e}")))?;
+    let labels: Labels = meta.labels.unwrap_or_default();
     let (name, team) = match kind {
         Kind::RoleBinding => {
             let b: berth_core::auth::NewRoleBinding =
@@ -241,12 +259,11 @@ fn document(v: &Value, source: String) -> Result<Document, String> {
             (format!("{} {} {}", b.subject, b.role.as_str(), b.team.as_deref().unwrap_or("(global)")), None)
         }
         _ => {
-            let name = meta["name"].as_str().ok_or_else(|| at("metadata.name: required".into()))?.to_owned();
-            let team = meta["team"].as_str().map(str::to_owned);
-            if kind == Kind::Workload && team.is_none() {
+            let name = meta.name.ok_or_else(|| at("metadata.name: required".into()))?;
+            if kind == Kind::Workload && meta.team.is_none() {
                 return Err(at("metadata.team: required for a workload".into()));
             }
-            (name, team.filter(|_| kind == Kind::Workload))
+            (name, meta.team)
         }
     };
     let doc = Document { kind, name, team, labels, spec, source: source.clone() };
@@ -276,6 +293,10 @@ pub struct Step {
     /// What the scheduler would do (a team's quota change, `--dry-run` only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preview: Vec<String>,
+    /// The server's refusal of this step, as its check without writing found it (a
+    /// workload's, `--dry-run` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     #[serde(skip)]
     pub doc: Option<Document>,
     /// The version the plan read (the write is conditional on it).
@@ -306,6 +327,7 @@ pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelect
             action: Action::Unchanged,
             changes: Vec::new(),
             preview: Vec::new(),
+            refused: None,
             doc: Some(d.clone()),
             version: None,
             path: path.clone(),
@@ -376,6 +398,7 @@ pub async fn plan(client: &Client, docs: &[Document], prune: Option<&LabelSelect
                     action: Action::Delete,
                     changes: Vec::new(),
                     preview: Vec::new(),
+                    refused: None,
                     doc: None,
                     version: item["metadata"]["resource_version"].as_str().map(str::to_owned),
                     path: object_path(kind, None, &name),
@@ -435,8 +458,31 @@ pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Asks the server what each team change would do to admitted and running work.
+/// Asks the server what each team change would do to admitted and running work, and has
+/// it check each workload to create or change as it would write it (`?dry_run=true`:
+/// every check, the team's limits and what can ever run included, nothing written),
+/// unless the plan also changes teams, flavors or clusters, which that check would not see.
 pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError> {
+    let others_change = steps
+        .iter()
+        .any(|s| !matches!(s.kind, Kind::Workload | Kind::RoleBinding) && !matches!(s.action, Action::Unchanged));
+    for step in
+        steps.iter_mut().filter(|s| s.kind == Kind::Workload && matches!(s.action, Action::Create | Action::Change))
+    {
+        let Some(doc) = &step.doc else { continue };
+        if others_change {
+            step.preview.push("not checked by the server: the plan changes teams, flavors or clusters first".into());
+            continue;
+        }
+        let version = if matches!(step.action, Action::Change) { step.version.as_deref() } else { None };
+        match client.put(&format!("{}?dry_run=true", step.path), &doc.body(), version).await {
+            Ok(_) => {}
+            Err(e) if e.status().is_some_and(|s| (400..500).contains(&s) && s != 401 && s != 429) => {
+                step.refused = Some(e.to_string());
+            }
+            Err(e) => return Err(e),
+        }
+    }
     for step in steps.iter_mut().filter(|s| s.kind == Kind::Team && matches!(s.action, Action::Change)) {
         let Some(doc) = &step.doc else { continue };
         let answer = client.post(&format!("{}/preview", step.path), Some(&doc.body())).await?;
@@ -465,7 +511,10 @@ fn said(action: &Action, dry_run: bool) -> (&'static str, &'static str) {
 pub fn print(steps: &[Step], dry_run: bool) {
     for s in steps {
         let (mark, what) = said(&s.action, dry_run);
-        println!("{mark} {} {what}", s.id);
+        match &s.refused {
+            Some(_) => println!("! {} would be refused (below)", s.id),
+            None => println!("{mark} {} {what}", s.id),
+        }
         for c in &s.changes {
             println!("    {c}");
         }
@@ -473,14 +522,16 @@ pub fn print(steps: &[Step], dry_run: bool) {
             println!("    preview: {p}");
         }
     }
-    let count = |f: fn(&Action) -> bool| steps.iter().filter(|s| f(&s.action)).count();
+    let count = |f: fn(&Action) -> bool| steps.iter().filter(|s| s.refused.is_none() && f(&s.action)).count();
+    let refused = steps.iter().filter(|s| s.refused.is_some()).count();
     println!(
-        "{}: {} to create, {} to change, {} unchanged, {} to delete",
+        "{}: {} to create, {} to change, {} unchanged, {} to delete{}",
         if dry_run { "Plan" } else { "Applied" },
         count(|a| matches!(a, Action::Create)),
         count(|a| matches!(a, Action::Change)),
         count(|a| matches!(a, Action::Unchanged)),
         count(|a| matches!(a, Action::Delete)),
+        if refused > 0 { format!(", {refused} the server would refuse") } else { String::new() },
     );
 }
 
@@ -573,6 +624,28 @@ mod tests {
         assert!(document(&workload, "f#3".into()).unwrap_err().contains("/spec/tasks/resources/gpus"));
         let binding = json!({"kind": "RoleBinding", "spec": {"subject": " ", "role": "member", "team": "nlp"}});
         assert!(document(&binding, "f#4".into()).unwrap_err().contains("/subject"));
+    }
+
+    #[test]
+    fn a_field_the_server_would_refuse_is_not_dropped() {
+        // `metadata.parent` was dropped: the team was made a top-level one, and the apply said
+        // it was created as asked.
+        let team = json!({"kind": "Team", "metadata": {"name": "nlp", "parent": "research"}, "spec": {"quotas": []}});
+        let e = document(&team, "f#1".into()).unwrap_err();
+        assert!(
+            e.starts_with("f#1: metadata: unknown field `parent`") && e.ends_with("(a team's parent is spec.parent)"),
+            "{e}"
+        );
+        let top = json!({"kind": "Flavor", "apiVersion": "v1", "metadata": {"name": "h100"}, "spec": {}});
+        assert!(document(&top, "f#2".into()).unwrap_err().starts_with("f#2: apiVersion: not a field"));
+        let named = json!({"kind": "Team", "metadata": {"name": "nlp", "team": "research"}, "spec": {"quotas": []}});
+        assert!(document(&named, "f#3".into()).unwrap_err().starts_with("f#3: metadata.team: only a workload"));
+        // What the server sets, as a GET answers it, is taken and left to the server.
+        let read = json!({"kind": "Team", "metadata": {"name": "nlp", "uid": "00000000-0000-0000-0000-000000000001",
+            "labels": {"a": "b"}, "generation": 3, "resource_version": "12", "creation_timestamp": "2026-12-01T00:00:00Z",
+            "update_timestamp": "2026-12-01T00:00:00Z"}, "spec": {"quotas": []}, "status": {"allocated": []}});
+        let d = document(&read, "f#4".into()).unwrap();
+        assert_eq!((d.name.as_str(), d.labels.get("a").map(String::as_str), d.team), ("nlp", Some("b"), None));
     }
 
     #[test]

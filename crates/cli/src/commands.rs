@@ -197,7 +197,12 @@ pub async fn apply(env: &Env<'_>, files: &[PathBuf], dry_run: bool, prune: Optio
     if !structured(env.out, &apply::as_json(&steps)) {
         apply::print(&steps, dry_run);
     }
-    Ok(0)
+    let refused: Vec<_> = steps.iter().filter_map(|s| Some((s, s.refused.as_ref()?))).collect();
+    for (s, e) in &refused {
+        let source = s.doc.as_ref().map_or(String::new(), |d| format!(" ({})", d.source));
+        eprintln!("error: {}{source} would be refused: {e}", s.id);
+    }
+    Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
 }
 
 pub async fn diff(env: &Env<'_>, files: &[PathBuf]) -> Result<i32> {

@@ -232,6 +232,37 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     }
     w.ok(&["get", "team", "loose"]);
 
+    // A workload the server would refuse (more GPUs than nlp may ever hold) is found by the
+    // dry run, which checks each workload with the server, writing nothing: exit 3.
+    let jobs = w.write(
+        "jobs.yaml",
+        "kind: Workload\nmetadata: {name: huge, team: nlp}\nspec: {kind: batch, tasks: {count: 1, resources: {flavors: [h100], gpus: 64}}}\n---\n\
+         kind: Workload\nmetadata: {name: fine, team: nlp}\nspec: {kind: batch, tasks: {count: 1, resources: {flavors: [h100], gpus: 1}}}\n",
+    );
+    let dry = w.berth(&["apply", "-f", &jobs, "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(3), "{}{}", text(&dry.stdout), text(&dry.stderr));
+    assert!(
+        text(&dry.stdout)
+            .contains("+ workload/nlp/fine would be created\n! workload/nlp/huge would be refused (below)"),
+        "{}",
+        text(&dry.stdout)
+    );
+    assert!(
+        text(&dry.stderr).contains("workload/nlp/huge (")
+            && text(&dry.stderr).contains("/spec/tasks/resources/gpus: can never run"),
+        "{}",
+        text(&dry.stderr)
+    );
+    assert_eq!(w.berth(&["get", "workload", "fine", "--team", "nlp"]).status.code(), Some(3), "nothing written");
+    // A field the server refuses is not dropped: metadata.parent would have made a top-level team.
+    let parent = w.write("parent.yaml", "kind: Team\nmetadata: {name: speech, parent: research}\nspec: {quotas: []}\n");
+    let out = w.berth(&["apply", "-f", &parent]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("unknown field `parent`") && text(&out.stderr).contains("spec.parent"),
+        "{}",
+        text(&out.stderr)
+    );
     // A file the server's types refuse: nothing is sent, the field is named, exit 2.
     let bad = w.write("bad.yaml", "kind: Team\nmetadata: {name: x}\nspec: {quota: []}\n");
     let out = w.berth(&["apply", "-f", &bad]);
