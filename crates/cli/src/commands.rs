@@ -478,7 +478,7 @@ pub async fn describe(env: &Env<'_>, kind: ObjectKind, name: &str, team: Option<
                 .as_u64()
                 .map_or(String::new(), |g| format!("{g} overall, {} in the team", cell(&s["queue_position"]["team"]))),
         ),
-        ("Estimated start", estimate(s)),
+        ("Estimated start", estimate(&w)),
         (
             "GPUs",
             format!(
@@ -523,11 +523,19 @@ pub async fn describe(env: &Env<'_>, kind: ObjectKind, name: &str, team: Option<
     Ok(0)
 }
 
-fn estimate(s: &Value) -> String {
+fn estimate(w: &Value) -> String {
+    let s = &w["status"];
+    // Estimates are made every 10 s for work the scheduler has left waiting.
+    let new = w["metadata"]["creation_timestamp"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .is_some_and(|t| (chrono::Utc::now() - t.to_utc()).num_seconds() < 20);
     match s["estimated_start"]["at"].as_str() {
         Some(at) => format!("{at} ({}; {})", age(&s["estimated_start"]["at"]), cell(&s["estimated_start"]["basis"])),
-        None if s["phase"] == "Pending" => "not known (it waits for work without a runtime limit)".into(),
-        None => String::new(),
+        None if s["phase"] != "Pending" => String::new(),
+        None if s["pending_reason"]["code"] == "Unschedulable" => "never, as it was submitted (above)".into(),
+        None if new || s["pending_reason"].is_null() => "not known yet: estimates are made every 10 seconds".into(),
+        None => "not known: what it waits for has no runtime limit, or it is too far back in the queue to tell".into(),
     }
 }
 
@@ -1320,7 +1328,7 @@ pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32>
     if let Some(g) = s["queue_position"]["global"].as_u64() {
         println!("Position: {g} in the queue, {} in team {team}", cell(&s["queue_position"]["team"]));
     }
-    println!("Expected start: {}", estimate(s));
+    println!("Expected start: {}", estimate(&w));
     if !code.is_empty() {
         println!("What would let it run: {}", unblock(&code));
     }
@@ -1538,4 +1546,26 @@ pub async fn preview(env: &Env<'_>, name: &str, file: &Path) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_estimate_says_why_it_is_missing() {
+        let at = |secs: i64| (chrono::Utc::now() - chrono::TimeDelta::seconds(secs)).to_rfc3339();
+        let pending = |age: i64, code: Value| {
+            json!({"metadata": {"creation_timestamp": at(age)},
+                   "status": {"phase": "Pending", "pending_reason": code.as_str().map(|c| json!({"code": c}))}})
+        };
+        // Just submitted: it said "it waits for work without a runtime limit", which was not
+        // known, nor true of an empty cluster.
+        assert!(estimate(&pending(2, json!("NoClusterFits"))).starts_with("not known yet"));
+        assert!(estimate(&pending(600, Value::Null)).starts_with("not known yet"), "not looked at yet");
+        assert!(estimate(&pending(600, json!("NoClusterFits"))).starts_with("not known: what it waits for"));
+        assert!(estimate(&pending(600, json!("Unschedulable"))).starts_with("never"));
+        let running = json!({"metadata": {"creation_timestamp": at(600)}, "status": {"phase": "Running"}});
+        assert_eq!(estimate(&running), "");
+    }
 }
