@@ -2296,9 +2296,14 @@ export interface components {
             /**
              * Format: double
              * @description GPU-hours times their flavor's price; GPU-hours of flavors without a price cost
-             *     nothing.
+             *     nothing (they are `unpriced_gpu_hours`).
              */
             cost: number;
+            /**
+             * Format: double
+             * @description GPU-hours of flavors without a price: not in `cost`.
+             */
+            unpriced_gpu_hours: number;
         };
         /** @description GPUs allocated to teams over time (`GET /api/v1/usage/history`). */
         UsageHistory: {
@@ -2354,6 +2359,11 @@ export interface components {
             borrowed_gpu_hours: number;
             /** Format: double */
             cost: number;
+            /**
+             * Format: double
+             * @description GPU-hours of flavors without a price: not in `cost`.
+             */
+            unpriced_gpu_hours: number;
         };
         /**
          * @description A team's GPUs of one flavor over time: a step function, each point's values holding

@@ -129,6 +129,8 @@ test("the Reports page shows the API's totals, teams, owners and chart, and down
   assert.equal(await total.textContent(), hours(TOTALS.gpu_hours));
   assert.equal(await page.getByTestId("report-total-cost").textContent(), money(api.totals.cost));
   assert.equal(await page.getByTestId("report-total-cost").textContent(), money(TOTALS.cost));
+  // dave's 2 GPU-hours had no price: the cost says it leaves them out.
+  assert.ok(await page.getByText("not 2.0 of flavors without one").isVisible(), "the cost names its unpriced GPU-hours");
   assert.equal(await page.getByTestId("report-total-in-quota-gpu-hours").textContent(), hours(TOTALS.in_quota_gpu_hours));
   assert.equal(await page.getByTestId("report-total-borrowed-gpu-hours").textContent(), hours(TOTALS.borrowed_gpu_hours));
   // The address keeps the period.
@@ -168,11 +170,12 @@ test("the Reports page shows the API's totals, teams, owners and chart, and down
   assert.equal(download.suggestedFilename(), `berth-usage-${FROM}-${TO}.csv`);
   const lines = readFileSync(await download.path(), "utf8").trim().split(/\r?\n/);
   const header = lines[0].split(",");
-  assert.deepEqual(header, ["bucket", "team", "owner", "gpu_hours", "in_quota_gpu_hours", "borrowed_gpu_hours", "cost"]);
+  assert.deepEqual(header, ["bucket", "team", "owner", "gpu_hours", "in_quota_gpu_hours", "borrowed_gpu_hours", "cost", "unpriced_gpu_hours"]);
   const rows = lines.slice(1).map((l) => Object.fromEntries(l.split(",").map((v, i) => [header[i], v])));
   const sum = (k) => rows.reduce((a, r) => a + Number(r[k]), 0);
   assert.ok(Math.abs(sum("gpu_hours") - TOTALS.gpu_hours) < 1e-4, `CSV GPU-hours add up to ${sum("gpu_hours")}`);
   assert.ok(Math.abs(sum("cost") - TOTALS.cost) < 1e-4, `CSV cost adds up to ${sum("cost")}`);
+  assert.equal(sum("unpriced_gpu_hours"), 2, "dave's 2, without a price then");
   assert.ok(rows.every((r) => r.bucket >= "2026-11-02" && r.bucket < "2026-11-09"), JSON.stringify(rows));
   // bob's two days.
   assert.deepEqual(

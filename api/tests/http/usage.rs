@@ -313,9 +313,14 @@ async fn csv_parses_and_each_caller_sees_only_what_it_may(db: berth_store::PgPoo
     assert!(csv.headers()["content-disposition"].to_str().unwrap().starts_with("attachment; filename=\"berth-usage-"));
     let text = csv.text().await.unwrap();
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("bucket,team,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost"));
+    assert_eq!(
+        lines.next(),
+        Some("bucket,team,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost,unpriced_gpu_hours")
+    );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert!(rows.iter().all(|r| r.len() == 7), "{text}");
+    assert!(rows.iter().all(|r| r.len() == 8), "{text}");
+    // carol's work had no price: apart, not at a cost of nothing.
+    assert!(rows.iter().any(|r| r[2] == "carol" && r[6] == "0.000000" && r[7] == "8.000000"), "{text}");
     let sum: f64 = rows.iter().map(|r| r[3].parse::<f64>().unwrap()).sum();
     assert!((sum - 31.0).abs() < 1e-4, "{text}");
     assert!(

@@ -1470,7 +1470,15 @@ pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
     headers.extend(by.iter().map(|b| b.to_uppercase()));
     headers.extend(["GPU-HOURS", "BORROWED", "COST"].map(str::to_owned));
     let hours = |v: &Value| format!("{:.1}", v.as_f64().unwrap_or(0.0));
-    let money = |v: &Value| format!("{:.2}", v.as_f64().unwrap_or(0.0));
+    // Of amounts: their cost, `-` when none of it has a price, marked `*` when some has none.
+    let money = |a: &Value| {
+        let (cost, unpriced) = (a["cost"].as_f64().unwrap_or(0.0), a["unpriced_gpu_hours"].as_f64().unwrap_or(0.0));
+        match (cost, unpriced) {
+            (_, 0.0) => format!("{cost:.2}"),
+            (0.0, _) => "-".to_owned(),
+            _ => format!("{cost:.2}*"),
+        }
+    };
     let rows: Vec<Vec<String>> = r["rows"]
         .as_array()
         .into_iter()
@@ -1481,7 +1489,7 @@ pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
                 cells.push(row["bucket"].as_str().unwrap_or_default().chars().take(16).collect());
             }
             cells.extend(by.iter().map(|b| cell(&row[*b])));
-            cells.extend([hours(&row["gpu_hours"]), hours(&row["borrowed_gpu_hours"]), money(&row["cost"])]);
+            cells.extend([hours(&row["gpu_hours"]), hours(&row["borrowed_gpu_hours"]), money(row)]);
             cells
         })
         .collect();
@@ -1499,7 +1507,7 @@ pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
                 let parent = t["parent"].as_str().unwrap_or("-").to_owned();
                 let (own, subtree) = (hours(&t["own"]["gpu_hours"]), hours(&s["gpu_hours"]));
                 let (in_quota, borrowed) = (hours(&s["in_quota_gpu_hours"]), hours(&s["borrowed_gpu_hours"]));
-                vec![cell(&t["team"]), parent, own, subtree, in_quota, borrowed, idle, money(&s["cost"])]
+                vec![cell(&t["team"]), parent, own, subtree, in_quota, borrowed, idle, money(s)]
             })
             .collect();
         println!();
@@ -1507,13 +1515,19 @@ pub async fn usage(env: &Env<'_>, o: UsageOptions) -> Result<i32> {
         table(&headers, &teams);
     }
     let t = &r["totals"];
+    let unpriced = t["unpriced_gpu_hours"].as_f64().unwrap_or(0.0);
     println!(
-        "\n{} to {}: {} GPU-hours ({} borrowed), cost {}",
+        "\n{} to {}: {} GPU-hours ({} borrowed), cost {:.2}{}",
         cell(&r["from"]),
         cell(&r["to"]),
         hours(&t["gpu_hours"]),
         hours(&t["borrowed_gpu_hours"]),
-        money(&t["cost"])
+        t["cost"].as_f64().unwrap_or(0.0),
+        if unpriced > 0.0 {
+            format!(" (* without {} GPU-hours of flavors that have no price)", hours(&t["unpriced_gpu_hours"]))
+        } else {
+            String::new()
+        }
     );
     Ok(0)
 }

@@ -864,9 +864,19 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     assert!(row("nlp", "alice").is_some_and(|h| h > 0.0), "{usage}");
     assert!(row("vision", "admin").is_some_and(|h| h > 0.0), "{usage}");
     let csv = w.ok(&["usage", "--from", "2026-01-01", "--by", "owner", "--bucket", "month", "--csv"]);
-    assert!(csv.starts_with("bucket,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost\n"), "{csv}");
+    assert!(
+        csv.starts_with("bucket,owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost,unpriced_gpu_hours\n"),
+        "{csv}"
+    );
     let table = w.ok(&["usage", "--by", "team"]);
     assert!(table.contains("GPU-HOURS") && table.contains("nlp") && table.contains("GPU-hours ("), "{table}");
+    // h100 has no price here: its hours are not said to cost 0.00.
+    let nlp = table.lines().find(|l| l.starts_with("nlp ")).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(nlp.split_whitespace().last(), Some("-"), "{table}");
+    assert!(
+        table.contains("cost 0.00 (* without ") && table.contains(" GPU-hours of flavors that have no price)"),
+        "{table}"
+    );
     assert!(!table.contains("WITH SUBTEAMS"), "{table}");
     // Wide: each team's own and department figures (-o wide printed the same table).
     let wide = w.ok(&["usage", "--by", "team", "-o", "wide"]);

@@ -319,8 +319,10 @@ pub struct UsageAmounts {
     /// held more than it (to a caller who may not read the whole subtree: as admitted).
     pub borrowed_gpu_hours: f64,
     /// GPU-hours times their flavor's price; GPU-hours of flavors without a price cost
-    /// nothing.
+    /// nothing (they are `unpriced_gpu_hours`).
     pub cost: f64,
+    /// GPU-hours of flavors without a price: not in `cost`.
+    pub unpriced_gpu_hours: f64,
 }
 
 impl UsageAmounts {
@@ -335,7 +337,10 @@ impl UsageAmounts {
             self.borrowed_gpu_hours += gpu_hours * borrowed;
             self.in_quota_gpu_hours += gpu_hours * (1.0 - borrowed);
         }
-        self.cost += gpu_hours * price.unwrap_or(0.0);
+        match price {
+            Some(p) => self.cost += gpu_hours * p,
+            None => self.unpriced_gpu_hours += gpu_hours,
+        }
     }
 }
 
@@ -362,6 +367,8 @@ pub struct UsageRow {
     pub in_quota_gpu_hours: f64,
     pub borrowed_gpu_hours: f64,
     pub cost: f64,
+    /// GPU-hours of flavors without a price: not in `cost`.
+    pub unpriced_gpu_hours: f64,
 }
 
 impl UsageRow {
@@ -536,6 +543,7 @@ pub fn report<'a>(
             row.in_quota_gpu_hours += a.in_quota_gpu_hours;
             row.borrowed_gpu_hours += a.borrowed_gpu_hours;
             row.cost += a.cost;
+            row.unpriced_gpu_hours += a.unpriced_gpu_hours;
         }
     }
     // A team's subtree borrowed beyond the team's own guarantee only: work of the teams below
@@ -655,7 +663,7 @@ pub fn report_csv(r: &UsageReport) -> String {
         header.push("bucket");
     }
     header.extend(r.group_by.iter().map(|g| g.as_str()));
-    header.extend(["gpu_hours", "in_quota_gpu_hours", "borrowed_gpu_hours", "cost"]);
+    header.extend(["gpu_hours", "in_quota_gpu_hours", "borrowed_gpu_hours", "cost", "unpriced_gpu_hours"]);
     out.push_str(&header.join(","));
     out.push('\n');
     for row in &r.rows {
@@ -665,7 +673,8 @@ pub fn report_csv(r: &UsageReport) -> String {
         }
         cells.extend(r.group_by.iter().map(|g| csv_cell(row.get(*g).unwrap_or(""))));
         cells.extend(
-            [row.gpu_hours, row.in_quota_gpu_hours, row.borrowed_gpu_hours, row.cost].map(|x| format!("{x:.6}")),
+            [row.gpu_hours, row.in_quota_gpu_hours, row.borrowed_gpu_hours, row.cost, row.unpriced_gpu_hours]
+                .map(|x| format!("{x:.6}")),
         );
         out.push_str(&cells.join(","));
         out.push('\n');
@@ -942,6 +951,34 @@ mod tests {
         let settled = settle(alone, &guarantees, &req);
         assert_eq!(settled.len(), 1);
         assert!(settled[0].borrowed == 0.0 && settled[0].gpus == 2.0);
+    }
+
+    #[test]
+    fn gpu_hours_of_a_flavor_without_a_price_are_said_apart_not_priced_at_nothing() {
+        // A cost of 0.0 for them read as free to a manager; 0.0 beside priced work was
+        // silently short.
+        let priced = run("nlp", &["nlp", "research"], "alice", 4.0, "2026-11-01T00:00:00Z", "2026-11-01T03:00:00Z");
+        let mut unpriced = run("nlp", &["nlp", "research"], "bob", 2.0, "2026-11-01T00:00:00Z", "2026-11-01T05:00:00Z");
+        unpriced.price = None;
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-02T00:00:00Z"),
+            group_by: vec![GroupBy::Owner],
+            bucket: None,
+        };
+        let shown = BTreeSet::from(["nlp".to_owned()]);
+        let r = report(&req, &[priced, unpriced], &[], &shown, &Visibility::All, t("2026-11-05T00:00:00Z"));
+        assert_eq!((r.totals.gpu_hours, r.totals.cost, r.totals.unpriced_gpu_hours), (22.0, 24.0, 10.0));
+        let bob = r.rows.iter().find(|row| row.owner.as_deref() == Some("bob")).unwrap();
+        assert_eq!((bob.cost, bob.unpriced_gpu_hours), (0.0, 10.0));
+        let nlp = r.teams.iter().find(|t| t.team == "nlp").unwrap();
+        assert_eq!(nlp.subtree.unpriced_gpu_hours, 10.0);
+        let csv = report_csv(&r);
+        assert!(
+            csv.starts_with("owner,gpu_hours,in_quota_gpu_hours,borrowed_gpu_hours,cost,unpriced_gpu_hours\n"),
+            "{csv}"
+        );
+        assert!(csv.contains("bob,10.000000,10.000000,0.000000,0.000000,10.000000\n"), "{csv}");
     }
 
     #[test]

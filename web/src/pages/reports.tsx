@@ -325,7 +325,14 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
           Totals
         </h2>
         {card("gpu-hours", "GPU-hours", hours(t.gpu_hours), "in the period")}
-        {card("cost", "Cost", money(t.cost), "GPU-hours at their flavor's price")}
+        {card(
+          "cost",
+          "Cost",
+          money(t.cost),
+          t.unpriced_gpu_hours > 0
+            ? `GPU-hours at their flavor's price; not ${hours(t.unpriced_gpu_hours)} of flavors without one`
+            : "GPU-hours at their flavor's price",
+        )}
         {card("in-quota-gpu-hours", "In quota", hours(t.in_quota_gpu_hours), `GPU-hours within guarantees (${percent(t.in_quota_gpu_hours, t.gpu_hours)})`)}
         {card("borrowed-gpu-hours", "Borrowed", hours(t.borrowed_gpu_hours), `GPU-hours beyond guarantees (${percent(t.borrowed_gpu_hours, t.gpu_hours)})`)}
       </section>
