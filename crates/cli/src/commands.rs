@@ -704,6 +704,9 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     if !r.ignored.is_empty() {
         eprintln!("note: sbatch options Berth does not use: {}", r.ignored.join(" "));
     }
+    for note in &r.notes {
+        eprintln!("note: {note}");
+    }
     let own = <Directives as clap::Parser>::try_parse_from(&line.berth).map_err(|e| anyhow!("{e}"))?;
     own.shape.onto(&mut r)?;
     a.shape.onto(&mut r)?;

@@ -6,10 +6,12 @@
 //! | --- | --- |
 //! | `--job-name`, `-J` | the name (made a DNS label; `generate_name` when it is not one) |
 //! | `--nodes`, `-N` | one task per node, unless tasks are given (more nodes than tasks: as many as tasks, as Slurm) |
-//! | `--ntasks`, `-n`; `--ntasks-per-node` | `tasks.count` |
+//! | `--ntasks`, `-n`; `--ntasks-per-node` (`--tasks-per-node`) | `tasks.count` (tasks and tasks a node without nodes: as many nodes as that takes) |
 //! | `--gres=gpu[:TYPE]:N` (one GPU type; `none`), `--gpus-per-node` | N GPUs per node, split over its tasks; TYPE names a flavor by its name or its `slurm.gres_type` |
-//! | `--gpus`, `-G`; `--gpus-per-task` | GPUs in all, or per task |
-//! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu` | `cpus`, `memory_mib` per task |
+//! | `--gpus`, `-G`; `--gpus-per-task`; `--tres-per-task=cpu=N,gres/gpu[:TYPE]:N` | GPUs in all, or per task |
+//! | `--cpus-per-task`, `-c`; `--mem` (per node; `0`: all of it); `--mem-per-cpu`; `--cpus-per-gpu`, `--mem-per-gpu` | `cpus`, `memory_mib` per task |
+//! | `--export=[ALL,]NAME=value,NAME` | the job's environment: the values given, and a bare name's value where `berth submit` runs (not the whole environment: said) |
+//! | `--gpus-per-socket`, `--ntasks-per-gpu`, `--wrap` | refused, saying what to give instead |
 //! | `--time`, `-t` (`0` in any format, `UNLIMITED`, `INFINITE`: none) | `max_runtime_seconds` |
 //! | `--partition`, `-p` (a list: the first a cluster has) | the flavor a cluster's Slurm partition of that name holds; one no cluster has is refused |
 //! | `--dependency`, `-d`; `--begin`, `-b`; `--hold`, `-H` | refused: Berth does not hold or defer a job, and left out it would start at once |
@@ -42,8 +44,14 @@ pub struct Request {
     pub partition: Option<String>,
     pub flavor: Option<String>,
     pub cpus_per_task: Option<u32>,
+    pub cpus_per_gpu: Option<u32>,
     pub mem_per_node_mib: Option<u64>,
     pub mem_per_cpu_mib: Option<u64>,
+    pub mem_per_gpu_mib: Option<u64>,
+    /// `--export`'s `NAME=value`s, and the names it passes on with their values here.
+    pub env: Vec<(String, String)>,
+    /// What was read otherwise than sbatch reads it, said on standard error.
+    pub notes: Vec<String>,
     pub time_seconds: Option<u64>,
     pub priority: Option<i32>,
     pub preemptible: Option<bool>,
@@ -84,11 +92,21 @@ impl CommandLine {
     /// # Errors
     /// No script; a value missing.
     pub fn split(words: &[String], own: impl Fn(&str) -> Option<bool>) -> Result<Self> {
+        let words = &unbundled(words);
         let mut line = Self::default();
         let mut script = None;
         let mut i = 0;
         while i < words.len() {
             let w = &words[i];
+            // The end of the options, as getopt reads it.
+            if script.is_none() && w == "--" {
+                i += 1;
+                if let Some(w) = words.get(i) {
+                    script = Some(w.clone());
+                    i += 1;
+                }
+                continue;
+            }
             if script.is_none() && (!w.starts_with('-') || w == "-") {
                 script = Some(w.clone());
                 i += 1;
@@ -128,6 +146,12 @@ impl CommandLine {
                 }
             }
             i += 1;
+        }
+        if script.is_none() && line.sbatch.iter().any(|w| w.starts_with("--wrap")) {
+            bail!(
+                "--wrap: Berth runs a batch script: put the command in one (or run a container: berth run --image \
+                 IMG -- CMD)"
+            );
         }
         line.script = script.ok_or_else(|| {
             anyhow::anyhow!("no batch script: give its path after the options (- for standard input)")
@@ -226,12 +250,14 @@ fn long_name(opt: &str) -> &str {
         "-b" => "--begin",
         "-H" => "--hold",
         "-W" => "--wait",
+        // sbatch's other name for it.
+        "--tasks-per-node" => "--ntasks-per-node",
         other => other,
     }
 }
 
 /// The options Berth reads that take a value.
-const TAKES_VALUE: [&str; 17] = [
+const TAKES_VALUE: [&str; 24] = [
     "--job-name",
     "--nodes",
     "--ntasks",
@@ -249,6 +275,13 @@ const TAKES_VALUE: [&str; 17] = [
     "--array",
     "--dependency",
     "--begin",
+    "--cpus-per-gpu",
+    "--mem-per-gpu",
+    "--tres-per-task",
+    "--export",
+    "--gpus-per-socket",
+    "--ntasks-per-gpu",
+    "--wrap",
 ];
 
 /// sbatch's options that take no value (or one only as `--option=value`); every other
@@ -289,6 +322,26 @@ const NO_VALUE: [&str; 33] = [
     "-V",
 ];
 
+/// Short options written together (`-QN2`, `-vv`): the ones that take no value, each as a
+/// word of its own, then the rest (`-Q`, `-N2`), as sbatch's getopt reads them.
+fn unbundled(words: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(words.len());
+    for w in words {
+        let mut w = w.clone();
+        while !w.starts_with("--")
+            && w.len() > 2
+            && w.starts_with('-')
+            && w.is_char_boundary(2)
+            && NO_VALUE.contains(&&w[..2])
+        {
+            out.push(w[..2].to_owned());
+            w = format!("-{}", &w[2..]);
+        }
+        out.push(w);
+    }
+    out
+}
+
 /// Whether sbatch's option `opt` (as written, without `=value`) takes the next word as its
 /// value on sbatch's command line.
 pub fn sbatch_takes_value(opt: &str) -> bool {
@@ -298,6 +351,7 @@ pub fn sbatch_takes_value(opt: &str) -> bool {
 /// Reads the options of one `#SBATCH` line (`from`: `"#SBATCH "`), or of sbatch's command
 /// line (`from`: `""`), into `r`.
 pub fn read_sbatch(words: &[String], r: &mut Request, from: &str) -> Result<()> {
+    let words = &unbundled(words);
     let mut i = 0;
     while i < words.len() {
         let w = &words[i];
@@ -363,6 +417,40 @@ pub fn read_sbatch(words: &[String], r: &mut Request, from: &str) -> Result<()> 
                 r.mem_per_node_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 32G)"))?).filter(|&m| m > 0)
             }
             "--mem-per-cpu" => r.mem_per_cpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 4G)"))?),
+            "--mem-per-gpu" => r.mem_per_gpu_mib = Some(mib(v).ok_or_else(|| bad("not a size (e.g. 40G)"))?),
+            "--cpus-per-gpu" => r.cpus_per_gpu = Some(v.parse().map_err(|_| bad("not a number of CPUs"))?),
+            // `cpu=4,gres/gpu:h100:2` (each task's).
+            "--tres-per-task" => {
+                for item in v.split(',') {
+                    let gpu = item.strip_prefix("gres/gpu").or_else(|| item.strip_prefix("gres:gpu"));
+                    match (item.split_once('='), gpu) {
+                        (Some(("cpu", n)), _) => {
+                            r.cpus_per_task = Some(n.parse().map_err(|_| bad("cpu=N: not a number of CPUs"))?)
+                        }
+                        (_, Some(rest)) => {
+                            let (ty, n) = gres(&format!("gpu{}", rest.replace('=', ":")))
+                                .ok_or_else(|| bad("not gres/gpu[:TYPE]:COUNT"))?;
+                            r.gpu_type = ty.or(r.gpu_type.take());
+                            r.gpus_per_task = Some(n);
+                        }
+                        _ => return Err(bad(&format!("{item}: Berth reads cpu=N and gres/gpu[:TYPE]:N here"))),
+                    }
+                }
+            }
+            // Counts Berth cannot turn into its tasks' GPUs: refused rather than dropped
+            // (a job of other GPUs than asked).
+            "--gpus-per-socket" => bail!(
+                "{from}{long}={v}: Berth does not place GPUs by socket: ask per node (--gpus-per-node) or per task \
+                 (--gpus-per-task)"
+            ),
+            "--ntasks-per-gpu" => {
+                bail!("{from}{long}={v}: give the tasks (--ntasks) and each one's GPUs (--gpus-per-task) instead")
+            }
+            "--wrap" => bail!(
+                "{from}--wrap: Berth runs a batch script: put the command in one (or run a container: berth run \
+                 --image IMG -- CMD)"
+            ),
+            "--export" => export(v, r),
             "--priority" => r.priority = Some(v.parse().map_err(|_| bad("not a number"))?),
             "--array" => r.array = Some(Array::parse(v).map_err(|e| bad(&e))?),
             // What says when a job may start: left out, the job would start at once (a
@@ -388,6 +476,30 @@ pub fn read_sbatch(words: &[String], r: &mut Request, from: &str) -> Result<()> 
     Ok(())
 }
 
+/// sbatch's `--export`: `NAME=value` is set in the job's environment, a bare `NAME` passes
+/// this shell's value on; `ALL` (sbatch's default: the whole submitting environment) and
+/// `NONE` pass nothing more here, which is said.
+fn export(v: &str, r: &mut Request) {
+    for item in v.split(',').filter(|i| !i.is_empty()) {
+        match item.split_once('=') {
+            Some((name, value)) => r.env.push((name.to_owned(), value.to_owned())),
+            None if ["ALL", "NONE", "NIL"].contains(&item) => {
+                if item == "ALL" {
+                    r.notes.push(
+                        "--export=ALL: the job gets only the variables named (NAME=value, or NAME for this shell's \
+                         value), not this shell's whole environment"
+                            .into(),
+                    );
+                }
+            }
+            None => match std::env::var(item) {
+                Ok(value) => r.env.push((item.to_owned(), value)),
+                Err(_) => r.notes.push(format!("--export={item}: {item} is not set here, so the job has none")),
+            },
+        }
+    }
+}
+
 /// Reads sbatch's command line into `r`, over what the script asked: a GPU count given
 /// there replaces the script's (`-G 4` over `#SBATCH --gres=gpu:8`), as a memory size does.
 ///
@@ -401,11 +513,11 @@ pub fn read_command_line(words: &[String], r: &mut Request) -> Result<()> {
             names.contains(&long_name(opt))
         })
     };
-    if given(&["--gres", "--gpus", "--gpus-per-node", "--gpus-per-task"]) {
+    if given(&["--gres", "--gpus", "--gpus-per-node", "--gpus-per-task", "--tres-per-task"]) {
         (r.gpus_per_node, r.gpus_per_task, r.gpus_total) = (None, None, None);
     }
-    if given(&["--mem", "--mem-per-cpu"]) {
-        (r.mem_per_node_mib, r.mem_per_cpu_mib) = (None, None);
+    if given(&["--mem", "--mem-per-cpu", "--mem-per-gpu"]) {
+        (r.mem_per_node_mib, r.mem_per_cpu_mib, r.mem_per_gpu_mib) = (None, None, None);
     }
     read_sbatch(words, r, "")
 }
@@ -572,7 +684,12 @@ pub fn shortened(label: &str, most: usize) -> &str {
 pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
     // More nodes than tasks: as Slurm ("can't run 1 processes on 2 nodes, setting nnodes
     // to 1"); asking a node's GPUs of nodes no task runs on would ask for more.
-    let nodes = r.nodes.unwrap_or(1).max(1).min(r.tasks.unwrap_or(u32::MAX).max(1));
+    // Tasks and tasks a node without nodes: as many nodes as that takes, as Slurm.
+    let nodes = match (r.nodes, r.tasks, r.tasks_per_node) {
+        (Some(n), t, _) => n.max(1).min(t.unwrap_or(u32::MAX).max(1)),
+        (None, Some(t), Some(per)) if per > 0 => t.div_ceil(per).max(1),
+        _ => 1,
+    };
     let tasks = match (r.tasks, r.tasks_per_node) {
         (Some(n), _) => n,
         (None, Some(per)) => per * nodes,
@@ -604,12 +721,15 @@ pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
         );
     }
     let mut resources = json!({"flavors": [flavor], "gpus": gpus});
-    if let Some(c) = r.cpus_per_task {
+    // Per GPU: a task's share of them (rounded up for CPUs).
+    let cpus = r.cpus_per_task.or(r.cpus_per_gpu.map(|c| (f64::from(c) * gpus).ceil() as u32).filter(|&c| c > 0));
+    if let Some(c) = cpus {
         resources["cpus"] = json!(c);
     }
-    let memory = match (r.mem_per_node_mib, r.mem_per_cpu_mib) {
-        (Some(m), _) => Some((m as f64 / per_node_tasks).floor() as u64),
-        (None, Some(m)) => Some(m * u64::from(r.cpus_per_task.unwrap_or(1))),
+    let memory = match (r.mem_per_node_mib, r.mem_per_cpu_mib, r.mem_per_gpu_mib) {
+        (Some(m), ..) => Some((m as f64 / per_node_tasks).floor() as u64),
+        (None, Some(m), _) => Some(m * u64::from(cpus.unwrap_or(1))),
+        (None, None, Some(m)) => Some((m as f64 * gpus).floor() as u64).filter(|&m| m > 0),
         _ => None,
     };
     if let Some(m) = memory {
@@ -635,6 +755,9 @@ pub fn spec(r: &Request, flavor: &str, script: &str) -> Result<Value> {
     }
     if let Some(s) = r.sim_seconds {
         spec["sim"] = json!({"duration_seconds": s});
+    }
+    for (k, v) in &r.env {
+        spec["run"]["env"][k] = json!(v);
     }
     Ok(spec)
 }
@@ -707,7 +830,13 @@ mod tests {
             (r.array.map(|a| a.indices), r.name.as_deref(), r.nodes),
             (Some(vec![1, 2]), Some("sweep"), Some(2))
         );
-        assert_eq!(r.ignored, ["-vv"]);
+        assert_eq!(r.ignored, ["-v", "-v"]);
+        // Short options written together, as getopt reads them: -Q takes no value.
+        let r = read("#SBATCH -QN2 -vJx\n");
+        assert_eq!(
+            (r.nodes, r.name.as_deref(), r.ignored),
+            (Some(2), Some("x"), vec!["-Q".to_owned(), "-v".to_owned()])
+        );
         // A value is on its option's line: a bare option does not take the next line's.
         let (sbatch, _) = directives("#SBATCH -J\n#SBATCH --array=0-3\n");
         let mut r = Request::default();
@@ -851,5 +980,54 @@ mod tests {
         assert!(err.starts_with("--time=soon: not a Slurm time"), "{err}");
         let err = read_sbatch(&words("-t soon"), &mut r, "#SBATCH ").unwrap_err().to_string();
         assert!(err.starts_with("#SBATCH --time=soon: "), "{err}");
+    }
+
+    #[test]
+    fn options_that_change_the_count_are_read_as_sbatch_reads_them_or_refused() {
+        let spec = |script: &str| spec(&read(script), "h100", "").unwrap();
+        let tasks = |s: &Value| (s["tasks"]["count"].as_u64(), s["tasks"]["resources"]["gpus"].as_f64());
+        // Tasks and tasks a node give the nodes (4 × 1 task × 2 GPUs): it was 4 tasks of half
+        // a GPU on one node.
+        let ddp = spec("#SBATCH --ntasks=4 --ntasks-per-node=1 --gres=gpu:h100:2 --mem=200G\n");
+        assert_eq!(
+            (tasks(&ddp), ddp["tasks"]["resources"]["memory_mib"].as_u64()),
+            ((Some(4), Some(2.0)), Some(204_800))
+        );
+        let alias = spec("#SBATCH -n 16 --tasks-per-node=8 --gres=gpu:8\n");
+        assert_eq!(tasks(&alias), (Some(16), Some(1.0)), "--tasks-per-node is --ntasks-per-node");
+        // Each task's TRES, and per GPU CPUs and memory.
+        let tres = spec("#SBATCH -n 2 --tres-per-task=cpu=4,gres/gpu:a100:2\n");
+        assert_eq!((tasks(&tres), tres["tasks"]["resources"]["cpus"].as_f64()), ((Some(2), Some(2.0)), Some(4.0)));
+        assert_eq!(read("#SBATCH --tres-per-task=gres/gpu:a100:2\n").gpu_type.as_deref(), Some("a100"));
+        let per_gpu = spec("#SBATCH -G 2 --cpus-per-gpu=8 --mem-per-gpu=40G\n");
+        assert_eq!(per_gpu["tasks"]["resources"]["cpus"].as_f64(), Some(16.0));
+        assert_eq!(per_gpu["tasks"]["resources"]["memory_mib"].as_u64(), Some(81_920));
+        // --export: NAME=value set, a bare NAME passed on with this shell's value.
+        let exported = spec("#SBATCH --export=ALL,LR=0.1,PATH\n");
+        assert_eq!(exported["run"]["env"]["LR"], "0.1");
+        assert_eq!(exported["run"]["env"]["PATH"].as_str(), std::env::var("PATH").ok().as_deref());
+        assert!(read("#SBATCH --export=ALL\n").notes[0].starts_with("--export=ALL: the job gets only"));
+        // What Berth cannot turn into GPUs a task is refused, not dropped.
+        for (line, says) in [
+            ("--gpus-per-socket=h100:4", "does not place GPUs by socket"),
+            ("--ntasks-per-gpu=2", "give the tasks"),
+            ("--tres-per-task=license/x:1", "Berth reads cpu=N and gres/gpu"),
+            ("--wrap=hostname", "Berth runs a batch script"),
+        ] {
+            let err = read_sbatch(&words(line), &mut Request::default(), "#SBATCH ").unwrap_err().to_string();
+            assert!(err.contains(says), "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_ends_its_options_at_a_double_dash_and_says_what_wrap_needs() {
+        let own = |_: &str| None;
+        let w = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let line = CommandLine::split(&w("-N 2 -- job.sh"), own).unwrap();
+        assert_eq!((line.sbatch, line.script.as_str()), (w("-N 2"), "job.sh"));
+        let line = CommandLine::split(&w("-vN 2 job.sh"), own).unwrap();
+        assert_eq!((line.sbatch, line.script.as_str()), (w("-v -N 2"), "job.sh"), "bundled short options");
+        let wrap = CommandLine::split(&w("--wrap=hostname"), own).unwrap_err().to_string();
+        assert!(wrap.starts_with("--wrap: Berth runs a batch script"), "{wrap}");
     }
 }
