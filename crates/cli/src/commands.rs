@@ -547,8 +547,8 @@ pub struct Shape {
     /// Workload name [default: the script's job name, else generated]
     #[arg(long)]
     name: Option<String>,
-    /// GPUs per task
-    #[arg(long)]
+    /// GPUs per task (sbatch's GPUs in all: -G)
+    #[arg(long, value_parser = gpus_per_task)]
     gpus: Option<f64>,
     /// Flavor of the GPUs
     #[arg(long)]
@@ -556,8 +556,8 @@ pub struct Shape {
     /// Tasks (a training job's ranks)
     #[arg(long)]
     tasks: Option<u32>,
-    /// Nodes: one task per node unless --tasks is given
-    #[arg(long)]
+    /// Nodes: one task per node unless --tasks is given (of MIN-MAX, as sbatch: MIN)
+    #[arg(long, value_parser = node_count)]
     nodes: Option<u32>,
     /// Runtime limit: 4h, 30m, 2d or Slurm's 01:00:00, 1-12:00
     #[arg(long)]
@@ -586,6 +586,32 @@ pub struct Shape {
     /// Check everything and show the workload; submit nothing
     #[arg(long)]
     dry_run: bool,
+}
+
+/// `--gpus`: Berth's is GPUs per task, a number; sbatch's `--gpus=TYPE:N` (GPUs in all)
+/// is `-G` here.
+fn gpus_per_task(v: &str) -> Result<f64, String> {
+    v.parse().map_err(|_| {
+        let sbatch = if v.contains(':') {
+            format!("; for sbatch's --gpus={v} (GPUs in all) give -G {v}")
+        } else {
+            String::new()
+        };
+        format!("Berth's --gpus is a number of GPUs per task{sbatch}")
+    })
+}
+
+/// `--nodes`: N, or sbatch's MIN-MAX (Berth asks for MIN).
+fn node_count(v: &str) -> Result<u32, String> {
+    v.split('-').next().unwrap_or(v).parse().map_err(|_| "not a number of nodes (N, or MIN-MAX)".to_owned())
+}
+
+/// A parse error of Berth's options in words of its own (clap's starts with "error: ",
+/// which the caller's report adds again, and goes on with its usage and help).
+fn clap_message(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    text.split("\n\n").next().unwrap_or(text).trim().to_owned()
 }
 
 impl Shape {
@@ -697,7 +723,8 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     if !r.ignored.is_empty() {
         eprintln!("note: #SBATCH options Berth does not use: {}", std::mem::take(&mut r.ignored).join(" "));
     }
-    let directives = <Directives as clap::Parser>::try_parse_from(&berth).map_err(|e| anyhow!("#BERTH: {e}"))?;
+    let directives =
+        <Directives as clap::Parser>::try_parse_from(&berth).map_err(|e| anyhow!("#BERTH: {}", clap_message(&e)))?;
     directives.shape.onto(&mut r)?;
     // The command line wins, as sbatch's does: sbatch's options, then Berth's own.
     submit::read_command_line(&line.sbatch, &mut r)?;
@@ -707,7 +734,7 @@ pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     for note in &r.notes {
         eprintln!("note: {note}");
     }
-    let own = <Directives as clap::Parser>::try_parse_from(&line.berth).map_err(|e| anyhow!("{e}"))?;
+    let own = <Directives as clap::Parser>::try_parse_from(&line.berth).map_err(|e| anyhow!("{}", clap_message(&e)))?;
     own.shape.onto(&mut r)?;
     a.shape.onto(&mut r)?;
     if let (Some(nodes), Some(tasks)) = (r.nodes, r.tasks)
@@ -796,6 +823,11 @@ async fn create(
                         Some(taken) => {
                             let phase = cell(&taken["status"]["phase"]);
                             eprintln!("{team}/{label} exists ({phase}): this one gets a name of its own");
+                            metadata["generate_name"] = prefix(&label);
+                        }
+                        // An array's name: `berth cancel NAME` would take this one.
+                        None if has_array(env, &team, &label).await? => {
+                            eprintln!("{team}/{label} is an array's name: this one gets a name of its own");
                             metadata["generate_name"] = prefix(&label);
                         }
                         None => metadata["name"] = json!(label),
@@ -1026,6 +1058,31 @@ async fn array_of(env: &Env<'_>, team: &str, name: &str, missing: ApiError) -> R
     Ok(array)
 }
 
+/// Whether the team has workloads of an array named `name`.
+async fn has_array(env: &Env<'_>, team: &str, name: &str) -> Result<bool> {
+    let path = format!(
+        "/api/v1/teams/{}/workloads?label_selector={}&limit=1",
+        seg(team),
+        seg(&format!("{ARRAY_LABEL}={name}"))
+    );
+    Ok(env.client.get(&path).await?["items"].as_array().is_some_and(|items| !items.is_empty()))
+}
+
+/// Whether `name`, the name of a workload, is an array's too (anyone in the team may give
+/// a workload an array's name).
+async fn also_an_array(env: &Env<'_>, team: &str, name: &str) -> Result<bool> {
+    Ok(submit::dns_label(name).as_deref() == Some(name) && has_array(env, team, name).await?)
+}
+
+/// Says which workload `w` is, of the name an array has too, and how to name the array's.
+fn array_note(team: &str, name: &str, w: &Value) {
+    eprintln!(
+        "note: this is {}'s workload {team}/{name}; an array is named {name} too: its workloads are {name}-INDEX \
+         (berth get workloads --team {team} -l {ARRAY_LABEL}={name})",
+        cell(&w["metadata"]["owner"]["subject"])
+    );
+}
+
 /// The names of an array's workloads, for a line: `sweep-0 … sweep-15`, or all of them
 /// when there are two or one.
 fn member_names(array: &[Value]) -> String {
@@ -1082,13 +1139,16 @@ async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
         }
         if structured { eprintln!("{line}") } else { println!("{line}") }
     }
+    // Another's workload labelled as a member (anyone may label one so) beside the caller's:
+    // the caller's array is cancelled, and that one named; none of it the caller's: refused.
+    let mine = !answers.is_empty();
     for (member, e) in &refused {
-        eprintln!("error: {team}/{member} was not cancelled: {e}");
+        eprintln!("{}: {team}/{member} was not cancelled: {e}", if mine { "note" } else { "error" });
     }
     if let Some(e) = failed {
         return Err(e.into());
     }
-    Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
+    Ok(if refused.is_empty() || mine { 0 } else { exit::REFUSED })
 }
 
 pub async fn delete(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32> {
@@ -1146,13 +1206,14 @@ async fn delete_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
         line.push_str(" (one with a job stops within its grace period)");
         if structured { eprintln!("{line}") } else { println!("{line}") }
     }
+    let mine = !answers.is_empty();
     for (member, e) in &refused {
-        eprintln!("error: {team}/{member} was not deleted: {e}");
+        eprintln!("{}: {team}/{member} was not deleted: {e}", if mine { "note" } else { "error" });
     }
     if let Some(e) = failed {
         return Err(e.into());
     }
-    Ok(if refused.is_empty() { 0 } else { exit::REFUSED })
+    Ok(if refused.is_empty() || mine { 0 } else { exit::REFUSED })
 }
 
 /// Acknowledges the workload's checkpoint. Inside its job the job's own token
@@ -1260,6 +1321,10 @@ pub async fn logs(env: &Env<'_>, name: &str, team: Option<String>, o: LogOptions
         }
         return Err(e.into());
     }
+    if also_an_array(env, &team, name).await? {
+        let w = env.client.get(&format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(name))).await?;
+        array_note(&team, name, &w);
+    }
     let mut stdout = std::io::stdout();
     while let Some(chunk) = response.chunk().await.map_err(|e| crate::client::ApiError::Unreachable(e.to_string()))? {
         stdout.write_all(&chunk)?;
@@ -1311,6 +1376,9 @@ pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32>
         Err(e) if e.status() == Some(404) => return why_array(env, &team, name, &array_of(env, &team, name, e).await?),
         w => w?,
     };
+    if also_an_array(env, &team, name).await? {
+        array_note(&team, name, &w);
+    }
     let s = &w["status"];
     let code = cell(&s["pending_reason"]["code"]);
     let answer = json!({
@@ -1584,5 +1652,15 @@ mod tests {
         assert!(estimate(&pending(600, json!("Unschedulable"))).starts_with("never"));
         let running = json!({"metadata": {"creation_timestamp": at(600)}, "status": {"phase": "Running"}});
         assert_eq!(estimate(&running), "");
+    }
+
+    #[test]
+    fn berths_own_options_take_what_sbatch_users_type_or_say_what_to_type() {
+        assert_eq!((node_count("2-4"), node_count("3")), (Ok(2), Ok(3)));
+        let e = gpus_per_task("h100:2").unwrap_err();
+        assert!(e.ends_with("for sbatch's --gpus=h100:2 (GPUs in all) give -G h100:2"), "{e}");
+        // Said once: "error: error: …" before, and clap's usage after.
+        let e = <Directives as clap::Parser>::try_parse_from(["--priority", "high"]).unwrap_err();
+        assert_eq!(clap_message(&e), "invalid value 'high' for '--priority <PRIORITY>': invalid digit found in string");
     }
 }
