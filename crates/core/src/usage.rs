@@ -1092,6 +1092,6 @@ mod tests {
             ..UsageReport::default()
         };
         let csv = report_csv(&r);
-        assert_eq!(csv.lines().nth(1).unwrap(), "\"'=cmd,x\",1.000000,0.000000,0.000000,0.000000");
+        assert_eq!(csv.lines().nth(1).unwrap(), "\"'=cmd,x\",1.000000,0.000000,0.000000,0.000000,0.000000");
     }
 }
