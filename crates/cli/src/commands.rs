@@ -1357,8 +1357,9 @@ fn unblock(code: &str) -> &'static str {
         "WaitingForMinRuntime" => {
             "the work it would preempt is protected by its min runtime: it is preempted once that has passed"
         }
+        // Not "ask for fewer": with its team at a limit, fewer would wait as long.
         "NotEnoughGpus" | "NoClusterFits" => {
-            "no cluster has that many GPUs free in one place: wait, or ask for fewer GPUs per task"
+            "no cluster has that many GPUs free in one place now: it starts as running work ends"
         }
         "Fragmented" => "the free GPUs are spread over nodes: wait, or ask for smaller tasks",
         "InsufficientCpu" | "InsufficientMemory" => "the nodes lack the CPU or memory it asks for: ask for less",
@@ -1484,20 +1485,28 @@ pub async fn top(env: &Env<'_>) -> Result<i32> {
             let guaranteed = quota.map_or(Value::Null, |q| q["guaranteed"].clone());
             out.push(json!({"team": t["metadata"]["name"], "flavor": u["flavor"], "allocated": u["allocated"],
                 "borrowed": u["borrowed"], "fair_share": u["fair_share"], "guaranteed": guaranteed,
-                "subtree_allocated": u["subtree_allocated"]}));
+                "subtree_allocated": u["subtree_allocated"], "subtree_borrowed": u["subtree_borrowed"],
+                "subtree_fair_share": u["subtree_fair_share"]}));
+            // A department's guarantee, what it borrows and its fair share are its subtree's:
+            // its own (it runs little or nothing itself) read 0 while it held 32 against 24.
             rows.push(vec![
                 cell(&t["metadata"]["name"]),
                 cell(&u["flavor"]),
                 cell(&u["allocated"]),
                 cell(&u["subtree_allocated"]),
                 cell(&guaranteed),
-                cell(&u["borrowed"]),
-                output::gpus(u["fair_share"].as_f64().unwrap_or(0.0)),
+                cell(&u["subtree_borrowed"]),
+                output::gpus(u["subtree_fair_share"].as_f64().unwrap_or(0.0)),
             ]);
         }
     }
     if !structured(env.out, &json!({"items": out})) {
         table(&["TEAM", "FLAVOR", "GPUS", "WITH SUBTEAMS", "GUARANTEED", "BORROWED", "FAIR SHARE"], &rows);
+        if teams.iter().any(|t| t["spec"]["parent"].is_string()) {
+            println!(
+                "\nGUARANTEED, BORROWED and FAIR SHARE are a team's with the teams below it (GPUS: its own work's)"
+            );
+        }
     }
     Ok(0)
 }

@@ -196,6 +196,15 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
         w.ok(&["submit", "--team", team, "--sim-seconds", "36000", &all]);
     }
     w.wait_for("one runs", &["get", "workloads", "--team", "nlp"], |l| l["items"][0]["status"]["phase"] == "Running");
+    // top gives the department its subtree's fair share (its own, 0, before: it runs nothing
+    // itself).
+    let top = w.wait_for("research has its fair share", &["top"], |t| {
+        t["items"].as_array().unwrap().iter().any(|i| i["team"] == "research" && i["subtree_fair_share"] == 16.0)
+    });
+    assert!(top.to_string().contains("subtree_borrowed"), "{top}");
+    let table = w.ok(&["top"]);
+    let research = table.lines().find(|l| l.starts_with("research ")).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(research.split_whitespace().last(), Some("16"), "{table}");
     let teams = w.dir.join("org/teams.yaml");
     let changed = std::fs::read_to_string(&teams).unwrap().replace("guaranteed: 8}", "guaranteed: 12}");
     std::fs::write(&teams, changed).unwrap();

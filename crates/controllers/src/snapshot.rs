@@ -312,6 +312,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         })
         .collect();
     snapshot.link_preemptors(&preemptor_of);
+    snapshot.settle_borrowed();
     Built { snapshot, running: running_ix, pending: pending_ix, unschedulable, derived, build }
 }
 

@@ -566,6 +566,7 @@ fn berth_cycle(
         })
         .collect();
     s.link_preemptors(preemptor_of);
+    s.settle_borrowed();
     let plan = schedule(s).expect("a valid snapshot");
     let broken = violations(s, &plan);
     if !broken.is_empty() && out.violations == 0 {

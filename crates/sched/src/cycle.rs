@@ -286,6 +286,11 @@ struct Cycle<'a> {
     held: BTreeMap<PendingIx, Vec<NodeIx>>,
     /// The flavor whose quota a starving workload holds along with its nodes.
     reserved_quota: BTreeMap<PendingIx, FlavorIx>,
+    /// What of its team's guarantee (index `team * flavors + flavor`, GPU hundredths) a
+    /// workload waiting for protected work will take once that may be preempted, and the
+    /// sum per team and flavor: a second workload of the team is not told it takes the same.
+    min_runtime_claims: BTreeMap<PendingIx, (usize, u64)>,
+    claimed: Vec<u64>,
     /// Why a gang shape missed a pool, and the pool's version then.
     misses: HashMap<ShapeOnPool, (u64, Miss)>,
     /// The pool's version when a gang shape last fitted it (so it still does).
@@ -416,6 +421,8 @@ impl<'a> Cycle<'a> {
             holds: vec![NodeHold::Open; s.nodes.len()],
             held: BTreeMap::new(),
             reserved_quota: BTreeMap::new(),
+            min_runtime_claims: BTreeMap::new(),
+            claimed: vec![0; s.teams.len() * flavors],
             misses: HashMap::new(),
             fits: HashMap::new(),
             reopened: vec![false; flavors],
@@ -602,6 +609,9 @@ impl<'a> Cycle<'a> {
         let p = &s.pending[w];
         // Visited again: its reservation's quota is its own to use…
         let reserved_in = self.reserved_quota.remove(&w);
+        if let Some((i, amount)) = self.min_runtime_claims.remove(&w) {
+            self.claimed[i] -= amount;
+        }
         let mut pausing = None;
         if let Some(f) = reserved_in {
             self.charge(p.team, f, -i64::from(p.tasks.total_gpus()));
@@ -1144,11 +1154,23 @@ impl<'a> Cycle<'a> {
     /// Why `w` waits when preempting work still within its min runtime would let it run
     /// in-quota (and nothing else would): that work, and when the last of it may be
     /// preempted.
-    fn waits_for_min_runtime(&self, w: PendingIx) -> Option<Reason> {
+    fn waits_for_min_runtime(&mut self, w: PendingIx) -> Option<Reason> {
         if !self.any_protected {
             return None;
         }
         let (flavor, found) = self.victims_for(w, true)?;
+        // A reclaim (of other teams' work) runs within the guarantee, with what other
+        // workloads of the team waiting so have claimed of it.
+        let p = &self.s.pending[w];
+        if found.victims.iter().all(|&v| self.s.running[v].team != p.team) {
+            let (i, amount) = (p.team * self.flavors + flavor, u64::from(p.tasks.total_gpus()));
+            let guaranteed = self.s.teams[p.team].quotas[flavor].guaranteed_hundredths();
+            if self.subtree_used[i] - self.subtree_stopping[i] + self.claimed[i] + amount > guaranteed {
+                return None;
+            }
+            self.claimed[i] += amount;
+            self.min_runtime_claims.insert(w, (i, amount));
+        }
         let victims: Vec<RunningIx> = found.victims.into_iter().filter(|&v| self.protected[v]).collect();
         let until = victims.iter().map(|&v| self.s.running[v].protected_until).max()?;
         Some(Reason::WaitingForMinRuntime { cluster: self.pools[found.pool].cluster, flavor, victims, until })

@@ -469,6 +469,37 @@ impl Pending {
 pub struct InvalidSnapshot(pub String);
 
 impl Snapshot {
+    /// Each running workload's `borrowed` as its team's guarantee stands now, not as it
+    /// stood at the admission: a team's own work (all that is not already stopping) counts
+    /// in-quota while, above what the teams below it hold, it fits the guarantee, as an
+    /// admission counts it, keeping what was in-quota so first, then the highest priority
+    /// and the longest running. A guarantee taken from a team makes its work reclaimable at
+    /// once (it stayed in-quota until it ended, while the team now guaranteed those GPUs
+    /// waited); work admitted borrowed is in-quota once the team's other work has gone.
+    pub fn settle_borrowed(&mut self) {
+        let flavors = self.flavors.len();
+        let mut below = vec![0u64; self.teams.len() * flavors];
+        for r in self.running.iter().filter(|r| !r.preempting) {
+            let amount = u64::from(r.tasks.total_gpus());
+            for a in std::iter::successors(self.teams[r.team].parent, |&a| self.teams[a].parent) {
+                below[a * flavors + r.flavor] += amount;
+            }
+        }
+        let mut order: Vec<usize> = (0..self.running.len()).filter(|&i| !self.running[i].preempting).collect();
+        order.sort_by_key(|&i| {
+            let r = &self.running[i];
+            (r.team, r.flavor, r.borrowed, std::cmp::Reverse(r.priority), r.started_at, i)
+        });
+        let mut used = below;
+        for i in order {
+            let r = &mut self.running[i];
+            let at = r.team * flavors + r.flavor;
+            let amount = u64::from(r.tasks.total_gpus());
+            r.borrowed = used[at] + amount > self.teams[r.team].quotas[r.flavor].guaranteed_hundredths();
+            used[at] += amount;
+        }
+    }
+
     /// Sets each pending workload's `preempted_for` from `preemptor_of` (a workload's id →
     /// the id of the one it was last preempted for): linked while that one is pending too
     /// and was not itself preempted for a pending workload (so no chain or cycle can keep

@@ -102,6 +102,8 @@ pub fn apply(s: &Snapshot, changes: &[Change]) -> Result<(Snapshot, Vec<String>)
         }
     }
     s.validate()?;
+    // What its running work borrows, as the changed quotas stand.
+    s.settle_borrowed();
     Ok((s, displaced))
 }
 

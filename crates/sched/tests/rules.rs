@@ -1235,6 +1235,65 @@ fn work_within_its_min_runtime_is_not_reclaimed_and_the_owner_is_told_until_when
 }
 
 #[test]
+fn a_second_workload_of_the_team_is_not_told_it_preempts_the_same_protected_work() {
+    // As above, and a submits two 8-GPU jobs: a1 waits for b's protected borrowed job and
+    // holds a's guarantee; a2 would be beyond it, so it is not told it preempts that job
+    // once it may (a2 waited on after a1 had taken it).
+    let (mut w, nodes) = two_owners();
+    let now = w.s.now;
+    w.run("b-own", "b", &nodes[1..], 1, 8 * GPU, false, 0, now - 600);
+    let borrowed = w.run("b-borrowed", "b", &nodes[..1], 1, 8 * GPU, true, 0, now - 600);
+    w.s.running[borrowed].protected_until = now + 1200;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    w.submit("a2", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(matches!(reason(&w, &plan, "a1"), Reason::WaitingForMinRuntime { victims, .. } if victims == &[borrowed]));
+    assert!(!matches!(reason(&w, &plan, "a2"), Reason::WaitingForMinRuntime { .. }), "{:?}", reason(&w, &plan, "a2"));
+}
+
+#[test]
+fn running_work_borrows_as_the_guarantees_stand_now() {
+    // a's guarantee was taken (8 → 0) while x1 ran in it, and b's raised to 16: b's second
+    // job is within b's guarantee, and x1 is beyond a's now, so it is reclaimed. Before,
+    // x1 kept the in-quota of its admission and b2 waited until x1 ended.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 2, 8, None);
+    let x1 = w.run("x1", "a", &nodes[..1], 1, 8 * GPU, false, 0, 0);
+    w.run("b1", "b", &nodes[1..], 1, 8 * GPU, false, 0, 0);
+    w.submit("b2", "b", 1, 8 * GPU, &["h100"]);
+    // The quota preview says so (it said "nothing would change").
+    let moved = [("a", 0), ("b", 16)].map(|(team, guaranteed)| Change::SetQuota {
+        team: team.into(),
+        flavor: "h100".into(),
+        quota: Quota { guaranteed, limit: None, weight: 1 },
+    });
+    assert_eq!(what_if(&w.s, &moved).unwrap().diff.preempted, ["x1"]);
+    w.s.teams[0].quotas[0].guaranteed = 0;
+    w.s.teams[1].quotas[0].guaranteed = 16;
+    assert!(w.plan().preemptions.is_empty(), "as admitted, x1 is in-quota");
+    w.s.settle_borrowed();
+    assert!(w.s.running[x1].borrowed);
+    assert_eq!(preempted(&w, &w.plan()), ["x1"]);
+
+    // The other way: a2 was admitted beyond a's guarantee beside a1, which has ended; alone
+    // it is within it now, and b (guaranteed 8 too, on 8 GPUs) may not take it back.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 1, 8, None);
+    let a2 = w.run("a2", "a", &nodes, 1, 8 * GPU, true, 0, 0);
+    w.submit("b1", "b", 1, 8 * GPU, &["h100"]);
+    assert_eq!(preempted(&w, &w.plan()), ["a2"], "as admitted, a2 is borrowed");
+    w.s.settle_borrowed();
+    assert!(!w.s.running[a2].borrowed);
+    assert!(w.plan().preemptions.is_empty());
+}
+
+#[test]
 fn min_runtime_holds_off_priority_preemption_and_unprotected_work_is_taken_first() {
     // a runs two low-priority 4-GPU jobs on its guarantee: the cheaper victim (started
     // last) is protected, so an urgent 4-GPU job of a preempts the other one; with both

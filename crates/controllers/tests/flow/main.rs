@@ -446,6 +446,29 @@ async fn a_department_at_its_limit_reclaims_for_a_child_within_its_guarantee(db:
     assert_eq!(running, 4, "mb keeps its own guarantee");
 }
 
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_guarantee_moved_between_teams_is_reclaimed_from_work_admitted_in_the_old_one(db: berth_store::PgPool) {
+    // Found from outside: vision's guarantee given to speech (8 → 0, 8 → 16) while vision's
+    // v1 ran in it; speech's second job, within its new guarantee, waited "no cluster has
+    // room" until v1 ended, because v1 kept the in-quota of its admission.
+    let p = Plane::new(db).await;
+    p.team("vision", None, 8, None).await;
+    p.team("speech", None, 8, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("vision", "v1", 1, 8.0, json!({"resumable": true})).await;
+    p.submit("speech", "s1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert!(!p.workload("vision", "v1").await.status.admission.unwrap().borrowed);
+    p.team("vision", None, 0, None).await;
+    p.team("speech", None, 16, None).await;
+    p.submit("speech", "s2", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("vision", "v1").await, Phase::Preempting, "v1 is beyond vision's guarantee now");
+    p.advance(30);
+    p.settle().await;
+    assert_eq!(p.phase("speech", "s2").await, Phase::Running);
+}
+
 /// b2 borrows, a1 reclaims it: b2 is `Preempting` with its cancel sent when its cluster
 /// stops answering. Returns the plane with a1 waiting.
 async fn preempting_when_the_cluster_goes_down(p: &Plane) {
