@@ -72,6 +72,9 @@ fn closed_system(mut s: Snapshot, grace: i64) -> Result<(), TestCaseError> {
     let mut preempted_in: BTreeMap<String, i64> = BTreeMap::new();
     let mut log = String::new();
     for cycle in 0..cycles {
+        // As the controllers' snapshot is made each cycle: what runs borrows as the
+        // guarantees stand.
+        w.s.settle_borrowed();
         let plan = schedule(&w.s).unwrap();
         log += &trace(&w, &plan, cycle);
         let wrong = violations(&w.s, &plan);
