@@ -1203,6 +1203,7 @@ impl<'a> Cycle<'a> {
                 .filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
         );
         let open = |v: RunningIx| !self.gone[v] && (ignore_protection || !self.protected[v]);
+        let counted_on = candidates.len();
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).
             candidates.extend(
@@ -1211,6 +1212,13 @@ impl<'a> Cycle<'a> {
         }
         if let Some(own) = pool.own_list.get(&p.team) {
             candidates.extend(own.cheapest_first(s).iter().filter(|&&v| open(v) && s.running[v].priority < p.priority));
+        }
+        if ignore_protection {
+            // Waiting for protected work: what is preempted once it may be is the work whose
+            // protection ends first (the cheapest, started last, is protected longest): it
+            // named the job protected longest, and the time its protection ends, while other
+            // work was preempted minutes before.
+            candidates[counted_on..].sort_by_key(|&v| s.running[v].protected_until);
         }
         let needed = u64::from(p.tasks.total_gpus());
         let at_most: u64 = candidates.iter().map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum();

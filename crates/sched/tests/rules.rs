@@ -1252,6 +1252,38 @@ fn a_second_workload_of_the_team_is_not_told_it_preempts_the_same_protected_work
 }
 
 #[test]
+fn a_workload_waiting_for_protected_work_names_what_is_freed_first_and_when() {
+    // b borrows 16 beside its own 8: x3 and x4 (4 each, on one node, protected 100 and
+    // 150 s more) and x5 (8, started last, protected 500 s more). a's 8 waits: it named x5
+    // (the cheapest victim) and 500 s, and was admitted 150 s on, on x3's and x4's node.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 8, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 3, 8, None);
+    let now = w.s.now;
+    w.run("b-own", "b", &nodes[2..], 1, 8 * GPU, false, 0, now - 900);
+    let x3 = w.run("x3", "b", &nodes[..1], 1, 4 * GPU, true, 0, now - 500);
+    let x4 = w.run("x4", "b", &nodes[..1], 1, 4 * GPU, true, 0, now - 450);
+    let x5 = w.run("x5", "b", &nodes[1..2], 1, 8 * GPU, true, 0, now - 100);
+    for (r, until) in [(x3, now + 100), (x4, now + 150), (x5, now + 500)] {
+        w.s.running[r].protected_until = until;
+    }
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert!(
+        matches!(reason(&w, &plan, "a1"), Reason::WaitingForMinRuntime { victims, until, .. }
+            if victims == &[x3, x4] && *until == now + 150),
+        "{:?}",
+        reason(&w, &plan, "a1")
+    );
+    w.s.now += 150;
+    let mut taken = preempted(&w, &w.plan());
+    taken.sort_unstable();
+    assert_eq!(taken, ["x3", "x4"]);
+}
+
+#[test]
 fn running_work_borrows_as_the_guarantees_stand_now() {
     // a's guarantee was taken (8 → 0) while x1 ran in it, and b's raised to 16: b's second
     // job is within b's guarantee, and x1 is beyond a's now, so it is reclaimed. Before,
@@ -1314,13 +1346,16 @@ fn min_runtime_holds_off_priority_preemption_and_unprotected_work_is_taken_first
     w.s.running[older].protected_until = now + 60;
     let plan = w.plan();
     assert!(plan.preemptions.is_empty());
-    // Either job alone makes room: the cheaper one (started last) is named.
+    // Either job alone makes room: the one whose protection ends first is named, as it is
+    // the one preempted then (the cheaper one, started last, was named, with 540 s).
     assert!(
         matches!(reason(&w, &plan, "a-urgent"), Reason::WaitingForMinRuntime { victims, until, .. }
-            if victims == &[newer] && *until == now + 540),
+            if victims == &[older] && *until == now + 60),
         "{:?}",
         reason(&w, &plan, "a-urgent")
     );
+    w.s.now += 60;
+    assert_eq!(preempted(&w, &w.plan()), ["a-older"]);
 }
 
 #[test]
