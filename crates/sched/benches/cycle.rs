@@ -72,6 +72,16 @@ fn stream_350_pending_100k_running_55k_nodes_1k_teams() -> berth_sched::Plan {
     schedule(divan::black_box(&STREAM)).unwrap()
 }
 
+/// What the controllers add to each cycle before it: what runs judged borrowed or
+/// in-quota against the guarantees as they stand, on `stream`'s 100,000 running.
+#[divan::bench(sample_count = 10, sample_size = 1)]
+fn settle_borrowed_100k_running_1k_teams(bencher: divan::Bencher) {
+    bencher.with_inputs(|| STREAM.clone()).bench_local_values(|mut s| {
+        s.settle_borrowed();
+        s
+    });
+}
+
 /// 32,000 single-GPU jobs of 10 teams (each guaranteed a tenth) waiting for 1,000 empty
 /// 8-GPU nodes of one cluster.
 fn armada() -> Snapshot {
