@@ -870,16 +870,9 @@ async fn create(
                     let mut base = submit::shortened(&label, room).to_owned();
                     // An array of that name (the last run's, other indices maybe): as sbatch
                     // gives each run a job id of its own, this one gets a name of its own.
-                    let path = format!(
-                        "/api/v1/teams/{}/workloads?label_selector={}&limit=1",
-                        seg(&team),
-                        seg(&format!("{ARRAY_LABEL}={base}"))
-                    );
                     // A workload of that name would take the array's in `berth cancel`.
                     let named = format!("/api/v1/teams/{}/workloads/{}", seg(&team), seg(&base));
-                    if c.get(&path).await?["items"].as_array().is_some_and(|items| !items.is_empty())
-                        || c.get_opt(&named).await?.is_some()
-                    {
+                    if has_array(env, &team, &base).await? || c.get_opt(&named).await?.is_some() {
                         base = again(&base);
                     }
                     match post(items(&base)).await {
@@ -1139,11 +1132,22 @@ async fn cancel_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
         }
         if structured { eprintln!("{line}") } else { println!("{line}") }
     }
-    // Another's workload labelled as a member (anyone may label one so) beside the caller's:
-    // the caller's array is cancelled, and that one named; none of it the caller's: refused.
-    let mine = !answers.is_empty();
-    for (member, e) in &refused {
-        eprintln!("{}: {team}/{member} was not cancelled: {e}", if mine { "note" } else { "error" });
+    array_done(team, "cancelled", !answers.is_empty(), &refused, failed)
+}
+
+/// The end of a bulk command over an array: the members refused named, and its exit.
+/// Another's workload labelled as a member (anyone may label one so) beside the caller's
+/// is named in a note, and the caller's array counts as done; none of it the caller's:
+/// refused.
+fn array_done(
+    team: &str,
+    done: &str,
+    mine: bool,
+    refused: &[(String, ApiError)],
+    failed: Option<ApiError>,
+) -> Result<i32> {
+    for (member, e) in refused {
+        eprintln!("{}: {team}/{member} was not {done}: {e}", if mine { "note" } else { "error" });
     }
     if let Some(e) = failed {
         return Err(e.into());
@@ -1206,14 +1210,7 @@ async fn delete_array(env: &Env<'_>, team: &str, name: &str, array: &[Value]) ->
         line.push_str(" (one with a job stops within its grace period)");
         if structured { eprintln!("{line}") } else { println!("{line}") }
     }
-    let mine = !answers.is_empty();
-    for (member, e) in &refused {
-        eprintln!("{}: {team}/{member} was not deleted: {e}", if mine { "note" } else { "error" });
-    }
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
-    Ok(if refused.is_empty() || mine { 0 } else { exit::REFUSED })
+    array_done(team, "deleted", !answers.is_empty(), &refused, failed)
 }
 
 /// Acknowledges the workload's checkpoint. Inside its job the job's own token
