@@ -600,6 +600,13 @@ async fn work_that_can_never_run_is_refused_at_the_door_naming_the_field(db: ber
     // Non-preemptible above the team's guarantee (12 > 8): it may only run in-quota.
     let r = put("nlp/workloads/firm", WorkloadBody::new().count(3).gpus(4.0).preemptible(false)).await;
     refused(&r, "/spec/preemptible", "team nlp is guaranteed 8");
+    // research's own work runs in-quota only in what nlp's guarantee leaves of its 16.
+    let r = put("research/workloads/firm", WorkloadBody::new().count(3).gpus(4.0).preemptible(false)).await;
+    refused(
+        &r,
+        "/spec/preemptible",
+        "team research's own work (its guarantee less its teams') is guaranteed 8, not 12",
+    );
     // Shapes are not judged before the cluster reported its nodes: a 12-GPU task passes
     // the door (a dry run, so nothing is written)…
     let r = s

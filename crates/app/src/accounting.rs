@@ -99,11 +99,20 @@ pub async fn usage_report(
             })
         })
         .collect();
-    // What was borrowed depends on what the team's whole subtree held: settled for the
-    // teams whose subtree the caller reads (all of it is in `intervals`), as their idle
-    // guarantee is shown; the others' work is shown as it was admitted (settling it would
-    // tell a member of a department, bucket by bucket, what the teams below it held).
-    let guarantee_gpus: usage::GuaranteeGpus = guarantees.iter().map(|g| ((g.uid, g.flavor.clone()), g.gpus)).collect();
+    // What was borrowed depends on what the team's own work held against its own guarantee
+    // (its guarantee less its child teams', as the scheduler counts it): settled for the
+    // teams whose subtree the caller reads, as their idle guarantee is shown; the others'
+    // work is shown as it was admitted.
+    let children_guaranteed = |parent: &str, flavor: &str| -> f64 {
+        (teams.iter().filter(|t| t.spec.parent.as_deref() == Some(parent)))
+            .flat_map(|t| t.spec.quotas.iter().filter(|q| q.flavor == flavor))
+            .map(|q| f64::from(q.guaranteed))
+            .sum()
+    };
+    let guarantee_gpus: usage::GuaranteeGpus = guarantees
+        .iter()
+        .map(|g| ((g.uid, g.flavor.clone()), (g.gpus - children_guaranteed(&g.team, &g.flavor)).max(0.0)))
+        .collect();
     let current: HashMap<String, uuid::Uuid> =
         teams.iter().map(|t| (t.metadata.name.clone(), t.metadata.uid)).collect();
     // Half a million intervals take a second: off the threads that serve requests.

@@ -47,8 +47,9 @@ pub fn pending_reason(
         Reason::GuaranteeExceeded { team: t, flavor: f, used, guaranteed, requested } => (
             "GuaranteeExceeded",
             format!(
-                "non-preemptible work runs only within the guarantee: team {} uses {used} of {guaranteed} {} guaranteed, requests {requested}",
+                "non-preemptible work runs only within the guarantee: team {}{} uses {used} of {guaranteed} {} guaranteed, requests {requested}",
                 team(*t),
+                if s.has_child_teams(*t) { "'s own work (its guarantee less its teams')" } else { "" },
                 flavor(*f)
             ),
             json!({"team": team(*t), "flavor": flavor(*f), "used": used, "guaranteed": guaranteed, "requested": requested}),

@@ -76,21 +76,23 @@ pub fn mark_reused_names(intervals: &mut [Interval], current: &HashMap<String, U
     }
 }
 
-/// Each team's guarantee of each flavor in GPUs, by the team's uid.
+/// Each team's own guarantee of each flavor in GPUs (its guarantee less its child teams',
+/// which are theirs), by the team's uid.
 pub type GuaranteeGpus = HashMap<(Uuid, String), f64>;
 
 /// From, to, and the share of the flagged GPUs that stays borrowed over it.
 type Stretch = (DateTime<Utc>, DateTime<Utc>, f64);
 
-/// Work admitted beyond its team's guarantee carries `borrowed` for all of its run, but it
-/// is borrowed only while the team's subtree holds more than the team's guarantee (of its
-/// flavor): once the team's other work ends, what it holds is within the guarantee again.
+/// Work admitted beyond its team's own guarantee carries `borrowed` for all of its run, but
+/// it is borrowed only while the team's own work holds more than that guarantee (of its
+/// flavor), as the scheduler counts it: once the team's other work ends, what it holds is
+/// within the guarantee again.
 /// Settles each interval so flagged: over each stretch of time, the GPUs beyond the
 /// guarantee (at most those flagged) stay borrowed, shared among the flagged work in
 /// proportion, and the rest count as in quota (averaged over each part of `req` counted
 /// apart: a bucket, the period, so an interval within one part keeps one `borrowed` share). An interval not flagged, or whose team is
 /// gone or whose subtree the reader may not read (no guarantee in `guarantees`),
-/// stays as it is. Each team of `guarantees` must have its whole subtree in `intervals`.
+/// stays as it is. Each team of `guarantees` must have all its own work in `intervals`.
 ///
 /// Settled in place (a month of a busy site is half a million intervals: copying them, or
 /// splitting each in a borrowed and an in-quota piece, took a third of the report's time):
@@ -98,7 +100,7 @@ type Stretch = (DateTime<Utc>, DateTime<Utc>, f64);
 /// returned.
 pub fn settle_borrowed(intervals: &mut [Interval], guarantees: &GuaranteeGpus, req: &ReportRequest) -> Vec<Interval> {
     let guarantees: HashMap<(Uuid, &str), f64> = guarantees.iter().map(|((t, f), g)| ((*t, f.as_str()), *g)).collect();
-    // The flagged, by their team and flavor; and every interval of those teams' subtrees.
+    // The flagged, by their team and flavor; and every interval of those teams' own work.
     let mut flagged: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
     for (k, i) in intervals.iter().enumerate().filter(|(_, i)| i.flagged) {
         if let Some((key, _)) = i.team_uids.first().and_then(|t| guarantees.get_key_value(&(*t, i.flavor.as_str()))) {
@@ -108,25 +110,23 @@ pub fn settle_borrowed(intervals: &mut [Interval], guarantees: &GuaranteeGpus, r
     if flagged.is_empty() {
         return Vec::new();
     }
-    let mut subtree: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
+    let mut own_work: HashMap<(Uuid, &str), Vec<usize>> = HashMap::new();
     for (k, i) in intervals.iter().enumerate() {
-        for t in &i.team_uids {
-            if let Some((key, _)) = flagged.get_key_value(&(*t, i.flavor.as_str())) {
-                subtree.entry(*key).or_default().push(k);
-            }
+        if let Some((key, _)) = i.team_uids.first().and_then(|t| flagged.get_key_value(&(*t, i.flavor.as_str()))) {
+            own_work.entry(*key).or_default().push(k);
         }
     }
     // The parts of each flagged interval, with the share of its GPUs that stays borrowed.
     let mut shares: Vec<(usize, Vec<Stretch>)> = Vec::new();
     for (key, mine) in &flagged {
         let guaranteed = guarantees[key];
-        // Changes of the subtree's use and of the flagged GPUs, in time. A record that ends
+        // Changes of the team's own use and of the flagged GPUs, in time. A record that ends
         // before it starts (a backend's clock against Berth's) held nothing.
         let held = |i: &&Interval| i.start < i.end;
         // (The flagged hold all of their GPUs beyond the guarantee as admitted.)
         let mut changes: Vec<(DateTime<Utc>, f64, f64)> =
-            Vec::with_capacity(2 * (subtree.get(key).map_or(0, Vec::len) + mine.len()));
-        for i in subtree.get(key).into_iter().flatten().map(|&k| &intervals[k]).filter(held) {
+            Vec::with_capacity(2 * (own_work.get(key).map_or(0, Vec::len) + mine.len()));
+        for i in own_work.get(key).into_iter().flatten().map(|&k| &intervals[k]).filter(held) {
             changes.extend([(i.start, i.gpus, 0.0), (i.end, -i.gpus, 0.0)]);
         }
         for i in mine.iter().map(|&k| &intervals[k]).filter(held) {

@@ -8,7 +8,7 @@ use berth_core::workload::TopologyPolicy;
 use crate::cycle::{Pool, ancestors, cheapest_first, gpus, own_shares, pools};
 use crate::nodes::{NodeState, node_states, place};
 use crate::plan::{Miss, Plan, PreemptionCause, Reason, Waiting};
-use crate::snapshot::{BudgetStop, FlavorIx, NodeIx, ONE_GPU, PendingIx, RunningIx, Snapshot};
+use crate::snapshot::{BudgetStop, FlavorIx, NodeIx, ONE_GPU, OwnQuota, PendingIx, RunningIx, Snapshot};
 
 /// Everything wrong with `plan` as the plan for `s`, one line each.
 ///
@@ -136,6 +136,7 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
     }
     let kept_subtree = subtree.clone();
     let running_subtree = holding.clone();
+    let own_quota = OwnQuota::of(s);
     for a in &plan.admissions {
         let p = &s.pending[a.workload];
         let amount = u64::from(p.tasks.total_gpus());
@@ -183,25 +184,28 @@ pub fn violations(s: &Snapshot, plan: &Plan) -> Vec<String> {
                     gpus(holding[i])
                 ));
             }
-            let guaranteed = team.quotas[f].guaranteed_hundredths();
-            if in_quota_admitted[i] > 0 && running_subtree[i] + in_quota_admitted[i] > guaranteed {
+            // In-quota is judged against the team's own guarantee, by its own work.
+            let guaranteed = own_quota.guaranteed(t, f);
+            let running_own = own_quota.own(|i| running_subtree[i], t, f);
+            if in_quota_admitted[i] > 0 && running_own + in_quota_admitted[i] > guaranteed {
                 out.push(format!(
-                    "team {t} runs {} GPUs of flavor {f} in-quota while preempted work stops, above its guarantee {}",
-                    gpus(running_subtree[i] + in_quota_admitted[i]),
-                    team.quotas[f].guaranteed
+                    "team {t} runs {} GPUs of flavor {f} in-quota while preempted work stops, above its own guarantee {}",
+                    gpus(running_own + in_quota_admitted[i]),
+                    gpus(guaranteed)
                 ));
             }
-            if in_quota_own[i] > 0 && kept_subtree[i] + in_quota_own[i] > guaranteed {
+            let kept_own = own_quota.own(|i| kept_subtree[i], t, f);
+            if in_quota_own[i] > 0 && kept_own + in_quota_own[i] > guaranteed {
                 out.push(format!(
-                    "team {t} runs {} GPUs of flavor {f} in-quota (with what keeps running), above its guarantee {}",
-                    gpus(kept_subtree[i] + in_quota_own[i]),
-                    team.quotas[f].guaranteed
+                    "team {t} runs {} GPUs of flavor {f} in-quota (with what keeps running), above its own guarantee {}",
+                    gpus(kept_own + in_quota_own[i]),
+                    gpus(guaranteed)
                 ));
             }
         }
     }
 
-    let known = Known::of(s, plan, ancestors, &states, &kept_subtree);
+    let known = Known::of(s, plan, ancestors, own_quota, &states, &kept_subtree);
     out.extend(hold_violations(s, plan, &known, &states, &gone));
     // The scheduler's view of quota: what holds GPUs now, plus what waits for victims.
     for w in &plan.waiting {
@@ -238,10 +242,19 @@ struct Known {
     /// the least the team used when the hold was made, so a hold the scheduler made within
     /// the guarantee is always among them.)
     pausing: BTreeMap<PendingIx, FlavorIx>,
+    /// Each team's own guarantee: in-quota is judged against it.
+    own_quota: OwnQuota,
 }
 
 impl Known {
-    fn of(s: &Snapshot, plan: &Plan, ancestors: Vec<Vec<usize>>, states: &[NodeState], kept_subtree: &[u64]) -> Self {
+    fn of(
+        s: &Snapshot,
+        plan: &Plan,
+        ancestors: Vec<Vec<usize>>,
+        own_quota: OwnQuota,
+        states: &[NodeState],
+        kept_subtree: &[u64],
+    ) -> Self {
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, _) = own_shares(s, &impossible);
         let (mut pools, pool_at) = pools(s, states);
@@ -260,7 +273,6 @@ impl Known {
             .collect();
         let held_for_reclaims =
             held.iter().filter(|(_, h)| h.iter().all(|w| reclaiming.contains(w))).map(|(&n, _)| n).collect();
-        let flavors = s.flavors.len();
         let pausing = plan
             .waiting
             .iter()
@@ -271,14 +283,14 @@ impl Known {
                     reservation(s, w)
                         .filter(|&(f, amount)| {
                             !p.preemptible
-                                || kept_subtree[p.team * flavors + f] + amount
-                                    <= s.teams[p.team].quotas[f].guaranteed_hundredths()
+                                || own_quota.own(|i| kept_subtree[i], p.team, f) + amount
+                                    <= own_quota.guaranteed(p.team, f)
                         })
                         .map(|(f, _)| (w.workload, f))
                 }
             })
             .collect();
-        Self { ancestors, impossible, share, pools, pool_at, held, held_for_reclaims, pausing }
+        Self { ancestors, impossible, share, pools, pool_at, held, held_for_reclaims, pausing, own_quota }
     }
 
     /// Per `team * flavors + flavor`: a workload of the team pauses its borrowing.
@@ -400,11 +412,16 @@ fn idle_violations(s: &Snapshot, plan: &Plan, known: &Known, states: &[NodeState
             let within_limits = ancestors[p.team]
                 .iter()
                 .all(|&a| s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU)));
-            let in_quota = used(p.team) + requested <= s.teams[p.team].quotas[f].guaranteed_hundredths();
+            // (Its own reservation's quota is in its team's own part.)
+            let own =
+                known.own_quota.own(|i| if i == p.team * flavors + f { used(p.team) } else { subtree[i] }, p.team, f);
+            let in_quota = own + requested <= known.own_quota.guaranteed(p.team, f);
             // A workload waiting for reclaim or starving with quota held in its team or
-            // above keeps it from borrowing, and from taking that team past its guarantee.
+            // above keeps it from borrowing, and from taking a team above past its guarantee.
             let over_held = |a: usize| {
-                paused[a * flavors + f] && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths()
+                a != p.team
+                    && paused[a * flavors + f]
+                    && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths()
             };
             let in_quota = in_quota && !ancestors[p.team].iter().any(|&a| over_held(a));
             let may_borrow = p.preemptible && !ancestors[p.team].iter().any(|&a| paused[a * flavors + f]);
@@ -470,7 +487,7 @@ fn reason_violations(s: &Snapshot, plan: &Plan, known: &Known) -> Vec<String> {
                 *team == p.team
                     && !p.preemptible
                     && possible.contains(flavor)
-                    && near(f64::from(s.teams[*team].quotas[*flavor].guaranteed), *guaranteed)
+                    && near(gpus(known.own_quota.guaranteed(*team, *flavor)), *guaranteed)
                     && near(*r, requested)
                     && used + r > guaranteed + 1e-9
             }
@@ -653,33 +670,37 @@ fn reclaim_violations(
                         }
                     }
                 }
-                // Within the team's own guarantee once the stopping work here is gone.
-                let in_quota = subtree[p.team * flavors + f] - stopped[p.team] + requested
-                    <= s.teams[p.team].quotas[f].guaranteed_hundredths();
-                // Within every limit, and not past the guarantee of a team above that holds
-                // quota for a waiter; with `counted`, once what other workloads wait for is
-                // gone too.
+                // Within the team's own guarantee once the stopping work here is gone
+                // (with `counted`, and what other workloads wait for), within every limit,
+                // and not past the guarantee of a team above that holds quota for a waiter.
                 let quota_holds = |counted: Option<&[u64]>| {
-                    let used =
-                        |a: usize| subtree[a * flavors + f] - counted.map_or(0, |c| c[a * flavors + f]) - freed[a];
-                    ancestors[p.team].iter().all(|&a| {
-                        s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU))
-                            && !(paused[a * flavors + f]
-                                && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths())
-                    })
+                    let counted = |i: usize| counted.map_or(0, |c| c[i]);
+                    let own = known.own_quota.own(
+                        |i| subtree[i].saturating_sub(stopped[i / flavors] + counted(i)),
+                        p.team,
+                        f,
+                    );
+                    let used = |a: usize| subtree[a * flavors + f] - counted(a * flavors + f) - freed[a];
+                    own + requested <= known.own_quota.guaranteed(p.team, f)
+                        && ancestors[p.team].iter().all(|&a| {
+                            s.teams[a].quotas[f].limit.is_none_or(|l| used(a) + requested <= u64::from(l * ONE_GPU))
+                                && !(a != p.team
+                                    && paused[a * flavors + f]
+                                    && used(a) + requested > s.teams[a].quotas[f].guaranteed_hundredths())
+                        })
                 };
                 let now = quota_holds(None);
-                if !in_quota
-                    || !(now || quota_holds(Some(&counted)))
-                    || budget_stop(s, &ancestors[p.team], f, true).is_some()
-                {
+                if !(now || quota_holds(Some(&counted))) || budget_stop(s, &ancestors[p.team], f, true).is_some() {
                     continue;
                 }
                 // (One that fits without releasing anything, on what is free on nodes held
-                // for reclaims or once the victims of others are gone, waits for them.)
+                // for reclaims or once the victims of others are gone, waits for them. So
+                // does one whose quota holds only once those are gone: it cannot start
+                // before, and the room it found at its visit may since have gone to work
+                // that may take it, which this check cannot tell.)
                 if known.fits_on_open_nodes(s, &unreleased, pool, w, true) {
                     fits_without_victims = true;
-                } else if known.fits_on_open_nodes(s, &local, pool, w, true) {
+                } else if now && known.fits_on_open_nodes(s, &local, pool, w, true) {
                     could_reclaim.push(format!(
                         "pending {w} waits ({}) though reclaiming borrowed work on cluster {} would let it fit",
                         waiting.reason.code(),

@@ -50,8 +50,8 @@ use crate::plan::{
     Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
 };
 use crate::snapshot::{
-    Cluster, ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, Pending, PendingIx, Resources, Running, RunningIx,
-    Snapshot, TaskPlacement, TeamIx,
+    Cluster, ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, OwnQuota, Pending, PendingIx, Resources, Running,
+    RunningIx, Snapshot, TaskPlacement, TeamIx,
 };
 
 /// Computes the plan for `s`. The same snapshot always yields the same plan.
@@ -331,11 +331,8 @@ struct Cycle<'a> {
     admitted: Vec<bool>,
     /// Per pending workload: why it can never run in each flavor where it cannot.
     impossible: Vec<Vec<Impossible>>,
-    /// GPU hundredths per `team * flavors + flavor`: what the team's subtree waits for at
-    /// the start of the cycle (in every acceptable flavor where it could run).
-    pending_subtree: Vec<u64>,
-    /// Each team's child teams.
-    children: Vec<Vec<TeamIx>>,
+    /// What of each team's guarantee is its own work's.
+    own_quota: OwnQuota,
     /// Lending what is left past the fair share ([`Self::lend`])…
     lending: bool,
     /// …to the pending workloads whose last visit found room in some flavor but not
@@ -353,20 +350,6 @@ impl<'a> Cycle<'a> {
         let ancestors = ancestors(s);
         let impossible = crate::feasible::impossible(s, &ancestors);
         let (share, demand) = own_shares(s, &impossible);
-        let mut children = vec![Vec::new(); s.teams.len()];
-        for (t, team) in s.teams.iter().enumerate() {
-            if let Some(parent) = team.parent {
-                children[parent].push(t);
-            }
-        }
-        let mut pending_subtree = vec![0; s.teams.len() * flavors];
-        for (p, never) in s.pending.iter().zip(&impossible) {
-            for &f in p.flavors.iter().filter(|&&f| !never.iter().any(|i| i.flavor() == f)) {
-                for &a in &ancestors[p.team] {
-                    pending_subtree[a * flavors + f] += u64::from(p.tasks.total_gpus());
-                }
-            }
-        }
         // Work being preempted runs until its backend says it stopped: its GPUs count
         // against its team and ancestors until it is gone from the snapshot.
         let mut used = vec![0; s.teams.len() * flavors];
@@ -446,8 +429,7 @@ impl<'a> Cycle<'a> {
             admitted: vec![false; s.pending.len()],
             paused: vec![None; s.teams.len() * flavors],
             impossible,
-            pending_subtree,
-            children,
+            own_quota: OwnQuota::of(s),
             lending: false,
             share_blocked: vec![false; s.pending.len()],
             shapes: s.clusters.iter().any(|c| c.packing == Packing::Fragmentation).then(|| Shapes::of(s)),
@@ -769,8 +751,9 @@ impl<'a> Cycle<'a> {
             victims + self.subtree_counted_on[a * self.flavors + f]
         };
         let used = |a: TeamIx| self.subtree_used[a * self.flavors + f] - freed(a);
-        let quota = self.s.teams[p.team].quotas[f];
-        let in_quota = used(p.team) + requested <= quota.guaranteed_hundredths();
+        let own_used = self.own_quota.own(|i| used(i / self.flavors), p.team, f);
+        let own_guaranteed = self.own_quota.guaranteed(p.team, f);
+        let in_quota = own_used + requested <= own_guaranteed;
         // A used-up budget is named before a limit: the limit frees as work ends, the
         // budget only when its period resets.
         for &a in &self.ancestors[p.team] {
@@ -805,8 +788,8 @@ impl<'a> Cycle<'a> {
             return Err(Reason::GuaranteeExceeded {
                 team: p.team,
                 flavor: f,
-                used: gpus(used(p.team)),
-                guaranteed: f64::from(quota.guaranteed),
+                used: gpus(own_used),
+                guaranteed: gpus(own_guaranteed),
                 requested: gpus(requested),
             });
         }
@@ -815,9 +798,12 @@ impl<'a> Cycle<'a> {
         // (in-quota for a child team, say): either would use up the quota that workload
         // counts on, and once it ran it would be borrowed and reclaimed by the work it
         // preempted.
+        // (In-quota work of the team itself takes nothing the waiter counts on: its own
+        // guarantee is apart from the guarantees of the teams below.)
         if let Some(waiter) = self.ancestors[p.team].iter().find_map(|&a| {
             let waiter = self.paused[a * self.flavors + f]?;
-            (!in_quota || used(a) + requested > self.s.teams[a].quotas[f].guaranteed_hundredths()).then_some(waiter)
+            let past_guarantee = a != p.team && used(a) + requested > self.s.teams[a].quotas[f].guaranteed_hundredths();
+            (!in_quota || past_guarantee).then_some(waiter)
         }) {
             return Err(Reason::BorrowingPaused { flavor: f, workload: waiter });
         }
@@ -835,12 +821,11 @@ impl<'a> Cycle<'a> {
     }
 
     /// Whether `p` fits in its team's own guarantee of `f` (limits aside) once the work
-    /// being stopped is gone.
-    fn within_guarantee(&self, p: &Pending, f: FlavorIx) -> bool {
+    /// being stopped is gone, with `claimed` of it claimed by others.
+    fn within_guarantee(&self, p: &Pending, f: FlavorIx, claimed: u64) -> bool {
         let requested = u64::from(p.tasks.total_gpus());
-        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed_hundredths();
-        let i = p.team * self.flavors + f;
-        self.subtree_used[i] - self.subtree_stopping[i] + requested <= guaranteed
+        let own = self.own_quota.own(|i| self.subtree_used[i] - self.subtree_stopping[i], p.team, f);
+        own + claimed + requested <= self.own_quota.guaranteed(p.team, f)
     }
 
     /// Clusters `p` may use for flavor `f`, with their pool.
@@ -1059,7 +1044,7 @@ impl<'a> Cycle<'a> {
     /// more, every other cycle).
     fn hold_quota(&mut self, w: PendingIx, f: FlavorIx) {
         let p = &self.s.pending[w];
-        let in_quota = self.within_guarantee(p, f);
+        let in_quota = self.within_guarantee(p, f, 0);
         self.charge(p.team, f, i64::from(p.tasks.total_gpus()));
         self.reserved_quota.insert(w, f);
         // A non-preemptible one runs only within the guarantee, which anything its team
@@ -1130,7 +1115,7 @@ impl<'a> Cycle<'a> {
             // wherever that frees what blocks it: nodes, or an ancestor's limit (the
             // victims' usage counts against the ancestors they share with it; `fits` in
             // `reclaim_on` checks every limit with the victims gone).
-            let in_quota_now = self.within_guarantee(p, f);
+            let in_quota_now = self.within_guarantee(p, f, 0);
             let pools: Vec<(ClusterIx, usize)> =
                 self.allowed_pools(p, f).filter(|&(c, _)| !self.s.clusters[c].cordoned).collect();
             for (_, pool) in pools {
@@ -1164,8 +1149,7 @@ impl<'a> Cycle<'a> {
         let p = &self.s.pending[w];
         if found.victims.iter().all(|&v| self.s.running[v].team != p.team) {
             let (i, amount) = (p.team * self.flavors + flavor, u64::from(p.tasks.total_gpus()));
-            let guaranteed = self.s.teams[p.team].quotas[flavor].guaranteed_hundredths();
-            if self.subtree_used[i] - self.subtree_stopping[i] + self.claimed[i] + amount > guaranteed {
+            if !self.within_guarantee(p, flavor, self.claimed[i]) {
                 return None;
             }
             self.claimed[i] += amount;
@@ -1317,26 +1301,16 @@ impl<'a> Cycle<'a> {
         })
     }
 
-    /// Whether `p` would still pass quota in `f` if its team's child teams ran what they
-    /// wait for within their own guarantees: those guarantees are the children's, so a
-    /// reservation must not count on the part they want (it would lose its quota as soon
-    /// as they run, and a child would preempt its own work for room the reservation holds,
-    /// every other cycle). A preemptible `p` may instead borrow within its team's fair
-    /// share, which children do not change.
+    /// Whether `p` would keep its quota in `f` once the work below its team ran what it is
+    /// guaranteed: within its team's own guarantee (the child teams' guarantees are theirs,
+    /// so a reservation that counted on them lost its quota as soon as they ran, and a
+    /// child preempted its own work for room the reservation held, every other cycle), or,
+    /// preemptible, within its team's fair share, which children do not change.
     fn quota_holds_when_children_run(&self, p: &Pending, f: FlavorIx) -> bool {
-        let i = |t: TeamIx| t * self.flavors + f;
-        let claimed: u64 = self.children[p.team]
-            .iter()
-            .map(|&c| {
-                let guaranteed = self.s.teams[c].quotas[f].guaranteed_hundredths();
-                let used = self.subtree_used[i(c)];
-                guaranteed.min(used + self.pending_subtree[i(c)]).saturating_sub(used)
-            })
-            .sum();
+        let i = p.team * self.flavors + f;
         let requested = u64::from(p.tasks.total_gpus());
-        let guaranteed = self.s.teams[p.team].quotas[f].guaranteed_hundredths();
-        self.subtree_used[i(p.team)] + claimed + requested <= guaranteed
-            || (p.preemptible && gpus(self.used[i(p.team)] + requested) <= self.share[i(p.team)] + 1e-9)
+        self.own_quota.own(|i| self.subtree_used[i], p.team, f) + requested <= self.own_quota.guaranteed(p.team, f)
+            || (p.preemptible && gpus(self.used[i] + requested) <= self.share[i] + 1e-9)
     }
 
     /// Holds nodes for a starving workload on the allowed pool with the most free room

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::nodes::NodeState;
 use crate::plan::Reason;
-use crate::snapshot::{ClusterIx, FlavorIx, Node, ONE_GPU, Pending, Snapshot, TeamIx};
+use crate::snapshot::{ClusterIx, FlavorIx, Node, ONE_GPU, OwnQuota, Pending, Snapshot, TeamIx};
 
 /// Why a workload can never run in one flavor.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,10 +50,11 @@ impl Impossible {
                 format!("{}: it asks for {requested} GPUs, and team {} may hold at most {limit}", flavor(*f), team(*t))
             }
             Self::AboveGuarantee { flavor: f, team: t, guaranteed, requested } => format!(
-                "{}: non-preemptible work runs only within the guarantee, and team {} is guaranteed {guaranteed}, \
+                "{}: non-preemptible work runs only within the guarantee, and team {}{} is guaranteed {guaranteed}, \
                  not {requested}",
                 flavor(*f),
-                team(*t)
+                team(*t),
+                if s.has_child_teams(*t) { "'s own work (its guarantee less its teams')" } else { "" }
             ),
             Self::NoClusterHolds { flavor: f, task_gpus, largest_node_gpus, .. }
                 if *task_gpus > f64::from(*largest_node_gpus) =>
@@ -95,8 +96,10 @@ impl Impossible {
 
 /// Nodes alike for this purpose, counted: what "could it ever fit" reads, once per cycle
 /// (or per read of the door check), so the test costs per pending workload the number of
-/// node shapes, not of nodes.
+/// node shapes, not of nodes. With them, each team's own guarantee, which bounds what its
+/// non-preemptible work may ask for.
 pub struct Shapes {
+    own_quota: OwnQuota,
     /// Alike in cluster, flavor, topology block and size: for gangs that require a block.
     by_block: Vec<Shape>,
     /// Alike in cluster, flavor and size, whatever their block: for all other work (a site
@@ -132,7 +135,11 @@ impl Shapes {
                 by_size.entry(key).or_insert_with(|| Shape { node: Node { block: None, ..n.clone() }, count: 0 });
             alike.count += shape.count;
         }
-        Self { by_block: by_block.into_values().collect(), by_size: by_size.into_values().collect() }
+        Self {
+            own_quota: OwnQuota::of(s),
+            by_block: by_block.into_values().collect(),
+            by_size: by_size.into_values().collect(),
+        }
     }
 }
 
@@ -171,12 +178,12 @@ fn impossible_in(
             });
         }
     }
-    let quota = s.teams[p.team].quotas[f];
-    if !p.preemptible && requested > quota.guaranteed_hundredths() {
+    let guaranteed = shapes.own_quota.guaranteed(p.team, f);
+    if !p.preemptible && requested > guaranteed {
         return Some(Impossible::AboveGuarantee {
             flavor: f,
             team: p.team,
-            guaranteed: f64::from(quota.guaranteed),
+            guaranteed: gpus(guaranteed),
             requested: gpus(requested),
         });
     }

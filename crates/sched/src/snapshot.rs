@@ -468,25 +468,77 @@ impl Pending {
 #[error("invalid snapshot: {0}")]
 pub struct InvalidSnapshot(pub String);
 
+/// What of each team's guarantee is its own work's (work submitted to the team itself, not
+/// to the teams below it): the guarantee less its child teams' guarantees, which are
+/// theirs (guarantees nest, so this is never negative). A leaf team's is its whole
+/// guarantee. A department that ran its own work in its whole guarantee kept that work
+/// in-quota, and its child team, guaranteed the same GPUs, waited with nothing and could
+/// not take them back. Work beyond this is borrowed, as fair sharing already counted it.
+#[derive(Debug, Clone)]
+pub struct OwnQuota {
+    flavors: usize,
+    children: Vec<Vec<TeamIx>>,
+    guaranteed: Vec<u64>,
+}
+
+impl OwnQuota {
+    pub fn of(s: &Snapshot) -> Self {
+        let flavors = s.flavors.len();
+        let mut children = vec![Vec::new(); s.teams.len()];
+        for (t, team) in s.teams.iter().enumerate() {
+            if let Some(parent) = team.parent {
+                children[parent].push(t);
+            }
+        }
+        let guaranteed = (0..s.teams.len() * flavors)
+            .map(|i| {
+                let (t, f) = (i / flavors, i % flavors);
+                let theirs: u64 = children[t].iter().map(|&c| s.teams[c].quotas[f].guaranteed_hundredths()).sum();
+                s.teams[t].quotas[f].guaranteed_hundredths().saturating_sub(theirs)
+            })
+            .collect();
+        Self { flavors, children, guaranteed }
+    }
+
+    /// The GPU hundredths of flavor `f` team `t`'s own work runs in-quota.
+    pub fn guaranteed(&self, t: TeamIx, f: FlavorIx) -> u64 {
+        self.guaranteed[t * self.flavors + f]
+    }
+
+    /// Team `t`'s own part of an amount counted per subtree (`subtree`, indexed `team *
+    /// flavors + flavor`, each team's figure including the teams below it).
+    pub fn own(&self, subtree: impl Fn(usize) -> u64, t: TeamIx, f: FlavorIx) -> u64 {
+        let below: u64 = self.children[t].iter().map(|&c| subtree(c * self.flavors + f)).sum();
+        subtree(t * self.flavors + f).saturating_sub(below)
+    }
+
+    /// Each team's child teams.
+    pub fn children(&self, t: TeamIx) -> &[TeamIx] {
+        &self.children[t]
+    }
+}
+
 impl Snapshot {
+    /// Whether teams are placed under team `t`.
+    pub fn has_child_teams(&self, t: TeamIx) -> bool {
+        self.teams.iter().any(|team| team.parent == Some(t))
+    }
+
     /// Each running workload's `borrowed` as its team's guarantee stands now, not as it
     /// stood at the admission: a team's own work (all that is not already stopping) counts
-    /// in-quota while, above what the teams below it hold, it fits the guarantee, as an
-    /// admission counts it, keeping what was in-quota so first, then the highest priority
-    /// and the longest running. A guarantee taken from a team makes its work reclaimable at
-    /// once (it stayed in-quota until it ended, while the team now guaranteed those GPUs
+    /// in-quota while it fits the team's own guarantee ([`OwnQuota`]), as an admission
+    /// counts it, keeping what was in-quota so first, then the highest priority and the
+    /// longest running. A guarantee taken from a team makes its work reclaimable at once
+    /// (it stayed in-quota until it ended, while the team now guaranteed those GPUs
     /// waited); work admitted borrowed is in-quota once the team's other work has gone.
     pub fn settle_borrowed(&mut self) {
         let flavors = self.flavors.len();
-        let (mut below, mut own) = (vec![0u64; self.teams.len() * flavors], vec![0u64; self.teams.len() * flavors]);
+        let own_quota = OwnQuota::of(self);
+        let mut own = vec![0u64; self.teams.len() * flavors];
         for r in self.running.iter().filter(|r| !r.preempting) {
-            let amount = u64::from(r.tasks.total_gpus());
-            own[r.team * flavors + r.flavor] += amount;
-            for a in std::iter::successors(self.teams[r.team].parent, |&a| self.teams[a].parent) {
-                below[a * flavors + r.flavor] += amount;
-            }
+            own[r.team * flavors + r.flavor] += u64::from(r.tasks.total_gpus());
         }
-        let guaranteed = |s: &Self, i: usize| s.teams[i / flavors].quotas[i % flavors].guaranteed_hundredths();
+        let guaranteed = |i: usize| own_quota.guaranteed(i / flavors, i % flavors);
         // Where all of it fits (most teams, most cycles), all of it is in-quota: only the
         // rest is put in order (sorting 100,000 running workloads each cycle cost tens of ms).
         let mut over: Vec<Vec<usize>> = vec![Vec::new(); self.teams.len() * flavors];
@@ -496,7 +548,7 @@ impl Snapshot {
             if r.preempting {
                 continue;
             }
-            if below[at] + own[at] <= guaranteed(self, at) {
+            if own[at] <= guaranteed(at) {
                 self.running[i].borrowed = false;
             } else {
                 over[at].push(i);
@@ -507,7 +559,7 @@ impl Snapshot {
                 let r = &self.running[i];
                 (r.borrowed, std::cmp::Reverse(r.priority), r.started_at, i)
             });
-            let (mut used, limit) = (below[at], guaranteed(self, at));
+            let (mut used, limit) = (0, guaranteed(at));
             for i in group {
                 let amount = u64::from(self.running[i].tasks.total_gpus());
                 self.running[i].borrowed = used + amount > limit;

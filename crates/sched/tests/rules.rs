@@ -663,12 +663,14 @@ fn while_a_workload_waits_for_reclaim_its_team_does_not_borrow_the_guarantee_awa
 }
 
 #[test]
-fn while_a_department_waits_for_reclaim_its_child_team_does_not_take_the_guarantee_away() {
-    // dept is guaranteed 8, its child mini 4 of those. other runs 8 GPUs marked borrowed
-    // (it was borrowing when they started). dept's 6-GPU job reclaims them; mini's 4 would
-    // fit beside, in mini's own quota, but would take dept to 10 of 8: dept's job would then
-    // start borrowed and other, back in its guarantee, would reclaim it (a fresh proptest
-    // seed found that ping-pong). So mini waits until dept's job runs, then starts.
+fn a_department_and_its_child_team_each_reclaim_their_own_part_of_the_guarantee() {
+    // dept is guaranteed 8, its child mini 4 of those: dept's own work runs in the other 4.
+    // other runs 8 GPUs marked borrowed (it was borrowing when they started). dept's 4-GPU
+    // job and mini's 4-GPU job are each within their own part: one starts on the free
+    // 4-GPU node, the other reclaims other's work, and once it has stopped both run
+    // in-quota, and nothing is preempted back. (Before, dept's own work counted against
+    // dept's whole guarantee, and mini was kept waiting while dept's job waited, lest it
+    // take dept past its guarantee and dept's job be reclaimed in turn.)
     let mut w = World::new(&["h100"]);
     w.team("dept", None, &[("h100", 8, None, 1)]);
     w.team("mini", Some("dept"), &[("h100", 4, None, 1)]);
@@ -677,20 +679,21 @@ fn while_a_department_waits_for_reclaim_its_child_team_does_not_take_the_guarant
     let big = w.nodes(c, "h100", 1, 8, None);
     w.nodes(c, "h100", 1, 4, None);
     w.run("o", "other", &big, 1, 8 * GPU, true, 0, 0);
-    let d = w.submit("d", "dept", 1, 6 * GPU, &["h100"]);
+    w.submit("d", "dept", 1, 4 * GPU, &["h100"]);
     w.submit("m", "mini", 1, 4 * GPU, &["h100"]);
     let plan = w.plan();
     assert_eq!(preempted(&w, &plan), ["o"]);
-    assert_eq!(reason(&w, &plan, "m"), &Reason::BorrowingPaused { flavor: 0, workload: d });
+    assert_eq!(admitted(&w, &plan).len(), 1, "{plan:?}");
     w.carry_out(&plan);
     w.finish_stopping(true);
 
     let plan = w.plan();
-    assert_eq!(admitted(&w, &plan), ["d", "m"]);
-    assert!(plan.admissions.iter().all(|a| !a.borrowed), "{plan:?}");
+    assert_eq!(admitted(&w, &plan).len(), 1, "{plan:?}");
     w.carry_out(&plan);
+    assert!(w.s.running.iter().filter(|r| r.team != w.team_ix("other")).all(|r| !r.borrowed), "{:?}", w.s.running);
     // Nothing dept runs is borrowed: other waits, and nothing is preempted back.
     for _ in 0..3 {
+        w.s.settle_borrowed();
         let plan = w.plan();
         assert!(plan.preemptions.is_empty() && plan.admissions.is_empty(), "{plan:?}");
         w.carry_out(&plan);
@@ -1323,6 +1326,62 @@ fn running_work_borrows_as_the_guarantees_stand_now() {
     w.s.settle_borrowed();
     assert!(!w.s.running[a2].borrowed);
     assert!(w.plan().preemptions.is_empty());
+}
+
+#[test]
+fn a_departments_own_work_runs_in_what_its_teams_guarantees_leave_and_a_child_takes_the_rest_back() {
+    // Found from outside (a platform engineer, limits equal to guarantees): department d
+    // (guaranteed 16, limit 16) ran 16 GPUs of its own while its child c (guaranteed 16)
+    // was idle; c's job then waited with nothing, as d's work counted in-quota. c's
+    // guarantee is c's: d's own work runs in d's guarantee less c's (0 here), so it is
+    // borrowed, and c takes it back.
+    let mut w = World::new(&["h100"]);
+    w.team("d", None, &[("h100", 16, Some(16), 1)]);
+    w.team("c", Some("d"), &[("h100", 16, None, 1)]);
+    let cl = w.cluster("c1", ClusterKind::Sim, &[]);
+    w.nodes(cl, "h100", 2, 8, None);
+    w.submit("d1", "d", 1, 8 * GPU, &["h100"]);
+    w.submit("d2", "d", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["d1", "d2"]);
+    assert!(plan.admissions.iter().all(|a| a.borrowed), "{plan:?}");
+    w.carry_out(&plan);
+    let c1 = w.submit("c1", "c", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let victims = preempted(&w, &plan);
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    assert!(
+        plan.preemptions.iter().all(|p| p.cause == PreemptionCause::Reclaim { team: w.team_ix("c"), workload: c1 })
+    );
+    w.carry_out(&plan);
+    w.finish_stopping(true);
+    let plan = w.plan();
+    assert_eq!(admitted(&w, &plan), ["c1"]);
+    assert!(!plan.admissions[0].borrowed);
+
+    // Work d ran in-quota as its guarantee stood before c was placed under it is settled
+    // borrowed, and d's non-preemptible work, which may run only in-quota, can never run:
+    // refused, saying why.
+    let mut w = World::new(&["h100"]);
+    w.team("d", None, &[("h100", 16, Some(16), 1)]);
+    w.team("c", Some("d"), &[("h100", 12, None, 1)]);
+    let cl = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes_d = w.nodes(cl, "h100", 2, 8, None);
+    let r = w.run("d-old", "d", &nodes_d[..1], 1, 8 * GPU, false, 0, 0);
+    w.s.settle_borrowed();
+    assert!(w.s.running[r].borrowed, "d's own guarantee is 4 of its 16");
+    let np = w.submit("np", "d", 1, 8 * GPU, &["h100"]);
+    w.pending(np).preemptible = false;
+    let plan = w.plan();
+    match reason(&w, &plan, "np") {
+        Reason::Unschedulable { why } => {
+            assert!(matches!(why[0], Impossible::AboveGuarantee { guaranteed, .. } if guaranteed == 4.0), "{why:?}");
+            assert!(
+                why[0].describe(&w.s).contains("team d's own work (its guarantee less its teams') is guaranteed 4")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

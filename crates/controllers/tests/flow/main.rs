@@ -469,6 +469,34 @@ async fn a_guarantee_moved_between_teams_is_reclaimed_from_work_admitted_in_the_
     assert_eq!(p.phase("speech", "s2").await, Phase::Running);
 }
 
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_child_team_takes_its_guarantee_back_from_its_departments_own_work(db: berth_store::PgPool) {
+    // Found from outside (limits equal to guarantees): department d (16, may hold 16) ran
+    // 16 GPUs of its own; its child c, guaranteed the same 16, then waited with nothing,
+    // since d's work counted in-quota. d's own guarantee is what c's leaves: none.
+    let p = Plane::new(db).await;
+    p.team("d", None, 16, Some(16)).await;
+    p.team("c", Some("d"), 16, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("d", "d1", 1, 8.0, json!({"resumable": true})).await;
+    p.submit("d", "d2", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    for name in ["d1", "d2"] {
+        let w = p.workload("d", name).await;
+        assert_eq!(w.status.phase, Phase::Running, "{name}");
+        assert!(w.status.admission.unwrap().borrowed, "{name} is beyond d's own guarantee");
+    }
+    p.submit("c", "c1", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let preempting = [p.phase("d", "d1").await, p.phase("d", "d2").await];
+    assert_eq!(preempting.iter().filter(|&&ph| ph == Phase::Preempting).count(), 1, "{preempting:?}");
+    p.advance(30);
+    p.settle().await;
+    let c1 = p.workload("c", "c1").await;
+    assert_eq!(c1.status.phase, Phase::Running);
+    assert!(!c1.status.admission.unwrap().borrowed);
+}
+
 /// b2 borrows, a1 reclaims it: b2 is `Preempting` with its cancel sent when its cluster
 /// stops answering. Returns the plane with a1 waiting.
 async fn preempting_when_the_cluster_goes_down(p: &Plane) {
