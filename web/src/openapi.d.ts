@@ -1845,6 +1845,17 @@ export interface components {
             preempted: components["schemas"]["PreviewWorkload"][];
             /** @description Running workloads that would be preempted as things are, but not with the change. */
             no_longer_preempted: components["schemas"]["PreviewWorkload"][];
+            /**
+             * @description Running workloads within their min runtime that the change would have preempted
+             *     once it ends: nothing is preempted for them before.
+             */
+            preempted_once_protected_ends?: components["schemas"]["PreviewWorkload"][];
+            /**
+             * @description Running non-preemptible workloads the change puts beyond their team's guarantee:
+             *     they are never preempted, and run on in what the change takes from their team
+             *     until they end.
+             */
+            kept_beyond_guarantee?: components["schemas"]["PreviewWorkload"][];
             /** @description Fair shares that change, in GPUs. */
             fair_shares: components["schemas"]["FairShareChange"][];
             /**

@@ -67,6 +67,8 @@ pub async fn quota_preview(
         no_longer_admitted: named(&d.no_longer_admitted),
         preempted: named(&d.preempted),
         no_longer_preempted: named(&d.no_longer_preempted),
+        preempted_once_protected_ends: named(&d.preempted_once_protected_ends),
+        kept_beyond_guarantee: named(&d.kept_beyond_guarantee),
         fair_shares: d
             .shares
             .iter()

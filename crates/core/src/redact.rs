@@ -143,7 +143,14 @@ impl Redactor {
         if self.hidden.is_empty() {
             return p;
         }
-        for listed in [&mut p.admitted, &mut p.no_longer_admitted, &mut p.preempted, &mut p.no_longer_preempted] {
+        for listed in [
+            &mut p.admitted,
+            &mut p.no_longer_admitted,
+            &mut p.preempted,
+            &mut p.no_longer_preempted,
+            &mut p.preempted_once_protected_ends,
+            &mut p.kept_beyond_guarantee,
+        ] {
             for w in listed.iter_mut().filter(|w| !w.team.as_deref().is_some_and(|t| self.shows(t))) {
                 w.team = None;
                 w.name = None;
@@ -204,6 +211,8 @@ mod tests {
             no_longer_admitted: Vec::new(),
             preempted: vec![preview_workload("b", "b1", 4.0), preview_workload("b", "b2", 4.5)],
             no_longer_preempted: Vec::new(),
+            preempted_once_protected_ends: vec![preview_workload("b", "b3", 2.0)],
+            kept_beyond_guarantee: vec![preview_workload("a", "a0", 1.0), preview_workload("a", "a9", 1.0)],
             fair_shares: vec![share("a"), share("b")],
             over_limit: vec![over("a"), over("b")],
         };
@@ -217,6 +226,8 @@ mod tests {
                 PreviewWorkload { team: None, name: None, gpus: 4.5 }
             ]
         );
+        assert_eq!(seen.preempted_once_protected_ends, vec![PreviewWorkload { team: None, name: None, gpus: 2.0 }]);
+        assert_eq!(seen.kept_beyond_guarantee, full.kept_beyond_guarantee);
         assert_eq!(seen.fair_shares, vec![share("a")]);
         assert_eq!(seen.over_limit, vec![over("a")]);
         assert_eq!(
@@ -224,6 +235,9 @@ mod tests {
             [
                 "2 workloads would be preempted (8.5 GPUs: another team)",
                 "1 workload would be admitted (8 GPUs: a)",
+                "1 workload would be preempted once its min runtime ends, not before (2 GPUs: another team)",
+                "2 workloads would run on beyond their team's guarantee until done: non-preemptible, never preempted \
+                 (2 GPUs: a)",
                 "fair share of a on h100: 4 → 8 GPUs",
                 "a would run 12.5 GPUs of h100, above its limit of 8: nothing is preempted for that, \
                  but its subtree gets no more h100 until it is under",

@@ -183,6 +183,15 @@ pub struct QuotaPreview {
     pub preempted: Vec<PreviewWorkload>,
     /// Running workloads that would be preempted as things are, but not with the change.
     pub no_longer_preempted: Vec<PreviewWorkload>,
+    /// Running workloads within their min runtime that the change would have preempted
+    /// once it ends: nothing is preempted for them before.
+    #[serde(default)]
+    pub preempted_once_protected_ends: Vec<PreviewWorkload>,
+    /// Running non-preemptible workloads the change puts beyond their team's guarantee:
+    /// they are never preempted, and run on in what the change takes from their team
+    /// until they end.
+    #[serde(default)]
+    pub kept_beyond_guarantee: Vec<PreviewWorkload>,
     /// Fair shares that change, in GPUs.
     pub fair_shares: Vec<FairShareChange>,
     /// Flavors of which the team, or a team above it after the change, would hold more in
@@ -205,12 +214,18 @@ impl QuotaPreview {
             let mut teams: Vec<&str> = what.iter().map(|w| w.team.as_deref().unwrap_or("another team")).collect();
             teams.sort_unstable();
             teams.dedup();
+            let words = words.replace("{its}", if n == 1 { "its" } else { "their" });
             lines.push(format!("{n} workload{s} {words} ({} GPUs: {})", round_gpus(gpus), teams.join(", ")));
         };
         say(&self.preempted, "would be preempted");
         say(&self.admitted, "would be admitted");
         say(&self.no_longer_admitted, "would no longer be admitted");
         say(&self.no_longer_preempted, "would no longer be preempted");
+        say(&self.preempted_once_protected_ends, "would be preempted once {its} min runtime ends, not before");
+        say(
+            &self.kept_beyond_guarantee,
+            "would run on beyond {its} team's guarantee until done: non-preemptible, never preempted",
+        );
         for c in &self.fair_shares {
             let (before, after) = (round_gpus(c.before), round_gpus(c.after));
             lines.push(format!("fair share of {} on {}: {before} → {after} GPUs", c.team, c.flavor));

@@ -7,7 +7,7 @@ use berth_core::workload::{TopologyPolicy, WorkloadKind};
 use serde::{Deserialize, Serialize};
 
 use crate::cycle::schedule;
-use crate::plan::Plan;
+use crate::plan::{Plan, Reason};
 use crate::snapshot::{Cluster, InvalidSnapshot, Node, Pending, Quota, Snapshot};
 
 /// One change to try. Objects are named, since indices shift between snapshots.
@@ -50,6 +50,12 @@ pub struct PlanDiff {
     pub moved: Vec<(String, String, String)>,
     pub preempted: Vec<String>,
     pub no_longer_preempted: Vec<String>,
+    /// Running work within its min runtime that waiting work would preempt once that ends
+    /// (no victim before: the change alone preempts nothing of it now), not so before.
+    pub preempted_once_protected_ends: Vec<String>,
+    /// Running non-preemptible work the change puts beyond its team's own guarantee: it is
+    /// never preempted, and runs on in what the change takes from its team until it ends.
+    pub kept_beyond_guarantee: Vec<String>,
     /// Waiting both times for another reason: (workload, before, after) reason codes.
     pub reasons: Vec<(String, String, String)>,
     /// Fair shares that change: (team, flavor, before, after) in GPUs.
@@ -192,6 +198,22 @@ pub fn diff(s1: &Snapshot, p1: &Plan, s2: &Snapshot, p2: &Plan) -> PlanDiff {
     let (x1, x2) = (preempted(s1, p1), preempted(s2, p2));
     let (r1, r2) = (reasons(s1, p1), reasons(s2, p2));
     let (f1, f2) = (shares(s1, p1), shares(s2, p2));
+    let protected = |s: &Snapshot, p: &Plan| -> Vec<String> {
+        let mut ids: Vec<String> = (p.waiting.iter())
+            .filter_map(|w| match &w.reason {
+                Reason::WaitingForMinRuntime { victims, .. } => Some(victims),
+                _ => None,
+            })
+            .flatten()
+            .map(|&v| s.running[v].id.clone())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let (v1, v2) = (protected(s1, p1), protected(s2, p2));
+    let borrowed_before: std::collections::BTreeSet<&str> =
+        s1.running.iter().filter(|r| r.borrowed).map(|r| r.id.as_str()).collect();
     let mut d = PlanDiff {
         admitted: a2.keys().filter(|k| !a1.contains_key(*k)).cloned().collect(),
         no_longer_admitted: a1.keys().filter(|k| !a2.contains_key(*k)).cloned().collect(),
@@ -201,6 +223,11 @@ pub fn diff(s1: &Snapshot, p1: &Plan, s2: &Snapshot, p2: &Plan) -> PlanDiff {
             .collect(),
         preempted: x2.iter().filter(|v| !x1.contains(v)).cloned().collect(),
         no_longer_preempted: x1.iter().filter(|v| !x2.contains(v)).cloned().collect(),
+        preempted_once_protected_ends: v2.iter().filter(|v| !v1.contains(v) && !x2.contains(v)).cloned().collect(),
+        kept_beyond_guarantee: (s2.running.iter())
+            .filter(|r| !r.preemptible && !r.preempting && r.borrowed && !borrowed_before.contains(r.id.as_str()))
+            .map(|r| r.id.clone())
+            .collect(),
         reasons: r1
             .iter()
             .filter_map(|(k, c1)| r2.get(k).filter(|c2| *c2 != c1).map(|c2| (k.clone(), (*c1).into(), (*c2).into())))

@@ -1385,6 +1385,43 @@ fn a_departments_own_work_runs_in_what_its_teams_guarantees_leave_and_a_child_ta
 }
 
 #[test]
+fn the_preview_of_a_moved_guarantee_names_protected_and_non_preemptible_work() {
+    // Found from outside: vision's guarantee given to speech while vision's x1 ran in it
+    // within its min runtime, or non-preemptible. The preview said nothing would change;
+    // x1 was preempted 10 minutes later, or ran on while speech waited.
+    let moved = [("a", 0), ("b", 16)].map(|(team, guaranteed)| Change::SetQuota {
+        team: team.into(),
+        flavor: "h100".into(),
+        quota: Quota { guaranteed, limit: None, weight: 1 },
+    });
+    for protected in [true, false] {
+        let mut w = World::new(&["h100"]);
+        w.team("a", None, &[("h100", 8, None, 1)]);
+        w.team("b", None, &[("h100", 8, None, 1)]);
+        let c = w.cluster("c1", ClusterKind::Sim, &[]);
+        let nodes = w.nodes(c, "h100", 2, 8, None);
+        let x1 = w.run("x1", "a", &nodes[..1], 1, 8 * GPU, false, 0, 0);
+        if protected {
+            w.s.running[x1].protected_until = w.s.now + 600;
+        } else {
+            w.s.running[x1].preemptible = false;
+        }
+        w.run("b1", "b", &nodes[1..], 1, 8 * GPU, false, 0, 0);
+        w.submit("b2", "b", 1, 8 * GPU, &["h100"]);
+        w.s.settle_borrowed();
+        let diff = what_if(&w.s, &moved).unwrap().diff;
+        assert!(diff.preempted.is_empty(), "{diff:?}");
+        if protected {
+            assert_eq!(diff.preempted_once_protected_ends, ["x1"]);
+            assert!(diff.kept_beyond_guarantee.is_empty());
+        } else {
+            assert_eq!(diff.kept_beyond_guarantee, ["x1"]);
+            assert!(diff.preempted_once_protected_ends.is_empty());
+        }
+    }
+}
+
+#[test]
 fn min_runtime_holds_off_priority_preemption_and_unprotected_work_is_taken_first() {
     // a runs two low-priority 4-GPU jobs on its guarantee: the cheaper victim (started
     // last) is protected, so an urgent 4-GPU job of a preempts the other one; with both
