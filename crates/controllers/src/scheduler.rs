@@ -526,13 +526,16 @@ fn team_usage(s: &berth_sched::Snapshot, shares: &[berth_sched::plan::TeamShare]
         }
     }
     let mut usage: BTreeMap<usize, Vec<FlavorUsage>> = BTreeMap::new();
+    let own_quota = berth_sched::snapshot::OwnQuota::of(s);
     for (&(t, f), &(subtree_allocated, subtree_fair_share)) in &subtree {
         let (allocated, fair_share) = own.get(&(t, f)).copied().unwrap_or_default();
         let guaranteed = f64::from(s.teams[t].quotas[f].guaranteed);
+        // The team's own work borrows beyond its own guarantee (what its teams' leave).
+        let own_guaranteed = own_quota.guaranteed(t, f) as f64 / f64::from(berth_sched::snapshot::ONE_GPU);
         usage.entry(t).or_default().push(FlavorUsage {
             flavor: s.flavors[f].clone(),
             allocated,
-            borrowed: (allocated - guaranteed).max(0.0),
+            borrowed: (allocated - own_guaranteed).max(0.0),
             fair_share,
             subtree_allocated,
             subtree_borrowed: (subtree_allocated - guaranteed).max(0.0),

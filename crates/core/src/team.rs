@@ -159,7 +159,7 @@ pub struct FlavorRecentUsage {
 pub struct FlavorUsage {
     pub flavor: String,
     pub allocated: f64,
-    /// Allocated above the team's guarantee.
+    /// Allocated above the team's own guarantee (its guarantee less its child teams').
     pub borrowed: f64,
     pub fair_share: f64,
     pub subtree_allocated: f64,

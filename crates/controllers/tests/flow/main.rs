@@ -486,6 +486,10 @@ async fn a_child_team_takes_its_guarantee_back_from_its_departments_own_work(db:
         assert_eq!(w.status.phase, Phase::Running, "{name}");
         assert!(w.status.admission.unwrap().borrowed, "{name} is beyond d's own guarantee");
     }
+    // d's status says so too (it said 0 borrowed: 16 held of 16 guaranteed).
+    let d = berth_app::team::team_get(&p.ctx.db, &p.actor, "d").await.unwrap();
+    let usage = &d.status.usage[0];
+    assert_eq!((usage.allocated, usage.borrowed, usage.subtree_borrowed), (16.0, 16.0, 0.0), "{usage:?}");
     p.submit("c", "c1", 1, 8.0, json!({})).await;
     p.settle().await;
     let preempting = [p.phase("d", "d1").await, p.phase("d", "d2").await];
