@@ -291,6 +291,12 @@ struct Cycle<'a> {
     /// sum per team and flavor: a second workload of the team is not told it takes the same.
     min_runtime_claims: BTreeMap<PendingIx, (usize, u64)>,
     claimed: Vec<u64>,
+    /// The protected work each workload waiting for it names, and per running workload
+    /// whether one does: a workload of another team is not told it preempts the same work
+    /// (the first to be visited once the protection ends takes it, and the other waited on
+    /// for a reason that no longer held).
+    promised_to: BTreeMap<PendingIx, Vec<RunningIx>>,
+    promised: Vec<bool>,
     /// Why a gang shape missed a pool, and the pool's version then.
     misses: HashMap<ShapeOnPool, (u64, Miss)>,
     /// The pool's version when a gang shape last fitted it (so it still does).
@@ -405,6 +411,8 @@ impl<'a> Cycle<'a> {
             held: BTreeMap::new(),
             reserved_quota: BTreeMap::new(),
             min_runtime_claims: BTreeMap::new(),
+            promised_to: BTreeMap::new(),
+            promised: vec![false; s.running.len()],
             claimed: vec![0; s.teams.len() * flavors],
             misses: HashMap::new(),
             fits: HashMap::new(),
@@ -593,6 +601,9 @@ impl<'a> Cycle<'a> {
         let reserved_in = self.reserved_quota.remove(&w);
         if let Some((i, amount)) = self.min_runtime_claims.remove(&w) {
             self.claimed[i] -= amount;
+        }
+        for v in self.promised_to.remove(&w).unwrap_or_default() {
+            self.promised[v] = false;
         }
         let mut pausing = None;
         if let Some(f) = reserved_in {
@@ -1144,6 +1155,8 @@ impl<'a> Cycle<'a> {
             return None;
         }
         let (flavor, found) = self.victims_for(w, true)?;
+        let victims: Vec<RunningIx> = found.victims.iter().copied().filter(|&v| self.protected[v]).collect();
+        let until = victims.iter().map(|&v| self.s.running[v].protected_until).max()?;
         // A reclaim (of other teams' work) runs within the guarantee, with what other
         // workloads of the team waiting so have claimed of it.
         let p = &self.s.pending[w];
@@ -1155,8 +1168,10 @@ impl<'a> Cycle<'a> {
             self.claimed[i] += amount;
             self.min_runtime_claims.insert(w, (i, amount));
         }
-        let victims: Vec<RunningIx> = found.victims.into_iter().filter(|&v| self.protected[v]).collect();
-        let until = victims.iter().map(|&v| self.s.running[v].protected_until).max()?;
+        for &v in &victims {
+            self.promised[v] = true;
+        }
+        self.promised_to.insert(w, victims.clone());
         Some(Reason::WaitingForMinRuntime { cluster: self.pools[found.pool].cluster, flavor, victims, until })
     }
 
@@ -1186,7 +1201,8 @@ impl<'a> Cycle<'a> {
             (pool.stopping_list.cheapest_first(s).iter())
                 .filter(|&&v| !self.gone[v] && could_preempt(p, &s.running[v], in_quota_now)),
         );
-        let open = |v: RunningIx| !self.gone[v] && (ignore_protection || !self.protected[v]);
+        // (Waiting for protected work, not for work another waiting workload is told of.)
+        let open = |v: RunningIx| !self.gone[v] && (!self.protected[v] || ignore_protection && !self.promised[v]);
         let counted_on = candidates.len();
         if in_quota_now {
             // Borrowed work of other teams (above their share: checked as victims are taken).

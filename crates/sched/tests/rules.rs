@@ -1255,6 +1255,39 @@ fn a_second_workload_of_the_team_is_not_told_it_preempts_the_same_protected_work
 }
 
 #[test]
+fn two_teams_are_not_told_they_preempt_the_same_protected_work() {
+    // Found from outside: a and c (guaranteed 8 each) both waited for b's x, whose
+    // protection ends first, and were both told they would preempt it; once it could be,
+    // a took it and c waited on, told nothing true. c is told of y, protected longer.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("c", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 0, None, 1)]);
+    let cl = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(cl, "h100", 2, 8, None);
+    let now = w.s.now;
+    let x = w.run("x", "b", &nodes[..1], 1, 8 * GPU, true, 0, now - 600);
+    let y = w.run("y", "b", &nodes[1..], 1, 8 * GPU, true, 0, now - 300);
+    w.s.running[x].protected_until = now + 300;
+    w.s.running[y].protected_until = now + 900;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    w.submit("c1", "c", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let told = |id: &str| match reason(&w, &plan, id) {
+        Reason::WaitingForMinRuntime { victims, until, .. } => (victims.clone(), *until),
+        other => panic!("{id}: {other:?}"),
+    };
+    let (first, second) = (told("a1"), told("c1"));
+    assert_ne!(first.0, second.0, "{first:?} {second:?}");
+    let mut named = [first.0[0], second.0[0]];
+    named.sort_unstable();
+    assert_eq!(named, [x, y]);
+    for (victims, until) in [first, second] {
+        assert_eq!(until, w.s.running[victims[0]].protected_until);
+    }
+}
+
+#[test]
 fn a_workload_waiting_for_protected_work_names_what_is_freed_first_and_when() {
     // b borrows 16 beside its own 8: x3 and x4 (4 each, on one node, protected 100 and
     // 150 s more) and x5 (8, started last, protected 500 s more). a's 8 waits: it named x5
