@@ -92,6 +92,9 @@ pub async fn reconcile(ctx: &Context) -> Result<EstimateStatus, Error> {
                 }
                 Some(After::Stops(id)) => format!("when {} stops, as it was told to", names.get(id).unwrap_or(id)),
                 Some(After::BudgetResets(budget)) => format!("when the budget of {budget} resets"),
+                Some(After::ProtectionEnds(id)) => {
+                    format!("when the min runtime of {} ends and it is preempted", names.get(id).unwrap_or(id))
+                }
                 None => "now: what it needs is free".to_owned(),
             };
             let ahead = match e.ahead {

@@ -1,16 +1,18 @@
 //! Start-time estimates: the scheduler run forward in time. Each step plans a cycle at the
 //! step's time, turns what it admits into running work (ending `max_runtime_seconds` later),
-//! then jumps to the next moment running work must end (and frees what it held) or a used-up
-//! budget resets, whichever comes first. A pending
+//! then jumps to the next moment running work must end (and frees what it held), a used-up
+//! budget resets, or the min runtime of work a waiting workload would preempt ends,
+//! whichever comes first. A pending
 //! workload's estimate is the first step that admits it; there is none when it would wait
 //! for work that has no runtime limit (or beyond the last step). The estimate assumes that
 //! running work ends at its limit (most end earlier: the estimate is then late) and that
 //! nothing else arrives (work submitted later with a higher priority or a team with more
 //! claim can make it early).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::cycle::schedule;
+use crate::plan::Reason;
 use crate::snapshot::{Running, Snapshot};
 
 /// When a pending workload is expected to start, and why then.
@@ -33,6 +35,8 @@ pub enum After {
     Stops(String),
     /// This used-up budget resets.
     BudgetResets(String),
+    /// This running workload's min runtime ends and it is preempted.
+    ProtectionEnds(String),
 }
 
 /// The estimated start of each of `s.pending` (by index). `running_ends[i]` is when
@@ -61,8 +65,23 @@ pub fn start_times(
     }
     let mut freed_by: Option<After> = None;
     let mut admitted = 0;
-    for _ in 0..max_steps {
+    // When the protection of work that waiting workloads would preempt ends (the first
+    // plan names it), and which of it has ended: the estimate said when that work reached
+    // its runtime limit, while the workload started when its min runtime ended.
+    let mut protection_ends: Vec<(i64, String)> = Vec::new();
+    let mut unprotected: HashSet<String> = HashSet::new();
+    for step in 0..max_steps {
         let Ok(plan) = schedule(&snap) else { break };
+        if step == 0 {
+            for w in &plan.waiting {
+                if let Reason::WaitingForMinRuntime { victims, .. } = &w.reason {
+                    protection_ends
+                        .extend(victims.iter().map(|&v| (snap.running[v].protected_until, snap.running[v].id.clone())));
+                }
+            }
+            protection_ends.sort();
+            protection_ends.dedup();
+        }
         let mut taken = vec![false; snap.pending.len()];
         for a in &plan.admissions {
             let p = &snap.pending[a.workload];
@@ -121,11 +140,25 @@ pub fn start_times(
             snap.now = b.resets_at;
             continue;
         }
+        if let Some((at, id)) =
+            protection_ends.iter().find(|(at, _)| *at > now).filter(|(at, _)| end.is_none_or(|e| *at < e))
+        {
+            unprotected.insert(id.clone());
+            freed_by = Some(After::ProtectionEnds(id.clone()));
+            snap.now = *at;
+            continue;
+        }
         let Some(next) = end else { break };
         let ending: Vec<usize> = (0..ends.len()).filter(|&i| ends[i].is_some_and(|e| e <= next)).collect();
         freed_by = ending.last().map(|&i| {
             let r = &snap.running[i];
-            if r.preempting { After::Stops(r.id.clone()) } else { After::Ends(r.id.clone()) }
+            if !r.preempting {
+                After::Ends(r.id.clone())
+            } else if unprotected.contains(&r.id) {
+                After::ProtectionEnds(r.id.clone())
+            } else {
+                After::Stops(r.id.clone())
+            }
         });
         for &i in ending.iter().rev() {
             snap.running.remove(i);

@@ -1687,3 +1687,22 @@ fn a_reclaim_whose_victim_stopped_first_waits_on_the_held_node_instead_of_preemp
     let plan = w.plan();
     assert_eq!(admitted(&w, &plan), ["r1", "r2"], "{plan:?}");
 }
+
+#[test]
+fn a_workload_waiting_for_protected_work_is_expected_to_start_when_the_protection_ends() {
+    // Found from outside: why said a1 waits for x's min runtime, which ends in 5 minutes,
+    // and that it was expected to start in an hour, when x reaches its runtime limit.
+    let mut w = World::new(&["h100"]);
+    w.team("a", None, &[("h100", 8, None, 1)]);
+    w.team("b", None, &[("h100", 0, None, 1)]);
+    let c = w.cluster("c1", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 1, 8, None);
+    let now = w.s.now;
+    let x = w.run("x", "b", &nodes, 1, 8 * GPU, true, 0, now - 60);
+    w.s.running[x].protected_until = now + 300;
+    w.submit("a1", "a", 1, 8 * GPU, &["h100"]);
+    assert!(matches!(reason(&w, &w.plan(), "a1"), Reason::WaitingForMinRuntime { .. }));
+    let estimates = berth_sched::estimate::start_times(&w.s, &[Some(now + 3600)], &[Some(600)], &[1.0], 50);
+    let e = estimates[0].clone().expect("an estimate");
+    assert_eq!((e.at, e.after), (now + 300, Some(berth_sched::estimate::After::ProtectionEnds("x".into()))));
+}
