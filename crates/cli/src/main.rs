@@ -228,7 +228,21 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        // sbatch's -o names a file: `berth submit -o slurm-%j.out job.sh` met Berth's -o
+        // (how it prints) with no word of the difference.
+        let output = e.get(clap::error::ContextKind::InvalidArg).is_some_and(|a| a.to_string().starts_with("--output"));
+        if e.kind() == clap::error::ErrorKind::InvalidValue && output {
+            let text = e.render().to_string();
+            eprintln!("{}", text.split("\n\n").next().unwrap_or(&text).trim_end());
+            eprintln!(
+                "hint: Berth's -o/--output is how it prints (table, wide, json, yaml); sbatch's -o (the job's \
+                 output file) is not Berth's: read a job's output with berth logs NAME"
+            );
+            std::process::exit(exit::USAGE);
+        }
+        e.exit()
+    });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let code = runtime.block_on(run(cli));
     std::process::exit(code);

@@ -726,6 +726,14 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
     let format = w.berth_as(&alice, &["submit", "-J", "late", "-o", "json", &script]);
     assert_eq!(format.status.code(), Some(2), "{}", text(&format.stderr));
     assert!(text(&format.stderr).contains("give Berth's -o json before them"), "{}", text(&format.stderr));
+    // Given first, -o is Berth's: a file there is refused, saying what each -o is.
+    let file = w.berth_as(&alice, &["submit", "-o", "slurm-%j.out", &script]);
+    assert_eq!(file.status.code(), Some(2), "{}", text(&file.stderr));
+    assert!(
+        text(&file.stderr).contains("sbatch's -o (the job's output file) is not Berth's"),
+        "{}",
+        text(&file.stderr)
+    );
     // What follows the script sbatch would pass to it: refused, not dropped.
     let args = w.berth_as(&alice, &["submit", &script, "--epochs", "3"]);
     assert_eq!(args.status.code(), Some(2), "{}", text(&args.stderr));
