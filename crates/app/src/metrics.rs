@@ -56,7 +56,12 @@ pub async fn state_metrics(db: &PgPool) -> Result<String, Error> {
         }
     };
     usage("berth_team_gpus_allocated", "GPUs held by the team's own workloads.", |u| u.allocated, &mut out);
-    usage("berth_team_gpus_borrowed", "Of those, GPUs beyond the team's guarantee.", |u| u.borrowed, &mut out);
+    usage(
+        "berth_team_gpus_borrowed",
+        "Of those, GPUs beyond the team's own guarantee (its guarantee less its child teams').",
+        |u| u.borrowed,
+        &mut out,
+    );
     usage(
         "berth_team_subtree_gpus_allocated",
         "GPUs held by the team and every team below it.",

@@ -2,7 +2,7 @@
 //! running), the usage report over them, and team budgets. Pure: the store reads the
 //! intervals, this module adds them up.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Timelike, Utc};
 use serde::{Deserialize, Serialize};
@@ -549,9 +549,13 @@ pub fn report<'a>(
     // A team's subtree borrowed beyond the team's own guarantee only: work of the teams below
     // it that each borrowed within it (a sibling's idle guarantee) is the department's in
     // quota (a department holding 44 GPUs against 28 reported 24 borrowed, its teams' sum).
+    // (A team with no work below it borrowed what its own work did, settled against its
+    // guarantee; a department's own work alone is settled against its own guarantee, less
+    // than the subtree's, so it is capped too.)
+    let departments: HashSet<&str> = guarantees.iter().filter_map(|g| g.parent.as_deref()).collect();
     for g in guarantees {
         let Some(used) = users.get(&(g.uid, g.flavor.as_str())) else { continue };
-        if used.iter().all(|i| i.team_uids.first() == Some(&g.uid)) {
+        if !departments.contains(g.team.as_str()) && used.iter().all(|i| i.team_uids.first() == Some(&g.uid)) {
             continue;
         }
         let e = teams.entry(g.team.as_str()).or_insert_with(|| new_team(&g.team));
@@ -874,7 +878,7 @@ mod tests {
     }
 
     /// nlp is guaranteed 8. bob's 4 GPUs were admitted beyond it (10:00–14:00) while
-    /// alice held 8 (09:00–11:00); a child team's 2 (12:00–13:00) count for nlp's subtree;
+    /// alice held 8 (09:00–11:00); a child team's 2 (12:00–13:00) are not nlp's own;
     /// carol's 2, also flagged (10:30–11:30), share what is beyond. Borrowed: 10:00–10:30
     /// 4 (of 12 held), 10:30–11:00 6 of 14 (bob 4, carol 2, both wholly), 11:00–11:30 0
     /// (6 held), then nothing; the rest of the flagged hours count in quota.
@@ -951,6 +955,38 @@ mod tests {
         let settled = settle(alone, &guarantees, &req);
         assert_eq!(settled.len(), 1);
         assert!(settled[0].borrowed == 0.0 && settled[0].gpus == 2.0);
+    }
+
+    #[test]
+    fn a_departments_subtree_borrows_only_beyond_its_guarantee_when_only_its_own_work_ran() {
+        // Found from outside: research (guaranteed 16; nlp below it 8, so 8 its own) ran 12
+        // GPUs of its own, 4 beyond its own guarantee, and nothing below it: its subtree
+        // reported those 4 as borrowed, while the subtree held 12 of its 16 (once nlp ran a
+        // 1-GPU job, the same hours were not borrowed).
+        let mut own = run("research", &["research"], "rita", 12.0, "2026-11-01T10:00:00Z", "2026-11-01T11:00:00Z");
+        (own.flagged, own.borrowed) = (true, 1.0);
+        let req = ReportRequest {
+            from: t("2026-11-01T00:00:00Z"),
+            to: t("2026-11-02T00:00:00Z"),
+            group_by: vec![GroupBy::Team],
+            bucket: None,
+        };
+        let guarantees = GuaranteeGpus::from([((uid("research"), "h100".to_owned()), 8.0)]);
+        let settled = settle(vec![own], &guarantees, &req);
+        let since = t("2026-10-01T00:00:00Z");
+        let guarantee = |team: &str, parent: Option<&str>, gpus: f64| Guarantee {
+            team: team.into(),
+            uid: uid(team),
+            parent: parent.map(str::to_owned),
+            flavor: "h100".into(),
+            gpus,
+            since,
+        };
+        let all = [guarantee("research", None, 16.0), guarantee("nlp", Some("research"), 8.0)];
+        let shown = BTreeSet::from(["research".to_owned(), "nlp".to_owned()]);
+        let r = report(&req, &settled, &all, &shown, &Visibility::All, t("2026-11-05T00:00:00Z"));
+        let research = r.teams.iter().find(|t| t.team == "research").unwrap();
+        assert_eq!((research.own.borrowed_gpu_hours, research.subtree.borrowed_gpu_hours), (4.0, 0.0), "{research:?}");
     }
 
     #[test]
