@@ -9,8 +9,11 @@
 //!   the session after [`SILENT`] (`idle_session_timeout`), which frees the lock as well.
 //! - **Epoch.** Having the lock, a replica takes the lease: it increments the lease row's
 //!   `epoch` (`leader_take`), after locking the row `FOR UPDATE`, which waits until every
-//!   transaction still fenced with the old epoch has ended. Its controllers then run with
-//!   that epoch in their [`Context`].
+//!   transaction still fenced with the old epoch has ended; one still open after
+//!   [`PATIENCE`] is ended (`pg_terminate_backend`): a leader paused in the middle of one
+//!   held the lease, and every controller with it, for as long as it stayed paused, while
+//!   the standby had the lock. Its controllers then run with that epoch in their
+//!   [`Context`].
 //! - **Fencing.** Every controller write begins with [`Context::begin`], which checks in
 //!   the same transaction that the epoch is still the lease's and keeps a `FOR KEY SHARE`
 //!   lock on the row until it commits (the Chubby sequencer, or Kubernetes' lease with a
@@ -39,6 +42,9 @@ const RENEW: Duration = Duration::from_secs(1);
 /// for a standby (a stopped or cut-off leader); the leader renews every [`RENEW`]. As
 /// Kubernetes' leader election's lease (15 s).
 const SILENT: Duration = Duration::from_secs(15);
+/// How long a replica that has the lock waits for the transactions fenced with the old
+/// epoch before it ends them ([`take_lease`]).
+pub const PATIENCE: Duration = Duration::from_secs(5);
 /// Connections of the controllers' own pool (seven loops; the dispatcher uses two at once).
 const TERM_POOL_SIZE: u32 = 12;
 
@@ -69,9 +75,42 @@ async fn acquire(ctx: &Context) -> Result<Option<PgConnection>, Error> {
     Ok(berth_store::controller::leader_try_lock(&mut conn, SILENT).await?.then_some(conn))
 }
 
+/// Takes the lease on the lock's connection `conn` ([`berth_store::controller::leader_take`]),
+/// ending the transactions fenced with the old epoch that are still open after `patience`.
+///
+/// # Errors
+/// As `leader_take`.
+pub async fn take_lease(
+    db: &berth_store::PgPool,
+    conn: &mut PgConnection,
+    holder: &str,
+    since: chrono::DateTime<chrono::Utc>,
+    patience: Duration,
+) -> Result<i64, Error> {
+    let pid = berth_store::controller::session_pid(conn).await?;
+    let db = db.clone();
+    let ender = tokio::spawn(async move {
+        tokio::time::sleep(patience).await;
+        loop {
+            match berth_store::controller::sessions_blocking_end(&db, pid).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(
+                    ended = n,
+                    "ended transactions of the previous leader still open {patience:?} after this replica got the lock"
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not end the previous leader's open transactions"),
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    });
+    let taken = berth_store::controller::leader_take(conn, holder, since).await;
+    ender.abort();
+    taken
+}
+
 async fn lead(ctx: &Context, holder: &str, mut conn: PgConnection, stop: &mut watch::Receiver<bool>) {
     let since = ctx.clock.now();
-    let epoch = match berth_store::controller::leader_take(&mut conn, holder, since).await {
+    let epoch = match take_lease(&ctx.db, &mut conn, holder, since, PATIENCE).await {
         Ok(epoch) => epoch,
         Err(e) => {
             tracing::warn!(error = %e, "could not take the lease");

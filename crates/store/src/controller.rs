@@ -70,6 +70,30 @@ pub async fn leader_take(conn: &mut PgConnection, holder: &str, since: DateTime<
     Ok(epoch)
 }
 
+/// The backend process of `conn`'s session.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn session_pid(conn: &mut PgConnection) -> Result<i32, Error> {
+    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(conn).await.map_err(db_error)
+}
+
+/// Ends the sessions that hold what the session `pid` waits for (`pg_blocking_pids`), and
+/// returns how many it ended. A replica that holds the leader lock and waits in
+/// [`leader_take`] waits only for transactions fenced with an older epoch: a leader that
+/// stopped in the middle of one (a paused process or VM) held it, and every controller
+/// with it, for as long as it stayed stopped.
+///
+/// # Errors
+/// As [`db_error`] (a role that may not end another role's sessions).
+pub async fn sessions_blocking_end(db: impl PgExecutor<'_>, pid: i32) -> Result<i64, Error> {
+    sqlx::query_scalar("SELECT count(*) FILTER (WHERE pg_terminate_backend(b)) FROM unnest(pg_blocking_pids($1)) AS b")
+        .bind(pid)
+        .fetch_one(db)
+        .await
+        .map_err(db_error)
+}
+
 /// Renews the lease of `epoch`; `false` when another leader has taken it since. (A plain
 /// update of a non-key column: it does not wait for the fenced transactions' key-share
 /// locks.)

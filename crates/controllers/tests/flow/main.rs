@@ -562,6 +562,35 @@ async fn a_preempted_workload_whose_cluster_stays_down_ends_as_the_preemption_wo
 }
 
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_leader_paused_inside_a_transaction_does_not_hold_the_lease_forever(db: berth_store::PgPool) {
+    // Found from outside (kill -STOP of the leader, 3 times in 14): a leader paused inside
+    // a fenced transaction held the lease row's lock; the standby had the lock 15 s later
+    // but waited for the lease until the paused process was resumed (60 s and more), and
+    // no controller ran anywhere. The standby now ends such a transaction after PATIENCE.
+    use berth_store::controller::leader_take;
+    use sqlx::ConnectOptions;
+    let options = db.connect_options();
+    let p = Plane::new(db).await;
+    let mut old_conn = options.connect().await.unwrap();
+    let old_epoch = leader_take(&mut old_conn, "old", chrono::Utc::now()).await.unwrap();
+    let old = berth_controllers::Context { epoch: Some(old_epoch), ..p.ctx.clone() };
+    // The paused leader's transaction: fenced, then nothing more.
+    let paused = old.begin().await.expect("the leader writes");
+    let mut new_conn = options.connect().await.unwrap();
+    let started = std::time::Instant::now();
+    let patience = std::time::Duration::from_millis(500);
+    let taking = berth_controllers::leader::take_lease(&p.ctx.db, &mut new_conn, "new", chrono::Utc::now(), patience);
+    let epoch = tokio::time::timeout(std::time::Duration::from_secs(30), taking)
+        .await
+        .expect("the lease is taken while the old leader stays paused")
+        .unwrap();
+    assert_eq!(epoch, old_epoch + 1);
+    assert!(started.elapsed() >= patience, "the old leader's transaction had its chance");
+    // Resumed, the old leader's write does not land.
+    assert!(berth_store::commit(paused).await.is_err(), "a deposed leader's transaction committed");
+}
+
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_flight(db: berth_store::PgPool) {
     // The fault-injection finding: when the leader's lock connection was killed, a standby
     // took over while the old leader's controllers still wrote for up to 0.8 s. Now a new
