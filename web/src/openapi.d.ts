@@ -1263,7 +1263,7 @@ export interface components {
             allocated: number;
             /**
              * Format: double
-             * @description Allocated above the team's guarantee.
+             * @description Allocated above the team's own guarantee (its guarantee less its child teams').
              * @default 0
              */
             borrowed: number;

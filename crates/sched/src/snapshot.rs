@@ -511,11 +511,6 @@ impl OwnQuota {
         let below: u64 = self.children[t].iter().map(|&c| subtree(c * self.flavors + f)).sum();
         subtree(t * self.flavors + f).saturating_sub(below)
     }
-
-    /// Each team's child teams.
-    pub fn children(&self, t: TeamIx) -> &[TeamIx] {
-        &self.children[t]
-    }
 }
 
 impl Snapshot {
