@@ -91,7 +91,8 @@ fn any_item(field: &str) -> String {
         .map_or_else(|| field.to_owned(), |(_, after)| format!("/items/*/{after}"))
 }
 
-/// How many times a request the server refused for its rate (429) is sent again.
+/// How many times a request the server refused for its rate (429), or could not serve for a
+/// moment (503: its database), is sent again.
 const RATE_LIMITED_TRIES: u32 = 5;
 
 #[derive(Clone)]
@@ -117,8 +118,15 @@ impl Client {
 
     /// Sends and reads the JSON answer (`Null` for an empty one). Asked to slow down (429:
     /// nothing was done), it waits the `Retry-After` the server gave and asks again, a few
-    /// times: cancelling an array of 1,000 is 1,000 changes, beyond a caller's rate.
+    /// times: cancelling an array of 1,000 is 1,000 changes, beyond a caller's rate. So it
+    /// does for a 503 (the server lost its database for a moment) of a request that may be
+    /// sent twice (GET, PUT, DELETE, or one with an `Idempotency-Key`): under database
+    /// failovers, 15 of 20 `berth submit`s gave up at once, each fine when run again.
     pub async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Value, ApiError> {
+        let idempotent = req.try_clone().and_then(|r| r.build().ok()).is_some_and(|r| {
+            matches!(*r.method(), Method::GET | Method::HEAD | Method::PUT | Method::DELETE)
+                || r.headers().contains_key("idempotency-key")
+        });
         let mut tries = 0;
         let response = loop {
             let again = req.try_clone();
@@ -127,8 +135,11 @@ impl Client {
                 .headers()
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-            match (response.status(), wait, again) {
-                (StatusCode::TOO_MANY_REQUESTS, Some(wait), Some(again)) if tries < RATE_LIMITED_TRIES => {
+            let status = response.status();
+            let may_retry =
+                status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE && idempotent;
+            match (wait, again) {
+                (Some(wait), Some(again)) if may_retry && tries < RATE_LIMITED_TRIES => {
                     tries += 1;
                     tokio::time::sleep(std::time::Duration::from_secs(wait.clamp(1, 30))).await;
                     req = again;
@@ -256,6 +267,40 @@ pub fn seg(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_503_is_asked_again_only_of_what_may_be_sent_twice() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // The server's database is away for the first answer of each path.
+        let seen = Arc::new(AtomicUsize::new(0));
+        let app = axum::Router::new().fallback({
+            let seen = seen.clone();
+            move || async move {
+                if seen.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
+                    let problem = r#"{"type":"urn:berth:problem:unavailable","title":"Unavailable","status":503}"#;
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("content-type", "application/problem+json"), ("retry-after", "1")],
+                        problem,
+                    )
+                } else {
+                    (StatusCode::OK, [("content-type", "application/json"), ("retry-after", "1")], "{}")
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = Client::new(&url, None);
+        assert!(client.get("/a").await.is_ok(), "a GET is asked again");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        assert!(client.put("/b", &serde_json::json!({}), None).await.is_ok(), "a PUT is asked again");
+        assert_eq!(seen.load(Ordering::SeqCst), 4);
+        let posted = client.post("/c", None).await;
+        assert_eq!(posted.err().and_then(|e| e.status()), Some(503), "a POST may have been done: not asked again");
+        assert_eq!(seen.load(Ordering::SeqCst), 5);
+    }
 
     #[test]
     fn the_same_refusal_of_many_items_is_said_once_and_of_a_few_each() {
