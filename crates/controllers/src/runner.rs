@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use berth_core::Error;
@@ -42,6 +43,13 @@ pub trait Report: Serialize + Send {
     fn rest(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// How long the controller waits after this pass, at least [`Report::rest`], while the
+    /// only changes that wake it are submissions: any other change ([`room_change`]) ends
+    /// the wait once `rest` is over.
+    fn rest_for_submissions(&self) -> Duration {
+        self.rest()
+    }
 }
 
 /// What a pass did: how many objects it changed, whether it waits on time, how long it
@@ -50,6 +58,7 @@ pub struct Passed {
     pub changes: usize,
     pub waits_on_time: bool,
     pub rest: Duration,
+    pub rest_for_submissions: Duration,
     pub status: serde_json::Value,
 }
 
@@ -60,6 +69,7 @@ impl Passed {
             changes: status.changes(),
             waits_on_time: status.waits_on_time(),
             rest: status.rest(),
+            rest_for_submissions: status.rest_for_submissions(),
             status: serde_json::to_value(status).unwrap_or_default(),
         }
     }
@@ -103,6 +113,48 @@ impl WokenBy {
                     .all(|p| matches!(p, Phase::Admitted | Phase::Dispatched | Phase::Running | Phase::Preempting)),
                 Change::Table(_) | Change::Submitted => true,
             },
+        }
+    }
+}
+
+/// Whether `change` may free or take room, or change what fits where: a change that wakes
+/// the scheduler other than a submission of new workloads (which ends a rest for
+/// submissions, [`Report::rest_for_submissions`]).
+pub fn room_change(change: &Change) -> bool {
+    *change != Change::Submitted && WokenBy::SchedulingChange.by(change)
+}
+
+/// Counts the room changes ([`room_change`]) the listener has seen, and wakes those who
+/// wait for the next.
+#[derive(Default)]
+struct RoomChanges {
+    seen: AtomicU64,
+    next: Notify,
+}
+
+impl RoomChanges {
+    fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    fn one_more(&self) {
+        self.seen.fetch_add(1, Ordering::AcqRel);
+        self.next.notify_waiters();
+    }
+
+    /// Waits until `deadline`, or until a room change beyond the first `seen`.
+    async fn wait_until(&self, seen: u64, deadline: Instant) {
+        loop {
+            let next = self.next.notified();
+            tokio::pin!(next);
+            next.as_mut().enable();
+            if self.seen() != seen {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.into()) => return,
+                () = next => {}
+            }
         }
     }
 }
@@ -303,24 +355,28 @@ pub fn start(ctx: &Context, holder: &str) -> JoinSet<()> {
 pub fn start_these(ctx: &Context, holder: &str, reconcilers: Vec<Box<dyn Reconciler>>) -> JoinSet<()> {
     let mut set = JoinSet::new();
     let mut woken = Vec::new();
+    let room = Arc::new(RoomChanges::default());
     for r in reconcilers {
         let wake = (r.woken_by() != WokenBy::Period).then(|| Arc::new(Notify::new()));
         if let Some(n) = &wake {
             woken.push((r.woken_by(), n.clone()));
         }
-        set.spawn(run_loop(r, ctx.clone(), holder.to_owned(), wake));
+        set.spawn(run_loop(r, ctx.clone(), holder.to_owned(), wake, room.clone()));
     }
-    set.spawn(listen(ctx.clone(), woken));
+    set.spawn(listen(ctx.clone(), woken, room));
     set
 }
 
 /// Forwards each change to the reconcilers it wakes.
-async fn listen(ctx: Context, woken: Vec<(WokenBy, Arc<Notify>)>) {
+async fn listen(ctx: Context, woken: Vec<(WokenBy, Arc<Notify>)>, room: Arc<RoomChanges>) {
     loop {
         let listener = async {
             let mut feed = ChangeFeed::listen(&ctx.db).await?;
             loop {
                 let change = feed.next().await?;
+                if room_change(&change) {
+                    room.one_more();
+                }
                 woken.iter().filter(|(by, _)| by.by(&change)).for_each(|(_, n)| n.notify_one());
             }
             #[allow(unreachable_code)]
@@ -339,7 +395,13 @@ const SAVE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 /// go on counting): an idle site writes no row per pass.
 const SAVE_UNCHANGED_EVERY: Duration = Duration::from_secs(10);
 
-async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: String, wake: Option<Arc<Notify>>) {
+async fn run_loop(
+    mut reconciler: Box<dyn Reconciler>,
+    ctx: Context,
+    holder: String,
+    wake: Option<Arc<Notify>>,
+    room: Arc<RoomChanges>,
+) {
     let name = reconciler.name();
     let (every, min_gap) = (reconciler.period(&ctx.config), reconciler.min_gap(&ctx.config));
     let mut runs: u64 = 0;
@@ -347,9 +409,12 @@ async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: Str
     let mut last_saved: Option<Instant> = None;
     loop {
         let started = Instant::now();
+        let room_seen = room.seen();
         let span = tracing::info_span!("controller_pass", controller = name, run = runs + 1);
         let result = reconciler.reconcile(&ctx).instrument(span).await;
-        let rested = Instant::now() + result.as_ref().map_or(Duration::ZERO, |p| p.rest);
+        let ended = Instant::now();
+        let rested = ended + result.as_ref().map_or(Duration::ZERO, |p| p.rest);
+        let rested_unless_room = ended + result.as_ref().map_or(Duration::ZERO, |p| p.rest_for_submissions);
         runs += 1;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::histogram!("berth_controller_pass_seconds", "controller" => name)
@@ -393,6 +458,9 @@ async fn run_loop(mut reconciler: Box<dyn Reconciler>, ctx: Context, holder: Str
             }
         }
         tokio::time::sleep_until((started + min_gap).max(rested).into()).await;
+        if rested_unless_room > Instant::now() {
+            room.wait_until(room_seen, rested_unless_room).await;
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! The scheduler loop: snapshot from the store → `berth_sched::schedule` → the plan
-//! committed in one transaction (admissions, preemption marks, pending reasons and queue
-//! positions, team usage; a cycle that admits many commits its first admissions before),
-//! every status write a compare-and-set on the version the snapshot read: a workload that
-//! changed meanwhile is left for the next cycle. Reasons and positions are written beside
-//! the workloads ([`berth_store::workload::workload_explain`]); one written for a workload
-//! that changed meanwhile is put right by the next cycle, which reads the change.
+//! committed in one transaction (admissions, preemption marks, team usage; a cycle that
+//! admits many commits its first admissions before), then pending reasons and queue
+//! positions in another, every status write a compare-and-set on the version the snapshot
+//! read: a workload that changed meanwhile is left for the next cycle. Reasons and
+//! positions are written beside the workloads
+//! ([`berth_store::workload::workload_explain`]); one written for a workload that changed
+//! meanwhile is put right by the next cycle, which reads the change.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,11 +50,14 @@ pub const REFRESH_WRITES_MAX: usize = 1_000;
 
 /// At most this many pending workloads behind the head have a new reason (a first one, or
 /// one of another code) written in one cycle, the front of the queue first; the rest in the
-/// cycles after (a cycle that explained something runs again). A burst of 20,000 submissions with nowhere to run
-/// them had the cycle after it write 20,000 rows (600-1,000 ms of a 0.9-1.4 s cycle at
-/// 100,000 running, bench/controllers scale), which held up every admission behind it.
-/// The head's writes, and positions entering or leaving it, are never held back.
-pub const NEW_REASONS_MAX: usize = 2_000;
+/// cycles after (a cycle that explained something runs again, and one that left some
+/// rests no longer than it ran). A burst of 20,000 submissions with nowhere to run them had
+/// the cycle after it write 20,000 rows (600-1,000 ms of a 0.9-1.4 s cycle at 100,000
+/// running, bench/controllers scale), which held up every admission behind it (reasons are
+/// now written after the cycle's admissions have committed). At 2,000 a cycle, a burst of
+/// 9,000 creates a second outran them: 57,000 workloads had no reason after 12 s. The
+/// head's writes, and positions entering or leaving it, are never held back.
+pub const NEW_REASONS_MAX: usize = 10_000;
 
 /// When a pending workload's change is written.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -154,13 +158,37 @@ impl crate::runner::Report for SchedulerStatus {
     /// to back (8 a second) and held a core of the two the API and Postgres share
     /// (bench/api-load: 5,324-5,693 creates/s; resting, 6,232-6,549/s).
     fn rest(&self) -> Duration {
+        if self.admitted + self.preempted > 0 { Duration::ZERO } else { self.took().min(REST_AT_MOST) }
+    }
+
+    /// While only submissions wake it, a cycle that admitted and preempted nothing rests
+    /// [`RESTS_PER_CYCLE`] times as long as it ran (at most [`REST_AT_MOST`]); a change
+    /// that may free room (work that ended, a requeue, a cluster's or a team's change)
+    /// ends that once [`Report::rest`] is over. Resting only as long as a cycle ran still
+    /// gave the scheduler half a core in a burst of creates (bench/api-load: cycles of
+    /// 35-90 ms over up to 108,000 pending, 8 a second; 6,278-7,468 creates/s, and 9,541/s
+    /// without the controllers).
+    fn rest_for_submissions(&self) -> Duration {
         if self.admitted + self.preempted > 0 {
             Duration::ZERO
+        } else if self.deferred > 0 {
+            self.rest()
         } else {
-            Duration::try_from_secs_f64(self.cycle_ms / 1000.0).map_or(REST_AT_MOST, |took| took.min(REST_AT_MOST))
+            self.took().saturating_mul(RESTS_PER_CYCLE).min(REST_AT_MOST).max(self.rest())
         }
     }
 }
+
+impl SchedulerStatus {
+    fn took(&self) -> Duration {
+        Duration::try_from_secs_f64(self.cycle_ms / 1000.0).unwrap_or(REST_AT_MOST)
+    }
+}
+
+/// How many times as long as it ran a cycle that admitted nothing rests while only
+/// submissions wake it ([`SchedulerStatus`]'s `rest_for_submissions`): the scheduler then
+/// spends at most a fifth of a core on them.
+pub const RESTS_PER_CYCLE: u32 = 4;
 
 /// A cycle that admits more than this commits its first this many admissions before the
 /// rest of its writes (see [`reconcile`]). With 1,000 admitted at once (bench/slurm from a
@@ -423,16 +451,24 @@ pub async fn reconcile(ctx: &Context) -> Result<SchedulerStatus, Error> {
         statuses_written = write_with_events(&mut tx, &writes[..early], &mut events).await?;
         berth_store::commit(tx).await?;
     }
-    let mut tx = ctx.begin().await?;
-    let later_written = write_with_events(&mut tx, &writes[early..], &mut later_events).await?;
-    let explained = berth_store::workload::workload_explain(&mut *tx, &explanations).await?;
-    berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
-    berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
-    berth_store::commit(tx).await?;
-    statuses_written.extend(later_written);
+    if early < writes.len() || !team_writes.is_empty() || !usage_changes.is_empty() {
+        let mut tx = ctx.begin().await?;
+        let later_written = write_with_events(&mut tx, &writes[early..], &mut later_events).await?;
+        berth_store::team::team_write_usage(&mut tx, &team_writes).await?;
+        berth_store::usage::usage_record(&mut *tx, &usage_changes).await?;
+        berth_store::commit(tx).await?;
+        statuses_written.extend(later_written);
+    }
     events.extend(later_events);
+    // What is explained is written once the admissions have committed: thousands of first
+    // reasons after a burst of submissions do not hold them up.
+    if !explanations.is_empty() {
+        let mut tx = ctx.begin().await?;
+        let explained = berth_store::workload::workload_explain(&mut *tx, &explanations).await?;
+        berth_store::commit(tx).await?;
+        status.explained = usize::try_from(explained).unwrap_or(usize::MAX);
+    }
     status.stale = writes.len() - statuses_written.len();
-    status.explained = usize::try_from(explained).unwrap_or(usize::MAX);
     let written: std::collections::HashSet<_> = statuses_written.iter().map(|w| w.uid).collect();
     for w in &writes {
         if written.contains(&w.uid.0) {

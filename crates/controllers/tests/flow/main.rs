@@ -2057,6 +2057,7 @@ impl berth_controllers::runner::Reconciler for Counting {
                     changes: 0,
                     waits_on_time: false,
                     rest: std::time::Duration::ZERO,
+                    rest_for_submissions: std::time::Duration::ZERO,
                     status: json!({}),
                 });
             };
@@ -2150,13 +2151,16 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
     assert_eq!(seen[1], seen[0], "registered in reverse");
 }
 
-/// A scheduler kept busy by submissions with no room for them spends at most half of the
-/// time in its cycles: cycles of 150 ms that admit nothing start at least 300 ms apart, so
-/// while one that admits runs 10 cycles back to back (1.5 s or more), it runs at most one
-/// more than a 300 ms gap each allows (as before, as many as the other).
+/// A scheduler kept busy by submissions with no room for them spends at most a fifth of the
+/// time in its cycles: cycles of 150 ms that admit nothing start at least 750 ms apart (they
+/// rest 4 times as long as they ran), so while one that admits runs 10 cycles back to back
+/// (1.5 s or more), it runs at most one more than a 750 ms gap each allows. A change that may
+/// free room, sent 100 ms into such a rest, ends it once the cycle has rested as long as it
+/// ran (the next starts within 750 ms of the last); a submission does not.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn a_scheduler_that_admits_nothing_rests_as_long_as_its_cycle_ran(db: berth_store::PgPool) {
-    use berth_controllers::runner::WokenBy;
+async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db: berth_store::PgPool) {
+    use berth_controllers::runner::{Report, WokenBy};
+    use berth_store::changes::{Change, notify};
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::time::{Duration, Instant};
     let p = Plane::new(db).await;
@@ -2176,14 +2180,46 @@ async fn a_scheduler_that_admits_nothing_rests_as_long_as_its_cycle_ran(db: bert
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (ran, took) = (resting.load(SeqCst), started.elapsed());
-    running.shutdown().await;
-    let allowed = 1 + usize::try_from(took.as_millis() / 300).unwrap();
+    let allowed = 1 + usize::try_from(took.as_millis() / 750).unwrap();
     assert!(
         (2..=allowed).contains(&ran),
         "{ran} cycles of 150 ms that admitted nothing in {took:?} (at most {allowed})"
     );
+    // The gap from the start of the next cycle that admits nothing to the one after, with
+    // `change` sent 250 ms after the first started (100 ms into its rest).
+    let gap_with = |change: Change| {
+        let (resting, db) = (resting.clone(), p.ctx.db.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let next_start = |after: usize| {
+                let resting = resting.clone();
+                async move {
+                    while resting.load(SeqCst) == after {
+                        assert!(Instant::now() < deadline, "no cycle started in 10 s");
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    (resting.load(SeqCst), Instant::now())
+                }
+            };
+            let (ran, first) = next_start(resting.load(SeqCst)).await;
+            tokio::time::sleep_until((first + Duration::from_millis(250)).into()).await;
+            notify(&db, &change).await.unwrap();
+            let (_, second) = next_start(ran).await;
+            second - first
+        }
+    };
+    let after_room = gap_with(Change::Table("clusters".into())).await;
+    assert!(after_room < Duration::from_millis(750), "the next cycle started {after_room:?} after the last");
+    let after_submission = gap_with(Change::Submitted).await;
+    assert!(
+        after_submission >= Duration::from_millis(740),
+        "the next cycle started {after_submission:?} after the last"
+    );
+    running.shutdown().await;
     let took_long = scheduler::SchedulerStatus { cycle_ms: 14_000.0, ..Default::default() };
     assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
+    assert_eq!(took_long.rest_for_submissions(), scheduler::REST_AT_MOST);
+    assert_eq!(cycle(1).rest_for_submissions(), Duration::ZERO);
 }
 
 /// Status sync sleeps while no work is on a backend (an idle site no longer reads its
