@@ -120,7 +120,10 @@ pub fn pending_reason(
                             json!({"cluster": cluster(m.cluster), "miss": miss})
                         })
                         .collect();
-                    json!({"flavor": flavor(a.flavor), "clusters": clusters})
+                    let borrowing = a.borrowing.as_ref().map(|b| {
+                        json!({"team": team(b.team), "used": b.used, "own_guarantee": b.guaranteed, "requested": b.requested})
+                    });
+                    json!({"flavor": flavor(a.flavor), "clusters": clusters, "borrowing": borrowing})
                 })
                 .collect();
             let summary: Vec<String> = attempts
@@ -144,7 +147,32 @@ pub fn pending_reason(
                     })
                 })
                 .collect();
-            ("NoClusterFits", format!("no cluster has room: {}", summary.join("; ")), json!({"attempts": per_flavor}))
+            // Borrowed work preempts no one for room: say so where it would borrow.
+            let borrowing: Vec<String> = attempts
+                .iter()
+                .filter_map(|a| {
+                    let b = a.borrowing.as_ref()?;
+                    let own = if s.has_child_teams(b.team) {
+                        format!("team {}'s own work (its guarantee less its teams')", team(b.team))
+                    } else {
+                        format!("team {}", team(b.team))
+                    };
+                    Some(format!(
+                        ". In {} it would borrow: {own} uses {} of {} guaranteed GPUs and this asks {}; borrowed \
+                         work uses only free GPUs and preempts no other team's work (work within the guarantee \
+                         would take back borrowed GPUs)",
+                        flavor(a.flavor),
+                        b.used,
+                        b.guaranteed,
+                        b.requested
+                    ))
+                })
+                .collect();
+            (
+                "NoClusterFits",
+                format!("no cluster has room: {}{}", summary.join("; "), borrowing.concat()),
+                json!({"attempts": per_flavor}),
+            )
         }
         Reason::WaitingForReclaim { cluster: c, flavor: f, victims } => {
             // Their GPUs stay theirs until the backend says they stopped.

@@ -47,7 +47,8 @@ use crate::feasible::Impossible;
 use crate::fragmentation::Shapes;
 use crate::nodes::{NodeState, Placed, node_states, place};
 use crate::plan::{
-    Admission, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare, Waiting,
+    Admission, Borrowing, ClusterMiss, FlavorAttempt, Miss, Plan, Preemption, PreemptionCause, Reason, TeamShare,
+    Waiting,
 };
 use crate::snapshot::{
     Cluster, ClusterIx, FlavorIx, InvalidSnapshot, NodeIx, ONE_GPU, OwnQuota, Pending, PendingIx, Resources, Running,
@@ -672,6 +673,7 @@ impl<'a> Cycle<'a> {
         for f in possible {
             // Capacity is reported before quota: quota is the reason only where there is
             // room (so a full flavor says so, whatever the limits).
+            let mut borrowing = None;
             let room = match self.quota(p, f, None) {
                 Ok(in_quota) => match self.best_cluster(w, f) {
                     Ok(c) if p.flavor_policy == FlavorPolicy::BestFit => {
@@ -684,7 +686,10 @@ impl<'a> Cycle<'a> {
                         self.admit(w, f, in_quota, c);
                         return Ok(());
                     }
-                    Err(misses) => Err(misses),
+                    Err(misses) => {
+                        borrowing = (!in_quota).then(|| self.borrowing(p, f));
+                        Err(misses)
+                    }
                 },
                 Err(reason) => self.room(w, f).map(|()| {
                     self.share_blocked[w] |= matches!(reason, Reason::FairShareReached { .. });
@@ -692,7 +697,7 @@ impl<'a> Cycle<'a> {
                 }),
             };
             if let Err(misses) = room {
-                attempts.push(FlavorAttempt { flavor: f, clusters: misses });
+                attempts.push(FlavorAttempt { flavor: f, clusters: misses, borrowing });
             }
         }
         if let Some((in_quota, f, c)) = fitting {
@@ -743,6 +748,17 @@ impl<'a> Cycle<'a> {
         let node = &self.s.nodes[n];
         if let Some(pool) = self.pool_at[node.cluster * self.flavors + node.flavor] {
             self.pools[pool].version += 1;
+        }
+    }
+
+    /// How `p` would borrow in `f`: what its team's own work uses of its own guarantee.
+    fn borrowing(&self, p: &Pending, f: FlavorIx) -> Borrowing {
+        let used = self.own_quota.own(|i| self.subtree_used[i], p.team, f);
+        Borrowing {
+            team: p.team,
+            used: gpus(used),
+            guaranteed: gpus(self.own_quota.guaranteed(p.team, f)),
+            requested: gpus(u64::from(p.tasks.total_gpus())),
         }
     }
 

@@ -125,6 +125,21 @@ impl Reason {
 pub struct FlavorAttempt {
     pub flavor: FlavorIx,
     pub clusters: Vec<ClusterMiss>,
+    /// Set when quota allowed it here only as borrowed work (beyond its team's own
+    /// guarantee), which preempts no one to make room: a workload within the guarantee
+    /// would.
+    pub borrowing: Option<Borrowing>,
+}
+
+/// Where a workload would borrow: its team's own work uses `used` of its own guarantee
+/// (`guaranteed`: the team's guarantee less its child teams'), and it asks `requested` more
+/// (GPUs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Borrowing {
+    pub team: TeamIx,
+    pub used: f64,
+    pub guaranteed: f64,
+    pub requested: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

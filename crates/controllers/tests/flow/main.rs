@@ -501,6 +501,49 @@ async fn a_child_team_takes_its_guarantee_back_from_its_departments_own_work(db:
     assert!(!c1.status.admission.unwrap().borrowed);
 }
 
+/// Found from outside: a department's own job beyond its own guarantee waited with "no
+/// cluster has room" alone, though a smaller one would have taken its GPUs back. Its
+/// reason now says it would borrow, what the department's own work uses of its own
+/// guarantee, and that borrowed work preempts no other team's work; a job within that
+/// guarantee does reclaim.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_job_that_would_borrow_says_so_where_no_cluster_has_room(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("research", None, 16, None).await;
+    p.team("nlp", Some("research"), 8, None).await;
+    p.team("x", None, 0, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("x", "x1", 1, 8.0, json!({"resumable": true})).await;
+    p.submit("x", "x2", 1, 8.0, json!({"resumable": true})).await;
+    p.settle().await;
+    p.submit("research", "big", 2, 6.0, json!({})).await;
+    p.settle().await;
+    let big = p.workload("research", "big").await;
+    assert_eq!(big.status.phase, Phase::Pending);
+    let reason = big.status.pending_reason.unwrap();
+    assert_eq!(reason.code, "NoClusterFits");
+    assert!(
+        reason.message.ends_with(
+            ". In h100 it would borrow: team research's own work (its guarantee less its teams') uses 0 of 8 \
+             guaranteed GPUs and this asks 12; borrowed work uses only free GPUs and preempts no other team's work \
+             (work within the guarantee would take back borrowed GPUs)"
+        ),
+        "{}",
+        reason.message
+    );
+    let borrowing = &reason.details.unwrap()["attempts"][0]["borrowing"];
+    assert_eq!(borrowing["team"], "research");
+    assert_eq!((borrowing["used"].as_f64(), borrowing["own_guarantee"].as_f64()), (Some(0.0), Some(8.0)));
+    assert_eq!((p.phase("x", "x1").await, p.phase("x", "x2").await), (Phase::Running, Phase::Running));
+    // Within its own guarantee, it takes one of x's jobs back.
+    p.submit("research", "small", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let preempting = [p.phase("x", "x1").await, p.phase("x", "x2").await];
+    assert_eq!(preempting.iter().filter(|&&ph| ph == Phase::Preempting).count(), 1, "{preempting:?}");
+    let small = p.workload("research", "small").await.status.pending_reason.unwrap();
+    assert!(!small.message.contains("it would borrow"), "{}", small.message);
+}
+
 /// b2 borrows, a1 reclaims it: b2 is `Preempting` with its cancel sent when its cluster
 /// stops answering. Returns the plane with a1 waiting.
 async fn preempting_when_the_cluster_goes_down(p: &Plane) {
