@@ -341,7 +341,8 @@ impl Access<'_> {
         match parent {
             Some(p) if self.administers(p) => Ok(()),
             Some(p) => Err(forbidden(format!(
-                "only an admin of team {p:?} or above (or a platform admin) may manage its child team {team:?}"
+                "team {team:?} under team {p:?}: only an admin of team {p:?} or of a team above it (or a platform \
+                 admin) may create, change, move or delete the teams under it"
             ))),
             None => Err(forbidden(format!("only a platform admin may manage the root team {team:?}"))),
         }
@@ -628,6 +629,9 @@ mod tests {
         assert!(matches!(a.apply_team("llm", Some("vision")), Err(Error::Forbidden(_))), "moving out of the subtree");
         assert!(a.manage_team("new", Some("llm")).is_ok());
         assert!(matches!(a.manage_team("nlp", Some("research")), Err(Error::Forbidden(_))));
+        // Moving a team it manages under one it does not: the refusal names where it would go.
+        let Err(Error::Forbidden(moved)) = a.apply_team("llm", Some("vision")) else { panic!("not forbidden") };
+        assert!(moved.starts_with("team \"llm\" under team \"vision\": only an admin of team \"vision\""), "{moved}");
         assert!(matches!(a.manage_team("vision", Some("research")), Err(Error::NotFound { .. })));
         assert!(a.write_workloads("llm").is_ok());
         assert_eq!(a.visible_teams().unwrap(), BTreeSet::from(["llm".to_owned(), "nlp".to_owned()]));
