@@ -2263,6 +2263,41 @@ async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db:
     assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
     assert_eq!(took_long.rest_for_submissions(), scheduler::REST_AT_MOST);
     assert_eq!(cycle(1).rest_for_submissions(), Duration::ZERO);
+    // With GPUs free (a gap a new submission may fit), or new reasons left for later, it
+    // rests only as long as it ran.
+    let with_room = scheduler::SchedulerStatus { free_gpus: 2.0, ..cycle(0) };
+    assert_eq!(with_room.rest_for_submissions(), Duration::from_millis(150));
+    let behind = scheduler::SchedulerStatus { deferred: 10, ..cycle(0) };
+    assert_eq!(behind.rest_for_submissions(), Duration::from_millis(150));
+}
+
+/// A cycle that admits nothing counts the GPUs still free (a new submission may fit them,
+/// so it rests only as long as it ran); with none free, it rests longer while only
+/// submissions wake it.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_cycle_that_admits_nothing_counts_the_gpus_left_free(db: berth_store::PgPool) {
+    use berth_controllers::runner::Report;
+    let p = Plane::new(db).await;
+    p.team("nlp", None, 16, None).await;
+    p.cluster("sim-a", 2, json!({})).await;
+    p.submit("nlp", "a", 1, 6.0, json!({})).await;
+    p.settle().await;
+    p.submit("nlp", "big", 2, 8.0, json!({})).await;
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.admitted, cycle.free_gpus), (0, 10.0), "{cycle:?}");
+    assert_eq!(cycle.rest_for_submissions(), cycle.rest());
+    p.submit("nlp", "b", 1, 8.0, json!({})).await;
+    p.submit("nlp", "c", 1, 1.0, json!({})).await;
+    p.submit("nlp", "d", 1, 0.5, json!({})).await;
+    p.settle().await;
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.admitted, cycle.free_gpus), (0, 0.5), "{cycle:?}");
+    p.submit("nlp", "e", 1, 0.5, json!({})).await;
+    p.settle().await;
+    let cycle = scheduler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!((cycle.admitted, cycle.free_gpus), (0, 0.0), "{cycle:?}");
+    assert_eq!(p.phase("nlp", "big").await, Phase::Pending);
+    assert!(cycle.rest_for_submissions() > cycle.rest(), "{cycle:?}");
 }
 
 /// Status sync sleeps while no work is on a backend (an idle site no longer reads its
