@@ -2935,7 +2935,10 @@ export interface operations {
     };
     put_cluster: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Check the request and answer what it would do, without writing anything. */
+                dry_run?: boolean;
+            };
             header?: {
                 /**
                  * @description `*` or quoted resource versions (`"42"`; a bare `42` is read as `"42"`); the write
@@ -2962,7 +2965,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Replaced, or unchanged */
+            /** @description Replaced, or unchanged; with `dry_run`, the cluster as it would be (nothing written, no ETag) */
             200: {
                 headers: {
                     ETag?: string;
@@ -3656,7 +3659,10 @@ export interface operations {
     };
     put_flavor: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Check the request and answer what it would do, without writing anything. */
+                dry_run?: boolean;
+            };
             header?: {
                 /**
                  * @description `*` or quoted resource versions (`"42"`; a bare `42` is read as `"42"`); the write
@@ -3683,7 +3689,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Replaced, or unchanged */
+            /** @description Replaced, or unchanged; with `dry_run`, the flavor as it would be (nothing written, no ETag) */
             200: {
                 headers: {
                     ETag?: string;
@@ -5623,7 +5629,10 @@ export interface operations {
     };
     put_team: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Check the request and answer what it would do, without writing anything. */
+                dry_run?: boolean;
+            };
             header?: {
                 /**
                  * @description `*` or quoted resource versions (`"42"`; a bare `42` is read as `"42"`); the write
@@ -5650,7 +5659,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Replaced, or unchanged */
+            /** @description Replaced, or unchanged; with `dry_run`, the team as it would be (nothing written, no ETag) */
             200: {
                 headers: {
                     ETag?: string;

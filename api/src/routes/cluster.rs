@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use berth_app::cluster as app;
 use berth_core::cluster::{Cluster, ClusterApply, ClusterKind, NodeView};
 use berth_core::page::PageRequest;
@@ -89,18 +89,23 @@ pub struct NodeList {
 /// `credentials_ref` names a secret in berthd's environment; never send the secret itself.
 /// `kind` cannot change once the cluster exists.
 #[utoipa::path(put, path = "/api/v1/clusters/{name}", tag = "clusters",
-    params(("name" = String, Path, description = "Cluster name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    params(("name" = String, Path, description = "Cluster name (DNS-1123 label)"), super::WriteParams, crate::openapi::IfMatchHeader),
     request_body = ClusterApply,
     responses(
-        (status = 200, description = "Replaced, or unchanged", body = Cluster, headers(("ETag" = String))),
+        (status = 200, description = "Replaced, or unchanged; with `dry_run`, the cluster as it would be (nothing written, no ETag)", body = Cluster, headers(("ETag" = String))),
         (status = 201, description = "Created", body = Cluster, headers(("ETag" = String), ("Location" = String)))))]
 async fn put_cluster(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<super::WriteParams>,
     Preconditions(if_match): Preconditions,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<ClusterApply>,
 ) -> Result<Response, ApiError> {
+    if q.dry_run {
+        let (cluster, _) = app::cluster_apply_dry_run(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
+        return Ok((StatusCode::OK, Json(cluster)).into_response());
+    }
     let (cluster, outcome) = app::cluster_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/clusters/{name}"), &cluster.metadata, &cluster))
 }

@@ -1,8 +1,9 @@
 //! `/api/v1/flavors`
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use berth_app::flavor as app;
 use berth_core::flavor::{Flavor, FlavorApply};
 use berth_core::page::PageRequest;
@@ -50,18 +51,23 @@ async fn get_flavor(
 /// Idempotent: the same spec twice changes nothing. `status` and read-only metadata in the
 /// body are ignored.
 #[utoipa::path(put, path = "/api/v1/flavors/{name}", tag = "flavors",
-    params(("name" = String, Path, description = "Flavor name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    params(("name" = String, Path, description = "Flavor name (DNS-1123 label)"), super::WriteParams, crate::openapi::IfMatchHeader),
     request_body = FlavorApply,
     responses(
-        (status = 200, description = "Replaced, or unchanged", body = Flavor, headers(("ETag" = String))),
+        (status = 200, description = "Replaced, or unchanged; with `dry_run`, the flavor as it would be (nothing written, no ETag)", body = Flavor, headers(("ETag" = String))),
         (status = 201, description = "Created", body = Flavor, headers(("ETag" = String), ("Location" = String)))))]
 async fn put_flavor(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<super::WriteParams>,
     Preconditions(if_match): Preconditions,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<FlavorApply>,
 ) -> Result<Response, ApiError> {
+    if q.dry_run {
+        let (flavor, _) = app::flavor_apply_dry_run(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
+        return Ok((StatusCode::OK, Json(flavor)).into_response());
+    }
     let (flavor, outcome) = app::flavor_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/flavors/{name}"), &flavor.metadata, &flavor))
 }

@@ -15,7 +15,8 @@ use axum::response::{IntoResponse, Response};
 use berth_core::apply::Applied;
 use berth_core::meta::ObjectMeta;
 use berth_core::page::Page;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::state::AppState;
@@ -94,4 +95,15 @@ pub struct PageParams {
 
 fn list<T, L: From<Page<T>> + Serialize>(page: Page<T>) -> Response {
     axum::Json(L::from(page)).into_response()
+}
+
+/// `?dry_run=true`: every check of the write, and the answer it would give, with nothing
+/// written.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WriteParams {
+    /// Check the request and answer what it would do, without writing anything.
+    #[serde(default)]
+    pub dry_run: bool,
 }

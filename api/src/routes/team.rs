@@ -73,18 +73,23 @@ async fn get_team(
 /// a team admin manages the teams below its own (under a parent in its subtree), so never
 /// its own team's quota.
 #[utoipa::path(put, path = "/api/v1/teams/{name}", tag = "teams",
-    params(("name" = String, Path, description = "Team name (DNS-1123 label)"), crate::openapi::IfMatchHeader),
+    params(("name" = String, Path, description = "Team name (DNS-1123 label)"), super::WriteParams, crate::openapi::IfMatchHeader),
     request_body = TeamApply,
     responses(
-        (status = 200, description = "Replaced, or unchanged", body = Team, headers(("ETag" = String))),
+        (status = 200, description = "Replaced, or unchanged; with `dry_run`, the team as it would be (nothing written, no ETag)", body = Team, headers(("ETag" = String))),
         (status = 201, description = "Created", body = Team, headers(("ETag" = String), ("Location" = String)))))]
 async fn put_team(
     State(s): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<super::WriteParams>,
     Preconditions(if_match): Preconditions,
     OpCtx(opctx): OpCtx,
     ApiJson(body): ApiJson<TeamApply>,
 ) -> Result<Response, ApiError> {
+    if q.dry_run {
+        let (team, _) = app::team_apply_dry_run(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
+        return Ok((StatusCode::OK, Json(team)).into_response());
+    }
     let (team, outcome) = app::team_apply(&s.db, &opctx, &name, &body, if_match.as_ref()).await?;
     Ok(applied(outcome, &format!("/api/v1/teams/{name}"), &team.metadata, &team))
 }

@@ -18,7 +18,7 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{applied, list, list_type, object};
+use super::{WriteParams, applied, list, list_type, object};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, OpCtx, Preconditions};
 use crate::problem::ApiError;
 use crate::state::AppState;
@@ -37,17 +37,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_workload_endpoint))
         .routes(routes!(get_queue))
         .routes(routes!(get_workload_summary))
-}
-
-/// `?dry_run=true`: every check of the write, and the answer it would give, with nothing
-/// written.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct WriteParams {
-    /// Check the request and answer what it would do, without writing anything.
-    #[serde(default)]
-    pub dry_run: bool,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

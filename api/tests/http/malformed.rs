@@ -255,10 +255,7 @@ async fn an_undeclared_or_repeated_query_parameter_is_refused_and_nothing_is_wri
     s.seed().await;
     let before = s.table_counts().await;
     let writes = [
-        (Method::PUT, "/api/v1/teams/vision?dry_run=true", Some(TeamBody::new().quota("h100", 1, None, 1).json())),
         (Method::DELETE, "/api/v1/teams/nlp?dry_run=true", None),
-        (Method::PUT, "/api/v1/clusters/c1?dry_run=true", Some(sim_cluster("h100"))),
-        (Method::PUT, "/api/v1/flavors/l40s?dry_run=1", Some(flavor("l40s"))),
         (Method::DELETE, "/api/v1/flavors/a100?force=true", None),
     ];
     for (method, path, body) in writes {
@@ -278,5 +275,25 @@ async fn an_undeclared_or_repeated_query_parameter_is_refused_and_nothing_is_wri
     assert_eq!(s.get("/api/v1/teams?limit=1").await.status, 200);
     let body = crate::common::WorkloadBody::new().json();
     assert_eq!(s.put("/api/v1/teams/nlp/workloads/w?dry_run=true", &body).await.status, 200);
-    assert_eq!(s.table_counts().await, before, "nothing written by the dry run");
+    // As do those of a team, a cluster and a flavor (new or changed): each is answered as
+    // it would be.
+    let dry_runs = [
+        ("/api/v1/teams/vision?dry_run=true", TeamBody::new().quota("h100", 1, None, 1).json()),
+        ("/api/v1/teams/speech?dry_run=true", TeamBody::new().quota("h100", 1, None, 1).json()),
+        ("/api/v1/clusters/c1?dry_run=true", sim_cluster("h100")),
+        ("/api/v1/flavors/l40s?dry_run=true", flavor("l40s")),
+    ];
+    for (path, body) in dry_runs {
+        let reply = s.put(path, &body).await;
+        assert_eq!(
+            (reply.status, reply.headers.get("etag")),
+            (reqwest::StatusCode::OK, None),
+            "{path}: {}",
+            reply.body
+        );
+        let name = path.rsplit('/').next().unwrap().split('?').next().unwrap();
+        assert_eq!(reply.body["metadata"]["name"], name, "{path}: {}", reply.body);
+    }
+    s.put("/api/v1/flavors/l40s?dry_run=1", &flavor("l40s")).await.assert_problem(400, Some("dry_run"));
+    assert_eq!(s.table_counts().await, before, "nothing written by the dry runs");
 }

@@ -9,7 +9,7 @@ use berth_store::{PgPool, cluster as store, flavor as flavors};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, Write, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
@@ -26,6 +26,32 @@ pub async fn cluster_apply(
     name: &str,
     input: &ClusterApply,
     if_match: Option<&IfMatch>,
+) -> ApplyResult<Cluster> {
+    apply_as(db, opctx, name, input, if_match, Write::Commit).await
+}
+
+/// [`cluster_apply`]'s every check, and the cluster as it would be, without writing it
+/// (`?dry_run=true`).
+///
+/// # Errors
+/// As [`cluster_apply`].
+pub async fn cluster_apply_dry_run(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &ClusterApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Cluster> {
+    apply_as(db, opctx, name, input, if_match, Write::RollBack).await
+}
+
+async fn apply_as(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &ClusterApply,
+    if_match: Option<&IfMatch>,
+    write: Write,
 ) -> ApplyResult<Cluster> {
     opctx.access().platform_admin("change clusters")?;
     input.validate(name)?;
@@ -70,8 +96,10 @@ pub async fn cluster_apply(
         };
         let before = existing.as_ref().map(|c| (c.metadata.generation, &c.spec));
         audit_apply(&mut tx, &opctx.actor, KIND, (&cluster.metadata, &cluster.spec), applied, before).await?;
-        berth_store::commit(tx).await?;
-        crate::feasibility::forget(db);
+        if write == Write::Commit {
+            berth_store::commit(tx).await?;
+            crate::feasibility::forget(db);
+        }
         return Ok((cluster, applied));
     }
     Err(lost_create_race(KIND, name))

@@ -9,7 +9,7 @@ use berth_store::{PgPool, flavor as store};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, resource_version,
+    ApplyResult, CREATE_RACE_ATTEMPTS, Write, audit_apply, audit_change, current, lost_create_race, resource_version,
 };
 
 const KIND: &str = "flavor";
@@ -25,6 +25,32 @@ pub async fn flavor_apply(
     name: &str,
     input: &FlavorApply,
     if_match: Option<&IfMatch>,
+) -> ApplyResult<Flavor> {
+    apply_as(db, opctx, name, input, if_match, Write::Commit).await
+}
+
+/// [`flavor_apply`]'s every check, and the flavor as it would be, without writing it
+/// (`?dry_run=true`).
+///
+/// # Errors
+/// As [`flavor_apply`].
+pub async fn flavor_apply_dry_run(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &FlavorApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Flavor> {
+    apply_as(db, opctx, name, input, if_match, Write::RollBack).await
+}
+
+async fn apply_as(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &FlavorApply,
+    if_match: Option<&IfMatch>,
+    write: Write,
 ) -> ApplyResult<Flavor> {
     opctx.access().platform_admin("change flavors")?;
     input.validate(name)?;
@@ -48,7 +74,9 @@ pub async fn flavor_apply(
         };
         let before = existing.as_ref().map(|f| (f.metadata.generation, &f.spec));
         audit_apply(&mut tx, &opctx.actor, KIND, (&flavor.metadata, &flavor.spec), applied, before).await?;
-        berth_store::commit(tx).await?;
+        if write == Write::Commit {
+            berth_store::commit(tx).await?;
+        }
         return Ok((flavor, applied));
     }
     Err(lost_create_race(KIND, name))

@@ -123,3 +123,11 @@ fn missing_references(
         .map(|(field, name)| berth_core::FieldError::new(field, format!("{what} {name:?} does not exist")))
         .collect()
 }
+
+/// Whether a write is kept, or only tried (a dry run: the same statements in a
+/// transaction that is rolled back, so the answer is exactly what the write would give).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    Commit,
+    RollBack,
+}

@@ -10,7 +10,7 @@ use berth_store::{PgPool, Tx, flavor as flavors, team as store};
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, Write, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
@@ -28,6 +28,32 @@ pub async fn team_apply(
     name: &str,
     input: &TeamApply,
     if_match: Option<&IfMatch>,
+) -> ApplyResult<Team> {
+    apply_as(db, opctx, name, input, if_match, Write::Commit).await
+}
+
+/// [`team_apply`]'s every check, and the team as it would be, without writing it
+/// (`?dry_run=true`).
+///
+/// # Errors
+/// As [`team_apply`].
+pub async fn team_apply_dry_run(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &TeamApply,
+    if_match: Option<&IfMatch>,
+) -> ApplyResult<Team> {
+    apply_as(db, opctx, name, input, if_match, Write::RollBack).await
+}
+
+async fn apply_as(
+    db: &PgPool,
+    opctx: &OpContext,
+    name: &str,
+    input: &TeamApply,
+    if_match: Option<&IfMatch>,
+    write: Write,
 ) -> ApplyResult<Team> {
     opctx.access().apply_team(name, input.spec.parent.as_deref())?;
     input.validate(name)?;
@@ -56,9 +82,11 @@ pub async fn team_apply(
         };
         let before = existing.as_ref().map(|t| (t.metadata.generation, &t.spec));
         audit_apply(&mut tx, &opctx.actor, KIND, (&team.metadata, &team.spec), applied, before).await?;
-        berth_store::commit(tx).await?;
-        crate::feasibility::forget(db);
-        crate::access_cache::forget(db);
+        if write == Write::Commit {
+            berth_store::commit(tx).await?;
+            crate::feasibility::forget(db);
+            crate::access_cache::forget(db);
+        }
         return Ok((team, applied));
     }
     Err(lost_create_race(KIND, name))

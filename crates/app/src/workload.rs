@@ -19,7 +19,7 @@ use chrono::Utc;
 
 use crate::context::OpContext;
 use crate::{
-    ApplyResult, CREATE_RACE_ATTEMPTS, audit_apply, audit_change, current, lost_create_race, missing_references,
+    ApplyResult, CREATE_RACE_ATTEMPTS, Write, audit_apply, audit_change, current, lost_create_race, missing_references,
     resource_version,
 };
 
@@ -60,14 +60,6 @@ pub async fn workload_apply_dry_run(
     if_match: Option<&IfMatch>,
 ) -> ApplyResult<Workload> {
     apply(db, opctx, team, name, input, if_match, Write::RollBack).await
-}
-
-/// Whether a write is kept, or only tried (a dry run: the same statements in a
-/// transaction that is rolled back, so the answer is exactly what the write would give).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Write {
-    Commit,
-    RollBack,
 }
 
 async fn apply(

@@ -293,8 +293,8 @@ pub struct Step {
     /// What the scheduler would do (a team's quota change, `--dry-run` only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preview: Vec<String>,
-    /// The server's refusal of this step, as its check without writing found it (a
-    /// workload's, `--dry-run` only).
+    /// The server's refusal of this step, as its check without writing found it
+    /// (`--dry-run` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
     #[serde(skip)]
@@ -459,33 +459,64 @@ pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
 }
 
 /// Asks the server what each team change would do to admitted and running work, and has
-/// it check each workload to create or change as it would write it (`?dry_run=true`:
-/// every check, the team's limits and what can ever run included, nothing written),
-/// unless the plan also changes teams, flavors or clusters, which that check would not see.
+/// it check each flavor, cluster, new team and workload to create or change as it would
+/// write it (`?dry_run=true`: every check, the team's limits and what can ever run
+/// included, nothing written), unless the plan first changes what that check reads, which
+/// it would not see: flavors (for clusters, teams and workloads), the team's parent or a
+/// team beside it (for a new team), teams or clusters (for workloads).
 pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError> {
-    let others_change = steps
+    let changes = |s: &Step| !matches!(s.action, Action::Unchanged);
+    let flavors_change = steps.iter().any(|s| s.kind == Kind::Flavor && changes(s));
+    let others_change = steps.iter().any(|s| !matches!(s.kind, Kind::Workload | Kind::RoleBinding) && changes(s));
+    // The teams the plan writes or deletes: each with its parent, and whether it is new.
+    let teams: Vec<(String, Option<String>, bool)> = steps
         .iter()
-        .any(|s| !matches!(s.kind, Kind::Workload | Kind::RoleBinding) && !matches!(s.action, Action::Unchanged));
-    for step in
-        steps.iter_mut().filter(|s| s.kind == Kind::Workload && matches!(s.action, Action::Create | Action::Change))
-    {
+        .filter(|s| s.kind == Kind::Team && changes(s))
+        .filter_map(|s| Some((s.doc.as_ref()?, matches!(s.action, Action::Create))))
+        .map(|(d, new)| (d.name.clone(), d.spec["parent"].as_str().map(str::to_owned), new))
+        .collect();
+    for step in steps.iter_mut().filter(|s| {
+        matches!(s.action, Action::Create | Action::Change)
+            && !matches!(s.kind, Kind::RoleBinding)
+            && !(s.kind == Kind::Team && matches!(s.action, Action::Change))
+    }) {
         let Some(doc) = &step.doc else { continue };
-        if others_change {
-            step.preview.push("not checked by the server: the plan changes teams, flavors or clusters first".into());
+        let unseen = match step.kind {
+            Kind::Workload if others_change => Some("the plan changes teams, flavors or clusters first"),
+            Kind::Cluster | Kind::Team if flavors_change => Some("the plan changes flavors first"),
+            // A new team's guarantee nests in its parent's beside its siblings'. Siblings
+            // the plan creates are not seen (the write may still refuse the later one); one
+            // it changes may give room back, so the check would not hold.
+            Kind::Team => {
+                let parent = doc.spec["parent"].as_str();
+                let related = teams.iter().any(|(name, above, new)| {
+                    *name != doc.name && (parent == Some(name.as_str()) || (above.as_deref() == parent && !new))
+                });
+                related.then_some("the plan changes its parent, or a team beside it, first")
+            }
+            _ => None,
+        };
+        if let Some(unseen) = unseen {
+            step.preview.push(format!("not checked by the server: {unseen}"));
             continue;
         }
         let version = if matches!(step.action, Action::Change) { step.version.as_deref() } else { None };
         match client.put(&format!("{}?dry_run=true", step.path), &doc.body(), version).await {
             Ok(_) => {}
-            Err(e) if e.status().is_some_and(|s| (400..500).contains(&s) && s != 401 && s != 429) => {
-                step.refused = Some(e.to_string());
-            }
+            Err(e) if refusal(&e) => step.refused = Some(e.to_string()),
             Err(e) => return Err(e),
         }
     }
     for step in steps.iter_mut().filter(|s| s.kind == Kind::Team && matches!(s.action, Action::Change)) {
         let Some(doc) = &step.doc else { continue };
-        let answer = client.post(&format!("{}/preview", step.path), Some(&doc.body())).await?;
+        let answer = match client.post(&format!("{}/preview", step.path), Some(&doc.body())).await {
+            Ok(answer) => answer,
+            Err(e) if refusal(&e) => {
+                step.refused = Some(e.to_string());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         // The server's summary says it all in words, fair shares included.
         let mut lines: Vec<String> =
             answer["summary"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
@@ -499,6 +530,12 @@ pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError
 
 /// Prints a plan for people.
 /// A step's mark and what it does (or did).
+/// Whether the server refused the request itself (bad input, a conflict, not allowed), as
+/// the write would be refused, not for the caller's credentials or rate.
+fn refusal(e: &ApiError) -> bool {
+    e.status().is_some_and(|s| (400..500).contains(&s) && s != 401 && s != 429)
+}
+
 fn said(action: &Action, dry_run: bool) -> (&'static str, &'static str) {
     match action {
         Action::Create => ("+", if dry_run { "would be created" } else { "created" }),

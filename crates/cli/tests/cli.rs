@@ -180,6 +180,14 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
     let order: Vec<&str> = plan["steps"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(order, ["flavor/h100", "team/research", "team/nlp", "team/old", "team/vision", "cluster/sim-a"]);
     assert!(w.json(&["get", "teams"])["items"].as_array().unwrap().is_empty());
+    assert!(w.json(&["get", "flavors"])["items"].as_array().unwrap().is_empty(), "the flavor was only checked");
+    let noted =
+        |id: &str| {
+            plan["steps"].as_array().unwrap().iter().any(|s| {
+                s["id"] == id && s["preview"][0] == "not checked by the server: the plan changes flavors first"
+            })
+        };
+    assert!(noted("team/nlp") && noted("cluster/sim-a") && !noted("flavor/h100"), "{plan}");
 
     let applied = w.ok(&["apply", "-f", &org]);
     assert!(applied.contains("+ team/nlp created") && applied.contains("Applied: 6 to create"), "{applied}");
@@ -263,6 +271,27 @@ async fn a_platform_engineer_keeps_the_org_in_files_plans_applies_and_prunes(db:
         text(&dry.stderr)
     );
     assert_eq!(w.berth(&["get", "workload", "fine", "--team", "nlp"]).status.code(), Some(3), "nothing written");
+    // So are a new team and a cluster the server would refuse (found from outside: only
+    // workloads were checked, and apply then stopped partway): research's 16 GPUs are all
+    // its teams' already, and no flavor a100 exists. Nothing is written.
+    let more = w.write(
+        "more.yaml",
+        "kind: Team\nmetadata: {name: audio}\nspec: {parent: research, quotas: [{flavor: h100, guaranteed: 8}]}\n---\n\
+         kind: Cluster\nmetadata: {name: sim-b}\nspec: {kind: sim, sim: {node_groups: [{name: n, count: 1, flavor: a100, \
+         gpus_per_node: 8}]}}\n---\n\
+         kind: Team\nmetadata: {name: speech}\nspec: {parent: research, quotas: []}\n",
+    );
+    let dry = w.berth(&["apply", "-f", &more, "--dry-run"]);
+    let (out, err) = (text(&dry.stdout), text(&dry.stderr));
+    assert_eq!(dry.status.code(), Some(3), "{out}{err}");
+    assert!(out.contains("! team/audio would be refused (below)"), "{out}");
+    assert!(out.contains("! cluster/sim-b would be refused (below)"), "{out}");
+    assert!(out.contains("+ team/speech would be created") && !out.contains("not checked"), "{out}");
+    assert!(err.contains("team/audio (") && err.contains("guarantee"), "{err}");
+    assert!(err.contains("cluster/sim-b (") && err.contains("a100"), "{err}");
+    for (kind, name) in [("team", "audio"), ("cluster", "sim-b"), ("team", "speech")] {
+        assert_eq!(w.berth(&["get", kind, name]).status.code(), Some(3), "{kind}/{name} was written");
+    }
     // A field the server refuses is not dropped: metadata.parent would have made a top-level team.
     let parent = w.write("parent.yaml", "kind: Team\nmetadata: {name: speech, parent: research}\nspec: {quotas: []}\n");
     let out = w.berth(&["apply", "-f", &parent]);
