@@ -459,45 +459,53 @@ pub fn diff(at: &str, before: &Value, after: &Value, out: &mut Vec<String>) {
 }
 
 /// Asks the server what each team change would do to admitted and running work, and has
-/// it check each flavor, cluster, new team and workload to create or change as it would
-/// write it (`?dry_run=true`: every check, the team's limits and what can ever run
-/// included, nothing written), unless the plan first changes what that check reads, which
-/// it would not see: flavors (for clusters, teams and workloads), the team's parent or a
-/// team beside it (for a new team), teams or clusters (for workloads).
+/// it check each flavor, cluster, team and workload to create or change as it would write
+/// it (`?dry_run=true`: every check, the team's limits and what can ever run included,
+/// nothing written), unless the plan first changes what that check reads, which it would
+/// not see: flavors (for clusters, teams and workloads), other teams (for a team: its
+/// guarantee nests beside its siblings' in its parent's, its min runtime in every team
+/// above it), teams or clusters (for workloads). Deletes are not tried. Each step left
+/// unchecked says so.
 pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError> {
     let changes = |s: &Step| !matches!(s.action, Action::Unchanged);
     let flavors_change = steps.iter().any(|s| s.kind == Kind::Flavor && changes(s));
     let others_change = steps.iter().any(|s| !matches!(s.kind, Kind::Workload | Kind::RoleBinding) && changes(s));
-    // The teams the plan writes or deletes: each with its parent, and whether it is new.
-    let teams: Vec<(String, Option<String>, bool)> = steps
-        .iter()
-        .filter(|s| s.kind == Kind::Team && changes(s))
-        .filter_map(|s| Some((s.doc.as_ref()?, matches!(s.action, Action::Create))))
-        .map(|(d, new)| (d.name.clone(), d.spec["parent"].as_str().map(str::to_owned), new))
-        .collect();
-    for step in steps.iter_mut().filter(|s| {
-        matches!(s.action, Action::Create | Action::Change)
-            && !matches!(s.kind, Kind::RoleBinding)
-            && !(s.kind == Kind::Team && matches!(s.action, Action::Change))
-    }) {
-        let Some(doc) = &step.doc else { continue };
-        let unseen = match step.kind {
-            Kind::Workload if others_change => Some("the plan changes teams, flavors or clusters first"),
-            Kind::Cluster | Kind::Team if flavors_change => Some("the plan changes flavors first"),
-            // A new team's guarantee nests in its parent's beside its siblings'. Siblings
-            // the plan creates are not seen (the write may still refuse the later one); one
-            // it changes may give room back, so the check would not hold.
-            Kind::Team => {
-                let parent = doc.spec["parent"].as_str();
-                let related = teams.iter().any(|(name, above, new)| {
-                    *name != doc.name && (parent == Some(name.as_str()) || (above.as_deref() == parent && !new))
-                });
-                related.then_some("the plan changes its parent, or a team beside it, first")
+    let teams_changing = steps.iter().filter(|s| s.kind == Kind::Team && changes(s)).count();
+    for step in steps.iter_mut().filter(|s| s.kind != Kind::RoleBinding && changes(s)) {
+        let unseen = match (step.kind, &step.action) {
+            (_, Action::Delete) => {
+                Some("deletes are not tried (one is refused while in use, as a team with live work)")
             }
+            (Kind::Workload, _) if others_change => Some("the plan changes teams, flavors or clusters first"),
+            (Kind::Cluster | Kind::Team, _) if flavors_change => Some("the plan changes flavors first"),
+            (Kind::Team, _) if teams_changing > 1 => Some("the plan changes other teams too, which it would not see"),
             _ => None,
         };
         if let Some(unseen) = unseen {
             step.preview.push(format!("not checked by the server: {unseen}"));
+            continue;
+        }
+        let Some(doc) = &step.doc else { continue };
+        if step.kind == Kind::Team && matches!(step.action, Action::Change) {
+            let answer = match client.post(&format!("{}/preview", step.path), Some(&doc.body())).await {
+                Ok(answer) => answer,
+                Err(e) if refusal(&e) => {
+                    step.refused = Some(e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // The server's summary says it all in words, fair shares included.
+            let mut lines: Vec<String> = answer["summary"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect();
+            if lines.is_empty() {
+                lines.push("no running or waiting work would change".into());
+            }
+            step.preview = lines;
             continue;
         }
         let version = if matches!(step.action, Action::Change) { step.version.as_deref() } else { None };
@@ -507,29 +515,9 @@ pub async fn preview(client: &Client, steps: &mut [Step]) -> Result<(), ApiError
             Err(e) => return Err(e),
         }
     }
-    for step in steps.iter_mut().filter(|s| s.kind == Kind::Team && matches!(s.action, Action::Change)) {
-        let Some(doc) = &step.doc else { continue };
-        let answer = match client.post(&format!("{}/preview", step.path), Some(&doc.body())).await {
-            Ok(answer) => answer,
-            Err(e) if refusal(&e) => {
-                step.refused = Some(e.to_string());
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        // The server's summary says it all in words, fair shares included.
-        let mut lines: Vec<String> =
-            answer["summary"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
-        if lines.is_empty() {
-            lines.push("no running or waiting work would change".into());
-        }
-        step.preview = lines;
-    }
     Ok(())
 }
 
-/// Prints a plan for people.
-/// A step's mark and what it does (or did).
 /// Whether the server refused the request itself (bad input, a conflict, not allowed), as
 /// the write would be refused, not for the caller's credentials or rate.
 fn refusal(e: &ApiError) -> bool {

@@ -159,8 +159,8 @@ pub fn pending_reason(
                     };
                     Some(format!(
                         ". In {} it would borrow: {own} uses {} of {} guaranteed GPUs and this asks {}; borrowed \
-                         work uses only free GPUs and preempts no other team's work (work within the guarantee \
-                         would take back borrowed GPUs)",
+                         work starts only where GPUs are free and is no reason to preempt another team's work \
+                         (work within the guarantee is)",
                         flavor(a.flavor),
                         b.used,
                         b.guaranteed,

@@ -687,14 +687,20 @@ impl<'a> Cycle<'a> {
                         return Ok(());
                     }
                     Err(misses) => {
-                        borrowing = (!in_quota).then(|| self.borrowing(p, f));
+                        borrowing = if in_quota { None } else { self.borrowing(p, f) };
                         Err(misses)
                     }
                 },
-                Err(reason) => self.room(w, f).map(|()| {
-                    self.share_blocked[w] |= matches!(reason, Reason::FairShareReached { .. });
-                    quota_reason.get_or_insert(reason);
-                }),
+                Err(reason) => {
+                    let room = self.room(w, f);
+                    if room.is_err() {
+                        borrowing = self.borrowing(p, f);
+                    }
+                    room.map(|()| {
+                        self.share_blocked[w] |= matches!(reason, Reason::FairShareReached { .. });
+                        quota_reason.get_or_insert(reason);
+                    })
+                }
             };
             if let Err(misses) = room {
                 attempts.push(FlavorAttempt { flavor: f, clusters: misses, borrowing });
@@ -751,15 +757,17 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// How `p` would borrow in `f`: what its team's own work uses of its own guarantee.
-    fn borrowing(&self, p: &Pending, f: FlavorIx) -> Borrowing {
+    /// How `p` would borrow in `f`, if it would: what its team's own work uses of its own
+    /// guarantee, which `p` would take it past.
+    fn borrowing(&self, p: &Pending, f: FlavorIx) -> Option<Borrowing> {
         let used = self.own_quota.own(|i| self.subtree_used[i], p.team, f);
-        Borrowing {
+        let (guaranteed, requested) = (self.own_quota.guaranteed(p.team, f), u64::from(p.tasks.total_gpus()));
+        (used + requested > guaranteed).then(|| Borrowing {
             team: p.team,
             used: gpus(used),
-            guaranteed: gpus(self.own_quota.guaranteed(p.team, f)),
-            requested: gpus(u64::from(p.tasks.total_gpus())),
-        }
+            guaranteed: gpus(guaranteed),
+            requested: gpus(requested),
+        })
     }
 
     /// Whether `p` may take `f` now (`reclaim` is `None`), or once the `victims` it names

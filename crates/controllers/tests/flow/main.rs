@@ -525,8 +525,8 @@ async fn a_job_that_would_borrow_says_so_where_no_cluster_has_room(db: berth_sto
     assert!(
         reason.message.ends_with(
             ". In h100 it would borrow: team research's own work (its guarantee less its teams') uses 0 of 8 \
-             guaranteed GPUs and this asks 12; borrowed work uses only free GPUs and preempts no other team's work \
-             (work within the guarantee would take back borrowed GPUs)"
+             guaranteed GPUs and this asks 12; borrowed work starts only where GPUs are free and is no reason to \
+             preempt another team's work (work within the guarantee is)"
         ),
         "{}",
         reason.message
@@ -535,6 +535,16 @@ async fn a_job_that_would_borrow_says_so_where_no_cluster_has_room(db: berth_sto
     assert_eq!(borrowing["team"], "research");
     assert_eq!((borrowing["used"].as_f64(), borrowing["own_guarantee"].as_f64()), (Some(0.0), Some(8.0)));
     assert_eq!((p.phase("x", "x1").await, p.phase("x", "x2").await), (Phase::Running, Phase::Running));
+    // A team above its fair share, guaranteed nothing, is told the same (found from
+    // outside: only teams below their share were).
+    p.submit("x", "x3", 1, 8.0, json!({})).await;
+    p.settle().await;
+    let x3 = p.workload("x", "x3").await.status.pending_reason.unwrap();
+    assert!(
+        x3.message.contains(". In h100 it would borrow: team x uses 16 of 0 guaranteed GPUs and this asks 8;"),
+        "{}",
+        x3.message
+    );
     // Within its own guarantee, it takes one of x's jobs back.
     p.submit("research", "small", 1, 8.0, json!({})).await;
     p.settle().await;
