@@ -614,22 +614,39 @@ async fn a_preempted_workload_whose_cluster_stays_down_ends_as_the_preemption_wo
     assert!(b2.status.message.unwrap().contains("stayed unreachable"));
 }
 
+/// A leader ("old") that holds the lease on a connection of its own and has a fenced
+/// transaction open, and a connection for another replica.
+struct OldLeader {
+    p: Plane,
+    epoch: i64,
+    ctx: berth_controllers::Context,
+    conn: sqlx::PgConnection,
+    tx: berth_store::Tx<'static>,
+    new_conn: sqlx::PgConnection,
+}
+
+impl OldLeader {
+    async fn writing(db: berth_store::PgPool) -> Self {
+        use sqlx::ConnectOptions;
+        let options = db.connect_options();
+        let p = Plane::new(db).await;
+        let mut conn = options.connect().await.unwrap();
+        let epoch = berth_store::controller::leader_take(&mut conn, "old", chrono::Utc::now()).await.unwrap();
+        let ctx = berth_controllers::Context { epoch: Some(epoch), ..p.ctx.clone() };
+        let tx = ctx.begin().await.expect("the leader writes");
+        let new_conn = options.connect().await.unwrap();
+        Self { p, epoch, ctx, conn, tx, new_conn }
+    }
+}
+
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_leader_paused_inside_a_transaction_does_not_hold_the_lease_forever(db: berth_store::PgPool) {
     // Found from outside (kill -STOP of the leader, 3 times in 14): a leader paused inside
     // a fenced transaction held the lease row's lock; the standby had the lock 15 s later
     // but waited for the lease until the paused process was resumed (60 s and more), and
     // no controller ran anywhere. The standby now ends such a transaction after PATIENCE.
-    use berth_store::controller::leader_take;
-    use sqlx::ConnectOptions;
-    let options = db.connect_options();
-    let p = Plane::new(db).await;
-    let mut old_conn = options.connect().await.unwrap();
-    let old_epoch = leader_take(&mut old_conn, "old", chrono::Utc::now()).await.unwrap();
-    let old = berth_controllers::Context { epoch: Some(old_epoch), ..p.ctx.clone() };
     // The paused leader's transaction: fenced, then nothing more.
-    let paused = old.begin().await.expect("the leader writes");
-    let mut new_conn = options.connect().await.unwrap();
+    let OldLeader { p, epoch: old_epoch, conn: _held, tx: paused, mut new_conn, .. } = OldLeader::writing(db).await;
     let started = std::time::Instant::now();
     let patience = std::time::Duration::from_millis(500);
     let taking = berth_controllers::leader::take_lease(&p.ctx.db, &mut new_conn, "new", chrono::Utc::now(), patience);
@@ -649,15 +666,9 @@ async fn a_deposed_leaders_writes_fail_and_a_new_leader_waits_for_those_in_fligh
     // took over while the old leader's controllers still wrote for up to 0.8 s. Now a new
     // leader's epoch waits for the writes fenced with the old one, and later ones fail.
     use berth_store::controller::{leader_renew, leader_take};
-    use sqlx::ConnectOptions;
-    let options = db.connect_options();
-    let p = Plane::new(db).await;
-    let mut old_conn = options.connect().await.unwrap();
-    let old_epoch = leader_take(&mut old_conn, "old", chrono::Utc::now()).await.unwrap();
-    let old = berth_controllers::Context { epoch: Some(old_epoch), ..p.ctx.clone() };
-    let in_flight = old.begin().await.expect("the leader writes");
+    let OldLeader { p, epoch: old_epoch, ctx: old, conn: mut old_conn, tx: in_flight, mut new_conn } =
+        OldLeader::writing(db).await;
 
-    let mut new_conn = options.connect().await.unwrap();
     let taker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut new_conn).await.unwrap();
     let taking = tokio::spawn(async move {
         let epoch = leader_take(&mut new_conn, "new", chrono::Utc::now()).await.unwrap();
@@ -2078,11 +2089,24 @@ async fn replicas_waiting_beyond_the_room_left_go_when_a_cluster_is_cordoned(db:
     assert_eq!(waiting().await, 8);
 }
 
+/// Counts a pass ended when dropped (the pass's future done, however it returns).
+fn count_on_drop(ended: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> impl Drop {
+    struct Ended(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    Ended(ended)
+}
+
 /// A reconciler that counts its passes and changes nothing.
 struct Counting {
     name: &'static str,
     woken_by: berth_controllers::runner::WokenBy,
     passes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Passes ended.
+    ended: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// A scheduler's cycle that each pass takes as long as (`cycle_ms`) and reports; none:
     /// a pass that changes nothing, at once.
     cycle: Option<scheduler::SchedulerStatus>,
@@ -2103,8 +2127,9 @@ impl berth_controllers::runner::Reconciler for Counting {
     }
     fn reconcile<'a>(&'a mut self, _: &'a berth_controllers::Context) -> berth_controllers::runner::Pass<'a> {
         self.passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let cycle = self.cycle.clone();
+        let (cycle, ended) = (self.cycle.clone(), self.ended.clone());
         Box::pin(async move {
+            let _ended = count_on_drop(ended);
             let Some(cycle) = cycle else {
                 return Ok(berth_controllers::runner::Passed {
                     changes: 0,
@@ -2144,7 +2169,7 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
             .iter()
             .zip(&counters)
             .map(|(&(name, woken_by), passes)| {
-                Box::new(Counting { name, woken_by, passes: passes.clone(), cycle: None })
+                Box::new(Counting { name, woken_by, passes: passes.clone(), ended: Default::default(), cycle: None })
                     as Box<dyn berth_controllers::runner::Reconciler>
             })
             .collect();
@@ -2208,8 +2233,8 @@ async fn the_registration_order_changes_no_wake_up(db: berth_store::PgPool) {
 /// time in its cycles: cycles of 150 ms that admit nothing start at least 750 ms apart (they
 /// rest 4 times as long as they ran), so while one that admits runs 10 cycles back to back
 /// (1.5 s or more), it runs at most one more than a 750 ms gap each allows. A change that may
-/// free room, sent 100 ms into such a rest, ends it once the cycle has rested as long as it
-/// ran (the next starts within 750 ms of the last); a submission does not.
+/// free room, sent as such a rest begins, ends it once the cycle has rested as long as it ran
+/// (the next starts within 750 ms of the last); a submission does not.
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
 async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db: berth_store::PgPool) {
     use berth_controllers::runner::{Report, WokenBy};
@@ -2218,14 +2243,15 @@ async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db:
     use std::time::{Duration, Instant};
     let p = Plane::new(db).await;
     let (resting, admitting) = (std::sync::Arc::new(AtomicUsize::new(0)), std::sync::Arc::new(AtomicUsize::new(0)));
+    let rested = std::sync::Arc::new(AtomicUsize::new(0));
     let cycle =
         |admitted| scheduler::SchedulerStatus { admitted, explained: 100, cycle_ms: 150.0, ..Default::default() };
-    let busy =
-        |name, passes: &std::sync::Arc<AtomicUsize>, admitted| -> Box<dyn berth_controllers::runner::Reconciler> {
-            let woken_by = WokenBy::SchedulingChange;
-            Box::new(Counting { name, woken_by, passes: passes.clone(), cycle: Some(cycle(admitted)) })
-        };
-    let list = vec![busy("resting", &resting, 0), busy("admitting", &admitting, 1)];
+    let busy = |name, passes: &std::sync::Arc<AtomicUsize>, ended: &std::sync::Arc<AtomicUsize>, admitted| {
+        let (woken_by, passes, ended) = (WokenBy::SchedulingChange, passes.clone(), ended.clone());
+        Box::new(Counting { name, woken_by, passes, ended, cycle: Some(cycle(admitted)) })
+            as Box<dyn berth_controllers::runner::Reconciler>
+    };
+    let list = vec![busy("resting", &resting, &rested, 0), busy("admitting", &admitting, &Default::default(), 1)];
     let started = Instant::now();
     let mut running = berth_controllers::runner::start_these(&p.ctx, "busy-test", list);
     while admitting.load(SeqCst) < 10 {
@@ -2239,9 +2265,9 @@ async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db:
         "{ran} cycles of 150 ms that admitted nothing in {took:?} (at most {allowed})"
     );
     // The gap from the start of the next cycle that admits nothing to the one after, with
-    // `change` sent 250 ms after the first started (100 ms into its rest).
+    // `change` sent as soon as the first has ended (within its 150 ms rest).
     let gap_with = |change: Change| {
-        let (resting, db) = (resting.clone(), p.ctx.db.clone());
+        let (resting, rested, db) = (resting.clone(), rested.clone(), p.ctx.db.clone());
         async move {
             let deadline = Instant::now() + Duration::from_secs(10);
             let next_start = |after: usize| {
@@ -2255,7 +2281,10 @@ async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db:
                 }
             };
             let (ran, first) = next_start(resting.load(SeqCst)).await;
-            tokio::time::sleep_until((first + Duration::from_millis(250)).into()).await;
+            while rested.load(SeqCst) < ran {
+                assert!(Instant::now() < deadline, "the cycle never ended");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             notify(&db, &change).await.unwrap();
             let (_, second) = next_start(ran).await;
             second - first
