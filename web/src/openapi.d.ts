@@ -1079,8 +1079,9 @@ export interface components {
             /** Format: date-time */
             updated_at: string;
             /**
-             * @description Passes run and failed, the last pass's duration, and its typed status (`last.ok`)
-             *     or error (`last.error`).
+             * @description Passes run and failed, the last pass's duration, its typed status (`last.ok`) or
+             *     error (`last.error`), and how long the controller rests after it (`rest_ms`, and
+             *     `rest_for_submissions_ms` unless a change that may free room comes first).
              */
             status: unknown;
         };

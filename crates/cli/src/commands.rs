@@ -1394,6 +1394,11 @@ pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32>
         Some(m) => println!("{team}/{name} waits: {m}"),
         None => println!("{team}/{name} waits: the scheduler has not looked at it yet"),
     }
+    // The sentence names only the nearest few clusters: here, every one.
+    let misses = cluster_misses(&s["pending_reason"]);
+    if misses.len() > 3 {
+        println!("Clusters:\n{}", misses.join("\n"));
+    }
     if let Some(g) = s["queue_position"]["global"].as_u64() {
         println!("Position: {g} in the queue, {} in team {team}", cell(&s["queue_position"]["team"]));
     }
@@ -1402,6 +1407,27 @@ pub async fn why(env: &Env<'_>, name: &str, team: Option<String>) -> Result<i32>
         println!("What would let it run: {}", unblock(&code));
     }
     Ok(0)
+}
+
+/// Each cluster a `NoClusterFits` reason tried, a line each: `  cluster/flavor: Code (free,
+/// needed)`.
+fn cluster_misses(reason: &Value) -> Vec<String> {
+    (reason["details"]["attempts"].as_array().into_iter().flatten())
+        .flat_map(|a| {
+            a["clusters"].as_array().into_iter().flatten().map(move |c| {
+                let m = &c["miss"];
+                let (free, needed, unit) = match m["free_mib"].as_f64() {
+                    Some(free) => (Some(free), m["needed_mib"].as_f64(), " MiB"),
+                    None => (m["free"].as_f64(), m["needed"].as_f64(), ""),
+                };
+                let amounts = match (free, needed) {
+                    (Some(free), Some(needed)) => format!(" ({free}{unit} free, {needed}{unit} needed)"),
+                    _ => String::new(),
+                };
+                format!("  {}/{}: {}{amounts}", cell(&c["cluster"]), cell(&a["flavor"]), cell(&m["code"]))
+            })
+        })
+        .collect()
 }
 
 /// Why each waiting member of an array waits (as `squeue -r` gives each task's reason),
@@ -1668,5 +1694,25 @@ mod tests {
         // Said once: "error: error: …" before, and clap's usage after.
         let e = <Directives as clap::Parser>::try_parse_from(["--priority", "high"]).unwrap_err();
         assert_eq!(clap_message(&e), "invalid value 'high' for '--priority <PRIORITY>': invalid digit found in string");
+    }
+
+    /// `berth why` lists every cluster a `NoClusterFits` reason tried (its sentence names
+    /// only the nearest few), with the amounts where there are some.
+    #[test]
+    fn each_cluster_tried_is_a_line_of_why() {
+        let reason = json!({"code": "NoClusterFits", "details": {"attempts": [
+            {"flavor": "h100", "clusters": [
+                {"cluster": "east", "miss": {"code": "NotEnoughGpus", "free": 2.0, "needed": 8.0}},
+                {"cluster": "west", "miss": {"code": "Cordoned"}}]},
+            {"flavor": "a100", "clusters": [
+                {"cluster": "east", "miss": {"code": "InsufficientMemory", "free_mib": 512, "needed_mib": 1024}}]}]}});
+        assert_eq!(
+            cluster_misses(&reason),
+            [
+                "  east/h100: NotEnoughGpus (2 free, 8 needed)",
+                "  west/h100: Cordoned",
+                "  east/a100: InsufficientMemory (512 MiB free, 1024 MiB needed)"
+            ]
+        );
     }
 }

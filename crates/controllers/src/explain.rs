@@ -126,27 +126,52 @@ pub fn pending_reason(
                     json!({"flavor": flavor(a.flavor), "clusters": clusters, "borrowing": borrowing})
                 })
                 .collect();
-            let summary: Vec<String> = attempts
+            // The clusters nearest to taking it first; past the first few, a count of the
+            // others by why (each is in `details.attempts`): a site of 18 clusters made a
+            // line `berth queue` could not show.
+            let mut misses: Vec<_> =
+                attempts.iter().flat_map(|a| a.clusters.iter().map(move |m| (a.flavor, m))).collect();
+            misses.sort_by(|(_, a), (_, b)| nearness(&a.miss).total_cmp(&nearness(&b.miss)).reverse());
+            let mut summary: Vec<String> = misses
                 .iter()
-                .flat_map(|a| {
-                    a.clusters.iter().map(move |m| {
-                        let why = match &m.miss {
-                            Miss::Cordoned => "cordoned".to_owned(),
-                            Miss::NotEnoughGpus { free, needed } => format!("{free} GPUs free, {needed} needed"),
-                            Miss::Fragmented => "free GPUs are spread over too many nodes".to_owned(),
-                            Miss::InsufficientCpu { free, needed } => {
-                                format!("the nodes with free GPUs have {free} CPU cores free, {needed} needed")
-                            }
-                            Miss::InsufficientMemory { free, needed } => {
-                                format!("the nodes with free GPUs have {free} MiB of memory free, {needed} needed")
-                            }
-                            Miss::Topology => "no single topology block has room".to_owned(),
-                            Miss::Reserved => "room is held for a starving or reclaiming workload".to_owned(),
-                        };
-                        format!("{}/{}: {why}", cluster(m.cluster), flavor(a.flavor))
-                    })
+                .take(CLUSTERS_NAMED)
+                .map(|(f, m)| {
+                    let why = match &m.miss {
+                        Miss::Cordoned => "cordoned".to_owned(),
+                        Miss::NotEnoughGpus { free, needed } => format!("{free} GPUs free, {needed} needed"),
+                        Miss::Fragmented => "free GPUs are spread over too many nodes".to_owned(),
+                        Miss::InsufficientCpu { free, needed } => {
+                            format!("the nodes with free GPUs have {free} CPU cores free, {needed} needed")
+                        }
+                        Miss::InsufficientMemory { free, needed } => {
+                            format!("the nodes with free GPUs have {free} MiB of memory free, {needed} needed")
+                        }
+                        Miss::Topology => "no single topology block has room".to_owned(),
+                        Miss::Reserved => "room is held for a starving or reclaiming workload".to_owned(),
+                    };
+                    format!("{}/{}: {why}", cluster(m.cluster), flavor(*f))
                 })
                 .collect();
+            if misses.len() > CLUSTERS_NAMED {
+                let mut counts: Vec<(&str, usize)> = Vec::new();
+                for (_, m) in &misses[CLUSTERS_NAMED..] {
+                    let kind = match m.miss {
+                        Miss::Cordoned => "cordoned",
+                        Miss::NotEnoughGpus { .. } => "fewer GPUs free",
+                        Miss::Fragmented => "GPUs spread over nodes",
+                        Miss::InsufficientCpu { .. } => "too few CPU cores",
+                        Miss::InsufficientMemory { .. } => "too little memory",
+                        Miss::Topology => "no topology block with room",
+                        Miss::Reserved => "room held for another",
+                    };
+                    match counts.iter_mut().find(|(k, _)| *k == kind) {
+                        Some((_, n)) => *n += 1,
+                        None => counts.push((kind, 1)),
+                    }
+                }
+                let counts: Vec<String> = counts.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+                summary.push(format!("{} more ({})", misses.len() - CLUSTERS_NAMED, counts.join(", ")));
+            }
             // Borrowed work preempts no one for room: say so where it would borrow.
             let borrowing: Vec<String> = attempts
                 .iter()
@@ -261,6 +286,22 @@ fn recent_use(s: &Snapshot, team: usize, flavor: usize) -> Option<f64> {
     Some(used)
 }
 
+/// How many clusters a `NoClusterFits` sentence names; the others are counted.
+const CLUSTERS_NAMED: usize = 3;
+
+/// How near a cluster came to taking the workload, to name the nearest first: short of
+/// GPUs by the fewest missing, then the misses with room but not of the right shape, held
+/// room, and cordoned clusters last.
+fn nearness(miss: &Miss) -> f64 {
+    match miss {
+        Miss::NotEnoughGpus { free, needed } => 1.0 - (needed - free) / needed.max(f64::MIN_POSITIVE),
+        Miss::Fragmented | Miss::Topology => 2.0,
+        Miss::InsufficientCpu { .. } | Miss::InsufficientMemory { .. } => 1.5,
+        Miss::Reserved => 1.2,
+        Miss::Cordoned => -1.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use berth_sched::snapshot::{Quota, Team};
@@ -301,5 +342,39 @@ mod tests {
         let r = message(&s);
         assert!(r.message.contains("fair share 3.2, requests 1"), "{}", r.message);
         assert!(r.details.expect("details").get("recent_gpu_hours").is_none());
+    }
+
+    /// Of six clusters, the three nearest to taking it are named, nearest first (room of
+    /// the wrong shape, then the fewest GPUs short), and the others counted by why, with
+    /// every one in the details.
+    #[test]
+    fn no_cluster_fits_names_the_nearest_clusters_and_counts_the_rest() {
+        use berth_core::cluster::{ClusterKind, Packing};
+        use berth_sched::plan::{ClusterMiss, FlavorAttempt};
+        use berth_sched::snapshot::Cluster;
+        let cluster = |name: &str| Cluster {
+            name: name.into(),
+            kind: ClusterKind::Sim,
+            labels: Default::default(),
+            cordoned: false,
+            fractional_gpus: None,
+            packing: Packing::default(),
+        };
+        let s = Snapshot {
+            flavors: vec!["h100".into()],
+            clusters: ["c0", "c1", "c2", "c3", "c4", "c5"].map(cluster).to_vec(),
+            ..Snapshot::default()
+        };
+        let short = |free| Miss::NotEnoughGpus { free, needed: 8.0 };
+        let misses = [Miss::Cordoned, short(2.0), Miss::Cordoned, short(6.0), Miss::Fragmented, short(1.0)];
+        let clusters = misses.into_iter().enumerate().map(|(cluster, miss)| ClusterMiss { cluster, miss }).collect();
+        let reason = Reason::NoClusterFits { attempts: vec![FlavorAttempt { flavor: 0, clusters, borrowing: None }] };
+        let r = pending_reason(&s, &reason, |_| String::new(), |_| DateTime::UNIX_EPOCH, |_| String::new());
+        assert_eq!(
+            r.message,
+            "no cluster has room: c4/h100: free GPUs are spread over too many nodes; c3/h100: 6 GPUs free, 8 needed; \
+             c1/h100: 2 GPUs free, 8 needed; 3 more (1 fewer GPUs free, 2 cordoned)"
+        );
+        assert_eq!(r.details.expect("details")["attempts"][0]["clusters"].as_array().map(Vec::len), Some(6));
     }
 }

@@ -436,9 +436,14 @@ async fn run_loop(
         };
         let due = last_saved.map_or(Duration::MAX, |t| t.elapsed());
         if result.is_err() || due >= SAVE_UNCHANGED_EVERY || (again && due >= SAVE_AT_MOST_EVERY) {
+            // How long it rests after this pass: at least `rest_ms`, and `rest_for_submissions_ms`
+            // unless a change that may free room comes first.
+            let rest_ms =
+                |rest: fn(&Passed) -> Duration| result.as_ref().map_or(0.0, |p| rest(p).as_secs_f64() * 1000.0);
             let report = json!({
                 "runs": runs, "errors": errors,
                 "last_pass_ms": started.elapsed().as_secs_f64() * 1000.0, "last": last,
+                "rest_ms": rest_ms(|p| p.rest), "rest_for_submissions_ms": rest_ms(|p| p.rest_for_submissions),
             });
             if save_status(&ctx, name, &holder, &report).await.is_ok() {
                 last_saved = Some(Instant::now());

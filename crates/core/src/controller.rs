@@ -25,8 +25,9 @@ pub struct ControllerReport {
     pub name: String,
     pub holder: String,
     pub updated_at: DateTime<Utc>,
-    /// Passes run and failed, the last pass's duration, and its typed status (`last.ok`)
-    /// or error (`last.error`).
+    /// Passes run and failed, the last pass's duration, its typed status (`last.ok`) or
+    /// error (`last.error`), and how long the controller rests after it (`rest_ms`, and
+    /// `rest_for_submissions_ms` unless a change that may free room comes first).
     pub status: serde_json::Value,
 }
 

@@ -2298,6 +2298,14 @@ async fn a_scheduler_that_admits_nothing_rests_until_room_may_have_come_free(db:
         "the next cycle started {after_submission:?} after the last"
     );
     running.shutdown().await;
+    // `/api/v1/controllers` says how long each rests after its last pass.
+    let statuses = berth_store::controller::controller_status_list(&p.ctx.db).await.unwrap();
+    let rests = |name: &str| {
+        let (_, _, status, _) = statuses.iter().find(|(n, ..)| n == name).unwrap();
+        (status["rest_ms"].as_f64(), status["rest_for_submissions_ms"].as_f64())
+    };
+    assert_eq!(rests("resting"), (Some(150.0), Some(600.0)), "{statuses:?}");
+    assert_eq!(rests("admitting"), (Some(0.0), Some(0.0)), "{statuses:?}");
     let took_long = scheduler::SchedulerStatus { cycle_ms: 14_000.0, ..Default::default() };
     assert_eq!(took_long.rest(), scheduler::REST_AT_MOST);
     assert_eq!(took_long.rest_for_submissions(), scheduler::REST_AT_MOST);
