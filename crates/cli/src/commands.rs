@@ -676,8 +676,13 @@ struct Directives {
 pub async fn submit(env: &Env<'_>, a: SubmitArgs) -> Result<i32> {
     let line = submit::CommandLine::split(&a.words, own_option)?;
     let out = match &line.output {
-        Some(o) => <Format as clap::ValueEnum>::from_str(o, false)
-            .map_err(|_| anyhow!("-o {o}: not table, wide, json or yaml"))?,
+        Some(o) => <Format as clap::ValueEnum>::from_str(o, false).map_err(|_| {
+            anyhow!(
+                "-o {o}: after the script, -o is Berth's (how it prints: table, wide, json or yaml); sbatch's -o, \
+                     the job's output file, goes before the script after another sbatch option \
+                     (berth submit -J NAME -o {o} SCRIPT), and berth logs NAME reads a job's output"
+            )
+        })?,
         None => env.out,
     };
     let env = &Env { out, ..env.clone() };

@@ -776,6 +776,10 @@ async fn a_researcher_submits_an_unmodified_sbatch_script_follows_it_and_cancels
         "{}",
         text(&file.stderr)
     );
+    // After the script, -o is Berth's again: a file there is refused, saying where sbatch's goes.
+    let after = w.berth_as(&alice, &["submit", &script, "-o", "slurm-%j.out"]);
+    assert_eq!(after.status.code(), Some(2), "{}", text(&after.stderr));
+    assert!(text(&after.stderr).contains("(berth submit -J NAME -o slurm-%j.out SCRIPT)"), "{}", text(&after.stderr));
     // What follows the script sbatch would pass to it: refused, not dropped.
     let args = w.berth_as(&alice, &["submit", &script, "--epochs", "3"]);
     assert_eq!(args.status.code(), Some(2), "{}", text(&args.stderr));
