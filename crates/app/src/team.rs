@@ -76,6 +76,12 @@ async fn apply_as(
                 None => continue,
             },
             ApplyAction::Update { generation } => {
+                // Work running below a team that moves keeps what it used so far under the
+                // ancestors it had: the ledger is cut at the move (reports of the time before
+                // do not change).
+                if existing.as_ref().is_some_and(|t| t.spec.parent != input.spec.parent) {
+                    berth_store::ledger::ledger_cut_at_move(&mut tx, uid.0, chrono::Utc::now()).await?;
+                }
                 (store::team_update(&mut tx, uid, parent, &labels, &input.spec, generation).await?, Applied::Updated)
             }
             ApplyAction::Unchanged => unreachable!("handled above"),

@@ -102,17 +102,23 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     let started: Vec<Option<DateTime<Utc>>> = attempts.iter().map(|a| a.started_at).collect();
     let ended: Vec<DateTime<Utc>> = attempts.iter().map(|a| a.ended_at).collect();
     let done = sqlx::query!(
-        r#"INSERT INTO usage_ledger (workload_uid, attempt, team, teams, team_uids, workload, owner, flavor, cluster,
-                                     backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
-           SELECT i.uid, i.attempt, i.team, c.names, c.uids,
+        r#"INSERT INTO usage_ledger (workload_uid, attempt, part, team, teams, team_uids, workload, owner, flavor,
+                                     cluster, backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
+           SELECT i.uid, i.attempt, coalesce(op.part, 0), i.team, c.names, c.uids,
                   i.workload, i.owner, i.flavor, i.cluster,
                   coalesce((SELECT c.kind FROM clusters c WHERE c.name = i.cluster), 'unknown'),
-                  i.kind, i.gpus, i.borrowed, i.started_at, i.ended_at, i.outcome,
+                  i.kind, i.gpus, i.borrowed,
+                  -- An attempt cut at a team's move: its last part, from the move (a job
+                  -- seen to end only after a move it had ended before is no part after it).
+                  CASE WHEN op.since IS NULL THEN i.started_at ELSE op.since END,
+                  CASE WHEN op.since IS NULL THEN i.ended_at ELSE greatest(i.ended_at, op.since) END,
+                  i.outcome,
                   (SELECT coalesce((f.spec->'price'->'clusters'->>i.cluster)::float8, (f.spec->'price'->>'per_gpu_hour')::float8)
                    FROM flavors f WHERE f.name = i.flavor)
            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
                        $9::float8[], $10::bool[], $11::timestamptz[], $12::timestamptz[], $13::text[])
                 AS i (uid, attempt, team, workload, owner, flavor, cluster, kind, gpus, borrowed, started_at, ended_at, outcome)
+           LEFT JOIN ledger_open_parts op ON op.workload_uid = i.uid AND op.attempt = i.attempt
            -- The team and its ancestors now, nearest first.
            CROSS JOIN LATERAL (
                WITH RECURSIVE up (uid, name, parent_uid, depth) AS (
@@ -121,7 +127,7 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
                    SELECT p.uid, p.name, p.parent_uid, up.depth + 1 FROM teams p JOIN up ON p.uid = up.parent_uid)
                SELECT ARRAY(SELECT name FROM up ORDER BY depth) AS names, ARRAY(SELECT uid FROM up ORDER BY depth) AS uids
            ) c
-           ON CONFLICT (workload_uid, attempt) DO NOTHING"#,
+           ON CONFLICT (workload_uid, attempt, part) DO NOTHING"#,
         &uids,
         &numbers,
         &col(|a| a.team.clone()),
@@ -136,10 +142,71 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
         &ended,
         &col(|a| a.outcome.as_str().to_owned()),
     )
+    .execute(&mut *tx)
+    .await
+    .map_err(db_error)?;
+    sqlx::query!(
+        "DELETE FROM ledger_open_parts op USING unnest($1::uuid[], $2::int[]) AS i (uid, attempt)
+         WHERE op.workload_uid = i.uid AND op.attempt = i.attempt",
+        &uids,
+        &numbers,
+    )
     .execute(tx)
     .await
     .map_err(db_error)?;
     Ok(done.rows_affected())
+}
+
+/// Cuts the ledger records of the attempts running in team `team` or below it at `at`,
+/// before the team moves in the tree: the part so far is recorded with the ancestors it had
+/// (outcome `moved`), and the attempt goes on in a new part from `at`, recorded when it
+/// ends with the ancestors of then. Run it in the move's transaction, before the team's
+/// parent changes. Returns how many attempts were cut.
+///
+/// # Errors
+/// As [`db_error`].
+pub async fn ledger_cut_at_move(tx: &mut PgConnection, team: Uuid, at: DateTime<Utc>) -> Result<u64, Error> {
+    // Their rows first: a controller ending one of them records it either before (and the
+    // cut no longer sees it running) or after, reading the new part.
+    let locked = sqlx::query_scalar!(
+        r#"WITH RECURSIVE down (uid) AS (
+               SELECT $1::uuid
+               UNION ALL
+               SELECT t.uid FROM teams t JOIN down ON t.parent_uid = down.uid)
+           SELECT w.uid FROM workloads w
+           WHERE w.team_uid IN (SELECT uid FROM down)
+             AND w.phase IN ('Admitted', 'Dispatched', 'Running', 'Preempting', 'Unknown')
+           FOR UPDATE OF w"#,
+        team,
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db_error)?;
+    if locked.is_empty() {
+        return Ok(0);
+    }
+    let cut = sqlx::query!(
+        r#"WITH cut AS (
+               SELECT * FROM running_attempts r WHERE r.workload_uid = ANY($1) AND $2 = ANY(r.team_uids)
+           ), recorded AS (
+               INSERT INTO usage_ledger (workload_uid, attempt, part, team, teams, team_uids, workload, owner, flavor,
+                                         cluster, backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
+               SELECT workload_uid, attempt, part, team, teams, team_uids, workload, owner, flavor, cluster, backend,
+                      kind, gpus, borrowed, started_at, greatest(started_at, $3), 'moved', price
+               FROM cut
+               ON CONFLICT DO NOTHING
+           )
+           INSERT INTO ledger_open_parts (workload_uid, attempt, part, since)
+           SELECT workload_uid, attempt, part + 1, greatest(started_at, $3) FROM cut
+           ON CONFLICT (workload_uid, attempt) DO UPDATE SET part = EXCLUDED.part, since = EXCLUDED.since"#,
+        &locked,
+        team,
+        at,
+    )
+    .execute(tx)
+    .await
+    .map_err(db_error)?;
+    Ok(cut.rows_affected())
 }
 
 /// Whose records a reader sees, by team uid (a deleted team's name may be taken again; its

@@ -1036,6 +1036,69 @@ async fn each_attempt_leaves_one_ledger_record_that_outlives_its_team(db: berth_
     assert!((report.totals.gpu_hours - 8.0 * 1830.0 / 3600.0).abs() < 1e-9, "{:?}", report.totals);
 }
 
+/// A team that moves in the tree takes its running work with it, but not the hours that work
+/// used before: the ledger is cut at the move. t runs 8 GPUs under d1 for an hour, moves to
+/// d2, and runs 600 s more: an hour before the move reads the same, under d1, while t runs
+/// and after it ended (before, the one record written at the end put the whole run under
+/// d2, and d1's subtree lost it), and the two parts add up to the whole run.
+#[sqlx::test(migrator = "berth_store::MIGRATOR")]
+async fn a_team_that_moves_leaves_the_hours_before_the_move_with_its_old_parent(db: berth_store::PgPool) {
+    let p = Plane::new(db).await;
+    p.team("d1", None, 8, None).await;
+    p.team("d2", None, 8, None).await;
+    p.team("t", Some("d1"), 8, None).await;
+    p.cluster("sim-a", 1, json!({})).await;
+    p.submit("t", "run", 1, 8.0, json!({})).await;
+    p.settle().await;
+    assert_eq!(p.phase("t", "run").await, Phase::Running);
+    // As if it had run an hour (the simulated clock cannot run behind the wall clock the
+    // move is made at).
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "UPDATE workloads SET status = jsonb_set(status, '{started_at}',
+             to_jsonb(to_char(((status->>'started_at')::timestamptz - interval '1 hour') AT TIME ZONE 'UTC',
+                              'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')))
+         WHERE name = 'run' RETURNING (status->>'started_at')::timestamptz",
+    )
+    .fetch_one(&p.ctx.db)
+    .await
+    .unwrap();
+    let before_move = |p: &Plane| {
+        let (db, actor) = (p.ctx.db.clone(), p.actor.clone());
+        async move {
+            let (from, to) = (started - chrono::TimeDelta::hours(1), started + chrono::TimeDelta::minutes(30));
+            let req = ReportRequest { from, to, group_by: vec![GroupBy::Team], bucket: None };
+            let report = berth_app::accounting::usage_report(&db, &actor, &req, chrono::Utc::now()).await.unwrap();
+            let subtree =
+                |team: &str| report.teams.iter().find(|t| t.team == team).map_or(0.0, |t| t.subtree.gpu_hours);
+            (subtree("d1"), subtree("d2"))
+        }
+    };
+    assert_eq!(before_move(&p).await, (4.0, 0.0), "30 minutes of 8 GPUs under d1");
+    p.team("t", Some("d2"), 8, None).await;
+    assert_eq!(before_move(&p).await, (4.0, 0.0), "while t runs under d2");
+    p.advance(600);
+    p.settle().await;
+    assert_eq!(p.phase("t", "run").await, Phase::Succeeded);
+    assert_eq!(before_move(&p).await, (4.0, 0.0), "once the run has ended");
+    let parts: Vec<(i32, String, Vec<String>, f64)> = sqlx::query_as(
+        "SELECT part, outcome, teams, extract(epoch FROM ended_at - started_at)::float8
+         FROM usage_ledger ORDER BY part",
+    )
+    .fetch_all(&p.ctx.db)
+    .await
+    .unwrap();
+    let brief: Vec<(i32, &str, Vec<String>)> = parts.iter().map(|r| (r.0, r.1.as_str(), r.2.clone())).collect();
+    assert_eq!(brief, [(0, "moved", vec!["t".into(), "d1".into()]), (1, "succeeded", vec!["t".into(), "d2".into()])]);
+    assert!(parts[0].3 >= 3600.0, "{parts:?}");
+    assert!((parts[0].3 + parts[1].3 - 4200.0).abs() < 1e-6, "the parts add up to the whole run: {parts:?}");
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger_open_parts").fetch_one(&p.ctx.db).await.unwrap();
+    assert_eq!(open, 0, "the ended attempt has no open part left");
+    // Another pass writes nothing twice.
+    p.settle().await;
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_ledger").fetch_one(&p.ctx.db).await.unwrap();
+    assert_eq!(records, 2);
+}
+
 /// A budget of `stop_borrowing` stops a team borrowing once it is used up, with the pending
 /// reason naming it and when it resets; what runs keeps running; the next period lets
 /// borrowing resume.
