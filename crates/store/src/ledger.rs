@@ -102,7 +102,12 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
     let started: Vec<Option<DateTime<Utc>>> = attempts.iter().map(|a| a.started_at).collect();
     let ended: Vec<DateTime<Utc>> = attempts.iter().map(|a| a.ended_at).collect();
     let done = sqlx::query!(
-        r#"INSERT INTO usage_ledger (workload_uid, attempt, part, team, teams, team_uids, workload, owner, flavor,
+        r#"WITH op AS (
+               -- The open part of an attempt cut at a team's move, done with once recorded.
+               DELETE FROM ledger_open_parts op USING unnest($1::uuid[], $2::int[]) AS k (uid, attempt)
+               WHERE op.workload_uid = k.uid AND op.attempt = k.attempt
+               RETURNING op.workload_uid, op.attempt, op.part, op.since)
+           INSERT INTO usage_ledger (workload_uid, attempt, part, team, teams, team_uids, workload, owner, flavor,
                                      cluster, backend, kind, gpus, borrowed, started_at, ended_at, outcome, price)
            SELECT i.uid, i.attempt, coalesce(op.part, 0), i.team, c.names, c.uids,
                   i.workload, i.owner, i.flavor, i.cluster,
@@ -118,7 +123,7 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
                        $9::float8[], $10::bool[], $11::timestamptz[], $12::timestamptz[], $13::text[])
                 AS i (uid, attempt, team, workload, owner, flavor, cluster, kind, gpus, borrowed, started_at, ended_at, outcome)
-           LEFT JOIN ledger_open_parts op ON op.workload_uid = i.uid AND op.attempt = i.attempt
+           LEFT JOIN op ON op.workload_uid = i.uid AND op.attempt = i.attempt
            -- The team and its ancestors now, nearest first.
            CROSS JOIN LATERAL (
                WITH RECURSIVE up (uid, name, parent_uid, depth) AS (
@@ -141,15 +146,6 @@ pub async fn ledger_record(tx: &mut PgConnection, attempts: &[Attempt]) -> Resul
         &started as &[Option<DateTime<Utc>>],
         &ended,
         &col(|a| a.outcome.as_str().to_owned()),
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db_error)?;
-    sqlx::query!(
-        "DELETE FROM ledger_open_parts op USING unnest($1::uuid[], $2::int[]) AS i (uid, attempt)
-         WHERE op.workload_uid = i.uid AND op.attempt = i.attempt",
-        &uids,
-        &numbers,
     )
     .execute(tx)
     .await
