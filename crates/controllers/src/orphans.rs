@@ -22,8 +22,12 @@ pub struct OrphanStatus {
 }
 
 impl crate::runner::Report for OrphanStatus {
+    /// None that a pass at once could act on: whether a cancel took is seen at the next
+    /// period's listing. Counting the cancels ran the next pass at once, and a job that
+    /// stayed listed after its cancel (a Kubernetes API server that came back empty, its
+    /// watches still showing the old jobs) was cancelled 3,872 times in 42 s.
     fn changes(&self) -> usize {
-        self.cancelled
+        0
     }
 }
 
@@ -73,4 +77,17 @@ pub async fn reconcile(ctx: &Context) -> Result<OrphanStatus, Error> {
         }
     }
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OrphanStatus;
+    use crate::runner::Report;
+
+    #[test]
+    fn a_pass_that_cancelled_waits_for_its_period() {
+        let cancelled = OrphanStatus { clusters: 1, active_jobs: 2, cancelled: 2 };
+        assert_eq!(cancelled.changes(), 0);
+        assert!(cancelled.waits_on_time());
+    }
 }
