@@ -276,6 +276,33 @@ async fn cancel_gives_the_grace_period_and_removes_the_job() {
     k8s.cancel(JobKey { workload: Uuid::now_v7(), attempt: 0 }, Duration::from_secs(1)).await.unwrap();
 }
 
+/// A team's namespace deleted after Berth made it (by hand, or the cluster rebuilt) is made
+/// again by the next submission: remembered as made, every later job of the team was
+/// refused with `namespaces "berth-vision" not found` until berthd restarted.
+#[tokio::test]
+async fn a_namespace_deleted_since_berth_made_it_is_made_again() {
+    let Fixture { server, k8s } = fixture().await;
+    let first = job(WorkloadKind::Training, 1, 1, &["gpu-a"], &[("FAKE_RUN_SECONDS", "3600")]);
+    k8s.submit(&first).await.unwrap();
+    let namespaces =
+        || server.objects("namespaces").into_iter().filter(|n| n["metadata"]["name"] == "berth-vision").count();
+    assert_eq!(namespaces(), 1);
+    let client = kube::Client::try_from({
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig()).unwrap();
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await.unwrap()
+    })
+    .unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete("berth-vision", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(namespaces(), 0);
+    let second = job(WorkloadKind::Training, 1, 1, &["gpu-b"], &[("FAKE_RUN_SECONDS", "3600")]);
+    k8s.submit(&second).await.unwrap();
+    assert_eq!(namespaces(), 1);
+    state_of(&k8s, second.key, JobState::Running).await;
+}
+
 #[tokio::test]
 async fn watches_resume_after_a_dropped_connection_and_relist_after_410_gone() {
     // No bookmarks: they would move the watches' resourceVersions along.

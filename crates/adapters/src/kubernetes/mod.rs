@@ -250,9 +250,36 @@ impl KubernetesCluster {
         K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
         K::Scope: NamespacedOrNot,
     {
+        self.apply_raw(client, object).await.map_err(classify)
+    }
+
+    /// [`Self::apply`], keeping the raw error (an apply answers 404 only where the object's
+    /// namespace is missing).
+    async fn apply_raw<K>(&self, client: &Client, object: &K) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: NamespacedOrNot,
+    {
         let name = object.meta().name.clone().unwrap_or_default();
         let api = K::Scope::api::<K>(client, object.meta().namespace.as_deref());
-        call(api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))).await
+        call_raw(api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))).await
+    }
+
+    /// Applies a job's objects: its Job, or its Service (if it has one) and Deployment.
+    async fn apply_job(&self, c: &Connected, job: &JobRequest, manifest: &Manifest) -> Result<JobStatus, kube::Error> {
+        Ok(match manifest {
+            Manifest::Job(object) => {
+                let applied = self.apply_raw(&c.client, &**object).await?;
+                job_status(job.key, &applied, &[], self.gang_timeout())
+            }
+            Manifest::Deployment { deployment, service } => {
+                if let Some(service) = service {
+                    self.apply_raw::<Service>(&c.client, service).await?;
+                }
+                let applied = self.apply_raw(&c.client, &**deployment).await?;
+                deployment_status(job.key, &applied, &[], self.gang_timeout())
+            }
+        })
     }
 
     async fn ensure_namespace(&self, c: &Connected, name: &str) -> Result<(), BackendError> {
@@ -400,19 +427,17 @@ impl ClusterBackend for KubernetesCluster {
         let c = self.connected().await?;
         let block = self.block_of(c, &job.nodes).await?;
         let manifest = manifest::manifest(&self.spec, job, block.as_deref())?;
-        self.ensure_namespace(c, &manifest::namespace_of(&self.spec, &job.team)).await?;
-        let status = match manifest {
-            Manifest::Job(object) => {
-                let applied = self.apply(&c.client, &*object).await?;
-                job_status(job.key, &applied, &[], self.gang_timeout())
+        let namespace = manifest::namespace_of(&self.spec, &job.team);
+        self.ensure_namespace(c, &namespace).await?;
+        let status = match self.apply_job(c, job, &manifest).await {
+            // The namespace Berth made is gone (deleted, or the cluster rebuilt): made
+            // again, once. Remembered as made, every job of the team failed until a restart.
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                c.namespaces.lock().expect("namespaces lock").remove(&namespace);
+                self.ensure_namespace(c, &namespace).await?;
+                self.apply_job(c, job, &manifest).await.map_err(classify)?
             }
-            Manifest::Deployment { deployment, service } => {
-                if let Some(service) = service {
-                    self.apply::<Service>(&c.client, &*service).await?;
-                }
-                let applied = self.apply(&c.client, &*deployment).await?;
-                deployment_status(job.key, &applied, &[], self.gang_timeout())
-            }
+            applied => applied.map_err(classify)?,
         };
         c.unseen.lock().expect("unseen jobs lock").insert(job.key, (Instant::now(), status.clone()));
         Ok(status)
