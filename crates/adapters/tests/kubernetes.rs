@@ -303,6 +303,22 @@ async fn a_namespace_deleted_since_berth_made_it_is_made_again() {
     state_of(&k8s, second.key, JobState::Running).await;
 }
 
+/// An API server that stops answering (its connections open, nothing said) makes the
+/// inventory fail, though the watches still hold what they last saw; once it answers again,
+/// so does the inventory.
+#[tokio::test]
+async fn an_api_server_that_hangs_fails_the_inventory() {
+    let Fixture { server, k8s } = fixture().await;
+    assert_eq!(k8s.inventory().await.unwrap().nodes.len(), 4);
+    server.hang(true);
+    match k8s.inventory().await {
+        Err(BackendError::Unreachable(why)) => assert!(why.contains("did not answer within 5s"), "{why}"),
+        other => panic!("the inventory of a hung server: {other:?}"),
+    }
+    server.hang(false);
+    assert_eq!(k8s.inventory().await.unwrap().nodes.len(), 4);
+}
+
 #[tokio::test]
 async fn watches_resume_after_a_dropped_connection_and_relist_after_410_gone() {
     // No bookmarks: they would move the watches' resourceVersions along.

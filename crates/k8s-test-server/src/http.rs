@@ -279,6 +279,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let watch = query.as_ref().is_ok_and(|q| is_true(q, "watch"));
     let counted_as = route.as_ref().map_or_else(|_| parts.uri.path().to_string(), Route::counted_as);
     shared.count(parts.method.as_str(), &counted_as, watch);
+    // A hung server answers no request until it is not hung (watches already open are not
+    // held: a test that hangs the server changes nothing meanwhile).
+    let _ = shared.hung.subscribe().wait_for(|hung| !*hung).await;
     let result = async {
         shared.authorize(&parts.headers)?;
         let route = route?;

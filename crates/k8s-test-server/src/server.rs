@@ -61,6 +61,12 @@ impl TestApiServer {
         self.shared.watch_epoch.send_modify(|epoch| *epoch += 1);
     }
 
+    /// Hangs the server (`true`): requests are taken but not answered, as by an API server
+    /// that stopped without closing its connections; `false` answers them and goes on.
+    pub fn hang(&self, hung: bool) {
+        self.shared.hung.send_replace(hung);
+    }
+
     /// Forgets all retained events: a watch from any resourceVersion older than the current one
     /// gets 410 Gone.
     pub fn compact(&self) {

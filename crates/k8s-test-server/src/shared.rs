@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     pub watch_epoch: watch::Sender<u64>,
     /// Set to true when the server shuts down.
     pub shutdown: watch::Sender<bool>,
+    /// While true, requests get no answer (a hung API server: connections open, nothing
+    /// said); those waiting are answered once it is false again.
+    pub hung: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -53,6 +56,7 @@ impl Shared {
             requests: Mutex::new(HashMap::new()),
             watch_epoch: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
+            hung: watch::Sender::new(false),
         }
     }
 

@@ -48,6 +48,9 @@ use crate::backend::{BackendError, ClusterBackend, Inventory, JobKey, JobRequest
 
 /// How long one API call may take, and how long a first listing may take to arrive.
 const TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the inventory's check that the API server answers waits: the clusters'
+/// refreshes run one after another, so one that hangs holds up the others this long.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A watch whose last attempt failed less than this long ago, with no event since, makes
 /// the cluster unreachable (the watcher retries with backoff of at most 30 s).
@@ -416,6 +419,18 @@ impl ClusterBackend for KubernetesCluster {
 
     async fn inventory(&self) -> Result<Inventory, BackendError> {
         let c = self.connected().await?;
+        // The watches keep what they last saw while an API server that hangs says nothing:
+        // read from them alone, a cluster whose server stopped answering stayed Healthy
+        // (and took new work) for minutes. The server itself is asked too.
+        match tokio::time::timeout(PROBE_TIMEOUT, c.client.apiserver_version()).await {
+            Ok(answered) => answered.map(|_| ()).map_err(classify)?,
+            Err(_) => {
+                return Err(BackendError::Unreachable(format!(
+                    "the Kubernetes API did not answer within {}s",
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+        }
         let nodes = c.nodes.current().await?;
         let pods = c.pods.current().await?;
         let nodes: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
