@@ -1676,7 +1676,10 @@ export interface components {
         };
         /** @description Where the workload may run. */
         Placement: {
-            /** @description Only clusters carrying all these labels. */
+            /**
+             * @description Only clusters carrying all these labels (every cluster also carries
+             *     `berth.dev/cluster` with its name).
+             */
             cluster_selector?: components["schemas"]["BTreeMap"];
             /** @description Only these backend kinds; empty means any. */
             backend_kinds?: components["schemas"]["ClusterKind"][];

@@ -83,7 +83,7 @@ impl Facts {
             clusters.iter().enumerate().map(|(i, c)| (ClusterId(c.metadata.uid), i)).collect();
         for c in clusters {
             // Cordons pass; what is checked is whether it could ever run.
-            let labels = c.metadata.labels.clone();
+            let labels = c.placement_labels();
             snapshot.clusters.push(s::Cluster {
                 name: c.metadata.name.clone(),
                 kind: c.spec.kind,

@@ -7,7 +7,8 @@
 //!
 //! A service runs `min_replicas` itself (its `tasks.count`); each replica above that is a
 //! workload of its own (`{name}-r{n}`, labelled `berth.dev/replica-of: <uid>`, one task of
-//! the service's shape), so the scheduler admits it like any work — within the team's
+//! the service's shape, on the service's cluster, whose Service reaches it; a replica left
+//! on another after the service moved is deleted), so the scheduler admits it like any work — within the team's
 //! limit and fair share, borrowing and preemptible — and one that cannot be admitted waits
 //! with its reason, which the service's `status.replicas.waiting` shows. Scaling down
 //! deletes replicas (those that wait first, then the newest) with a 1 s grace, so their
@@ -18,6 +19,7 @@
 
 use std::collections::HashMap;
 
+use berth_core::cluster::CLUSTER_NAME_LABEL;
 use berth_core::event::EventType;
 use berth_core::workload::{Checkpoint, Phase, REPLICA_OF_LABEL, Replicas, Workload, WorkloadStatus};
 use berth_core::{Error, WorkloadId};
@@ -76,7 +78,7 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
     for r in replicas.into_iter().filter(|r| r.metadata.deletion_timestamp.is_none()) {
         let service = r.metadata.labels.get(REPLICA_OF_LABEL).and_then(|u| u.parse::<Uuid>().ok());
         match service.and_then(|s| scaling.get(&s)) {
-            Some(s) if !stopping(s) => of_service.entry(s.metadata.uid).or_default().push(r),
+            Some(s) if !stopping(s) && where_it_runs(r, s) => of_service.entry(s.metadata.uid).or_default().push(r),
             _ => orphaned.push(r),
         }
     }
@@ -93,10 +95,15 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
         .filter(|c| !c.spec.cordoned && c.status.health != berth_core::cluster::ClusterHealth::Unreachable)
         .map(|c| berth_core::ClusterId(c.metadata.uid))
         .collect();
-    let mut nodes: HashMap<String, HashMap<i32, u64>> = HashMap::new();
+    let name: HashMap<berth_core::ClusterId, &str> =
+        clusters.iter().map(|c| (berth_core::ClusterId(c.metadata.uid), c.metadata.name.as_str())).collect();
+    let mut nodes: Nodes = HashMap::new();
     for (cluster, n) in ctx.world.nodes(&ctx.db).await?.iter() {
-        if let Some(flavor) = n.flavor.as_ref().filter(|_| n.schedulable && open.contains(cluster)) {
-            *nodes.entry(flavor.clone()).or_default().entry(n.gpus - n.unavailable_gpus).or_default() += 1;
+        if let (Some(flavor), Some(cluster)) =
+            (n.flavor.as_ref().filter(|_| n.schedulable && open.contains(cluster)), name.get(cluster))
+        {
+            let gpus = n.gpus - n.unavailable_gpus;
+            *nodes.entry(((*cluster).to_owned(), flavor.clone())).or_default().entry(gpus).or_default() += 1;
         }
     }
     let now = ctx.clock.now();
@@ -129,6 +136,16 @@ pub async fn reconcile(ctx: &Context) -> Result<AutoscalerStatus, Error> {
     }
     berth_store::commit(tx).await?;
     Ok(status)
+}
+
+/// Whether `replica` is pinned to the cluster `service` runs on, or either is not placed
+/// yet (the service requeued: its replicas stay until it runs again).
+fn where_it_runs(replica: &Workload, service: &Workload) -> bool {
+    let pinned = replica.spec.placement.cluster_selector.get(CLUSTER_NAME_LABEL);
+    match (pinned, &service.status.admission) {
+        (Some(pinned), Some(a)) => *pinned == a.cluster,
+        _ => true,
+    }
 }
 
 /// A service whose cancellation or deletion was asked for.
@@ -199,12 +216,16 @@ fn ceiling(service: &Workload, lineage: &[(String, berth_core::team::TeamSpec)])
 /// accepts that take work now (`nodes`) could hold at once, were they all free; None when
 /// it takes no GPU. A team without a limit is bounded only by this: a service asking for
 /// 1,000 one-GPU replicas where 80 GPUs exist made 1,000 workloads.
-fn room_on_nodes(service: &Workload, nodes: &HashMap<String, HashMap<i32, u64>>) -> Option<u32> {
+fn room_on_nodes(service: &Workload, nodes: &Nodes) -> Option<u32> {
     let gpus = service.spec.tasks.resources.gpus;
     if gpus <= 0.0 {
         return None;
     }
-    let each = service.spec.tasks.resources.flavors.iter().filter_map(|f| nodes.get(f)).flatten();
+    // Its replicas run where it runs (see `add_replica`).
+    let cluster = service.status.admission.as_ref().map_or("", |a| a.cluster.as_str());
+    let each = (service.spec.tasks.resources.flavors.iter())
+        .filter_map(|f| nodes.get(&(cluster.to_owned(), f.clone())))
+        .flatten();
     let room: u64 = each.map(|(&g, &n)| (f64::from(g.max(0)) / gpus + 1e-9).floor() as u64 * n).sum();
     Some(u32::try_from(room).unwrap_or(u32::MAX))
 }
@@ -346,8 +367,14 @@ impl Plan<'_> {
     }
 }
 
+/// The nodes that take work now, by cluster and flavor: how many have each number of GPUs
+/// free of faults.
+type Nodes = HashMap<(String, String), HashMap<i32, u64>>;
+
 /// Creates replica `n` of `service`: one task of its shape, its owner's, labelled with the
-/// service. False when the name is taken (it is left to the next pass).
+/// service, on the service's cluster (its pods answer through the service's Service, which
+/// selects pods in its own cluster only: replicas placed on another cluster held GPUs that
+/// served no request). False when the name is taken (it is left to the next pass).
 async fn add_replica(
     tx: &mut berth_store::Tx<'_>,
     service: &Workload,
@@ -362,6 +389,9 @@ async fn add_replica(
     spec.inference = None;
     spec.resumable = true;
     spec.checkpoint = Some(Checkpoint { grace_seconds: REPLICA_GRACE_SECONDS });
+    if let Some(a) = &service.status.admission {
+        spec.placement.cluster_selector.insert(CLUSTER_NAME_LABEL.into(), a.cluster.clone());
+    }
     let mut labels = service.metadata.labels.clone();
     labels.insert(REPLICA_OF_LABEL.into(), service.metadata.uid.to_string());
     let status = WorkloadStatus { submitted_at: Some(now), ..WorkloadStatus::default() };

@@ -123,7 +123,7 @@ pub fn build(world: &World, starvation_after_seconds: i64) -> Built {
         .map(|c| s::Cluster {
             name: c.metadata.name.clone(),
             kind: c.spec.kind,
-            labels: c.metadata.labels.clone(),
+            labels: c.placement_labels(),
             cordoned: c.spec.cordoned || c.status.health == ClusterHealth::Unreachable,
             fractional_gpus: Some(c.spec.capabilities().fractional_gpus),
             packing: c.spec.packing,

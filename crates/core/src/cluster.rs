@@ -499,6 +499,20 @@ pub struct Cluster {
     pub status: ClusterStatus,
 }
 
+/// The label every cluster carries for placement, whatever its own labels say: its name.
+/// A workload's `placement.cluster_selector` may name it to run on that cluster only (a
+/// service's replicas do, to be reached through the service's one Service).
+pub const CLUSTER_NAME_LABEL: &str = "berth.dev/cluster";
+
+impl Cluster {
+    /// Its labels for placement: its own, and [`CLUSTER_NAME_LABEL`] with its name.
+    pub fn placement_labels(&self) -> crate::meta::Labels {
+        let mut labels = self.metadata.labels.clone();
+        labels.insert(CLUSTER_NAME_LABEL.to_owned(), self.metadata.name.clone());
+        labels
+    }
+}
+
 /// The body of `PUT /api/v1/clusters/{name}`. `status` is accepted and ignored.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -221,7 +221,8 @@ pub struct TaskResources {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
-    /// Only clusters carrying all these labels.
+    /// Only clusters carrying all these labels (every cluster also carries
+    /// `berth.dev/cluster` with its name).
     #[serde(default)]
     pub cluster_selector: Labels,
     /// Only these backend kinds; empty means any.

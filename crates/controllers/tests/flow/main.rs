@@ -2115,10 +2115,13 @@ async fn replicas_are_not_made_beyond_what_the_nodes_could_hold(db: berth_store:
     assert!(r.waiting.is_some_and(|w| w.starts_with("replica svc-r")), "the one that waits says why");
 }
 
-/// The room replicas are held to is what takes work now: a cordoned cluster's nodes do not
-/// count, and replicas made while it was open that still wait beyond the room go at once.
+/// A service's replicas run on its cluster, whose Service reaches them: they are pinned
+/// there, and the room they are held to is that cluster's nodes that take work now. Before,
+/// replicas went to any cluster with room, where on Kubernetes no Service selected them.
+/// Cordoning another cluster changes nothing; cordoning the service's, the replicas that
+/// still wait beyond the room go at once (what runs stays).
 #[sqlx::test(migrator = "berth_store::MIGRATOR")]
-async fn replicas_waiting_beyond_the_room_left_go_when_a_cluster_is_cordoned(db: berth_store::PgPool) {
+async fn replicas_run_on_their_services_cluster_and_wait_only_for_its_room(db: berth_store::PgPool) {
     let p = Plane::new(db).await;
     p.team("t", None, 4, None).await;
     p.cluster("sim-a", 1, json!({})).await;
@@ -2128,28 +2131,48 @@ async fn replicas_waiting_beyond_the_room_left_go_when_a_cluster_is_cordoned(db:
         "inference": {"min_replicas": 1, "max_replicas": 1000, "target_in_flight": 1}});
     p.submit("t", "svc", 1, 1.0, spec).await;
     p.step().await;
-    assert_eq!(p.phase("t", "svc").await, Phase::Running);
-    let waiting = async || -> i64 {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM workloads WHERE labels ? 'berth.dev/replica-of' AND deletion_timestamp IS NULL",
-        )
-        .fetch_one(&p.ctx.db)
-        .await
-        .unwrap()
+    let svc = p.workload("t", "svc").await;
+    assert_eq!(svc.status.phase, Phase::Running);
+    let (home, other) = match svc.status.admission.as_ref().map(|a| a.cluster.as_str()) {
+        Some("sim-a") => ("sim-a", "sim-b"),
+        _ => ("sim-b", "sim-a"),
     };
-    // Two nodes of 8: the service and 15 replicas, and one that waits to say why; none
-    // admitted yet.
+    let replicas = async || -> Vec<(Phase, Option<String>, Option<String>)> {
+        let listed = berth_store::workload::workload_list_serving(&p.ctx.db).await.unwrap();
+        (listed.into_iter())
+            .filter(|w| {
+                w.metadata.labels.contains_key("berth.dev/replica-of") && w.metadata.deletion_timestamp.is_none()
+            })
+            .map(|w| {
+                let pinned = w.spec.placement.cluster_selector.get("berth.dev/cluster").cloned();
+                (w.status.phase, pinned, w.status.admission.map(|a| a.cluster))
+            })
+            .collect()
+    };
+    // The service's cluster has 8 GPUs: the service, 7 replicas and one that waits to say
+    // why, each pinned there.
     berth_controllers::autoscaler::reconcile(&p.ctx).await.unwrap();
-    assert_eq!(waiting().await, 16);
-    let mut cordoned = json!({"spec": {"kind": "sim", "cordoned": true, "sim": {"node_groups": [
-        {"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}}});
-    p.apply_cluster("sim-b", cordoned.take()).await;
+    let made = replicas().await;
+    assert_eq!(made.len(), 8, "{made:?}");
+    assert!(made.iter().all(|(_, pinned, _)| pinned.as_deref() == Some(home)), "{made:?}");
+    let cordon = async |name: &str, cordoned: bool| {
+        let body = json!({"spec": {"kind": "sim", "cordoned": cordoned, "sim": {"node_groups": [
+            {"name": "n", "count": 1, "flavor": "h100", "gpus_per_node": 8}]}}});
+        p.apply_cluster(name, body).await;
+    };
+    cordon(other, true).await;
     let status = berth_controllers::autoscaler::reconcile(&p.ctx).await.unwrap();
-    assert_eq!(status.replicas_removed, 8, "{status:?}");
-    assert_eq!(waiting().await, 8, "sim-a's 8 GPUs: the service, 7 replicas and one that waits");
-    // Once placed, the cordoned cluster's room is not counted again.
+    assert_eq!(status.replicas_removed, 0, "another cluster's room is not theirs: {status:?}");
+    cordon(home, true).await;
+    let status = berth_controllers::autoscaler::reconcile(&p.ctx).await.unwrap();
+    assert_eq!(status.replicas_removed, 7, "{status:?}");
+    assert_eq!(replicas().await.len(), 1, "one waits to say why");
+    cordon(home, false).await;
     p.settle().await;
-    assert_eq!(waiting().await, 8);
+    let placed = replicas().await;
+    let running: Vec<_> = placed.iter().filter(|(phase, ..)| *phase == Phase::Running).collect();
+    assert_eq!(running.len(), 7, "{placed:?}");
+    assert!(running.iter().all(|(_, pinned, at)| at.as_deref() == Some(home) && pinned == at), "{placed:?}");
 }
 
 /// Counts a pass ended when dropped (the pass's future done, however it returns).
