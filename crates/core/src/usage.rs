@@ -497,6 +497,8 @@ pub fn report<'a>(
     let mut rows: HashMap<RowKey, UsageRow> = HashMap::new();
     let mut totals = UsageAmounts::default();
     let mut teams: HashMap<&str, TeamUsage> = HashMap::new();
+    // What each team's subtree borrowed, by flavor: a guarantee caps its own flavor's only.
+    let mut subtree_borrowed: HashMap<(&str, &str), f64> = HashMap::new();
     let new_team = |name: &str| TeamUsage { team: name.to_owned(), ..TeamUsage::default() };
     // Who uses each guaranteed (team, flavor): the team's subtree.
     let mut users: HashMap<(Uuid, &str), Vec<&Interval>> =
@@ -524,6 +526,7 @@ pub fn report<'a>(
                 e.own.add(whole, i.borrowed, i.price);
             }
             e.subtree.add(whole, i.borrowed, i.price);
+            *subtree_borrowed.entry((t.as_str(), i.flavor.as_str())).or_default() += whole * i.borrowed.clamp(0.0, 1.0);
         }
         let key: Vec<&str> = req.group_by.iter().map(|g| g.of(i)).collect();
         for (bucket, from, to) in slices(req, i) {
@@ -559,7 +562,10 @@ pub fn report<'a>(
             continue;
         }
         let e = teams.entry(g.team.as_str()).or_insert_with(|| new_team(&g.team));
-        let over = (e.subtree.borrowed_gpu_hours - beyond(g.gpus, used, req.from, req.to)).max(0.0);
+        // Of this flavor only: capped by the sum over all flavors, a department with a
+        // guarantee of another flavor it did not use reported nothing borrowed at all.
+        let borrowed = subtree_borrowed.get(&(g.team.as_str(), g.flavor.as_str())).copied().unwrap_or(0.0);
+        let over = (borrowed - beyond(g.gpus, used, req.from, req.to)).max(0.0).min(e.subtree.borrowed_gpu_hours);
         e.subtree.borrowed_gpu_hours -= over;
         e.subtree.in_quota_gpu_hours += over;
     }
@@ -1111,6 +1117,43 @@ mod tests {
         assert_eq!(team("research").gpu_hours, 18.0);
         // Rows and totals count each work's borrowing against its own team's guarantee.
         assert_eq!(r.totals.borrowed_gpu_hours, 4.0);
+    }
+
+    /// A department guaranteed a100 and l4, whose team borrows a100 beyond it and uses no
+    /// l4: the unused l4 guarantee caps nothing of a100 (the cap of each guarantee took the
+    /// borrowing of every flavor, so the unused one left 0 borrowed); lab2, guaranteed a100
+    /// alone, reads the same.
+    #[test]
+    fn a_departments_unused_guarantee_of_another_flavor_hides_none_of_its_borrowing() {
+        let mut reports = Vec::new();
+        for (dept, l4) in [("lab1", Some(2.0)), ("lab2", None)] {
+            let team = format!("{dept}-a");
+            let mut lent = run(&team, &[&team, dept], "ann", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T11:00:00Z");
+            (lent.flagged, lent.borrowed, lent.flavor) = (true, 1.0, "a100".into());
+            let mut own = run(&team, &[&team, dept], "ann", 2.0, "2026-11-01T10:00:00Z", "2026-11-01T11:00:00Z");
+            own.flavor = "a100".into();
+            let g = |team: &str, parent: Option<&str>, flavor: &str, gpus: f64| Guarantee {
+                team: team.into(),
+                uid: uid(team),
+                parent: parent.map(Into::into),
+                flavor: flavor.into(),
+                gpus,
+                since: t("2026-10-01T00:00:00Z"),
+            };
+            let mut guarantees = vec![g(dept, None, "a100", 2.0), g(&team, Some(dept), "a100", 2.0)];
+            guarantees.extend(l4.map(|gpus| g(dept, None, "l4", gpus)));
+            let req = ReportRequest {
+                from: t("2026-11-01T00:00:00Z"),
+                to: t("2026-11-02T00:00:00Z"),
+                group_by: vec![GroupBy::Team],
+                bucket: None,
+            };
+            let all = BTreeSet::from([dept.to_owned(), team.clone()]);
+            let r = report(&req, &[own, lent], &guarantees, &all, &Visibility::All, req.to);
+            let subtree = r.teams.iter().find(|t| t.team == dept).unwrap().subtree;
+            reports.push((subtree.borrowed_gpu_hours, subtree.in_quota_gpu_hours));
+        }
+        assert_eq!(reports, [(2.0, 2.0), (2.0, 2.0)], "4 a100 held against 2 guaranteed for an hour");
     }
 
     #[test]
