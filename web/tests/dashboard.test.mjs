@@ -139,6 +139,24 @@ test("an admin previews a quota change, sees the API's message next to a bad fie
   await page.close();
 });
 
+test("a quota edit that another admin's change overtook is refused, not saved over it", async () => {
+  const page = await signedIn();
+  await page.goto(berth.origin + "/#/teams");
+  const vision = page.locator('tr[data-team="vision"][data-flavor="h100"]');
+  await vision.waitFor();
+  await page.getByRole("button", { name: "Edit quotas of vision" }).click();
+  await page.getByLabel("Guaranteed GPUs (h100)").fill("2");
+  // Another admin sets a limit meanwhile, and the page's next refresh shows it: the editor
+  // compared against the refreshed spec and saved over the limit.
+  await berth.call("PUT", "/api/v1/teams/vision", { spec: { quotas: [{ flavor: "h100", guaranteed: 0, limit: 12 }] } });
+  await eventually(async () => (await vision.locator("td").nth(2).textContent()) === "12");
+  await page.getByRole("button", { name: "Save" }).click();
+  await page.getByText("Someone else changed this since you opened it").waitFor();
+  const kept = await berth.call("GET", "/api/v1/teams/vision");
+  assert.deepEqual(kept.spec.quotas, [{ flavor: "h100", guaranteed: 0, limit: 12, weight: 1 }]);
+  await page.close();
+});
+
 test("a viewer sees the teams but no edit controls", async () => {
   const page = await signedIn(berth.token("viewer"));
   await page.goto(berth.origin + "/#/teams");

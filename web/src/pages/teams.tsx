@@ -279,6 +279,9 @@ const FIELDS = ["guaranteed", "limit", "weight"] as const;
 
 function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
   const name = team.metadata.name;
+  // The spec as the editor opened it: `team` is refreshed every 5 s, and a save compared
+  // against the refreshed one overwrote another admin's change made meanwhile.
+  const [opened] = useState(team.spec);
   const [draft, setDraft] = useState<Draft[]>(
     (team.spec.quotas ?? []).map((q) => ({
       flavor: q.flavor,
@@ -321,10 +324,10 @@ function QuotaEditor({ team, onDone }: { team: Team; onDone: () => void }) {
     try {
       const path = `/api/v1/teams/${name}`;
       if (what === "preview") {
-        const body = { spec: { ...team.spec, quotas: quotas() } };
+        const body = { spec: { ...opened, quotas: quotas() } };
         setPreview(await api<QuotaPreview>(`${path}/preview`, { method: "POST", body }));
       } else {
-        await updateSpec<Team["spec"]>(path, (spec) => ({ ...spec, quotas: quotas() }), team.spec);
+        await updateSpec<Team["spec"]>(path, (spec) => ({ ...spec, quotas: quotas() }), opened);
         onDone();
       }
     } catch (e) {
