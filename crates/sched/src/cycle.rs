@@ -55,6 +55,10 @@ use crate::snapshot::{
     RunningIx, Snapshot, TaskPlacement, TeamIx,
 };
 
+/// How many nodes a reclaim whose cheapest victims do not make room tries again with their
+/// victims first ([`Cycle::reclaim_on`]).
+const NODES_TRIED_FIRST: usize = 8;
+
 /// Computes the plan for `s`. The same snapshot always yields the same plan.
 ///
 /// # Errors
@@ -1283,31 +1287,62 @@ impl<'a> Cycle<'a> {
             let placed = node_sets.iter().find_map(|set| place(&mut states, set, &p.tasks, None))?;
             Some((placed, states))
         };
-        let mut taken: BTreeMap<TeamIx, u64> = BTreeMap::new();
-        let mut chosen = Vec::new();
-        let mut free: u64 = base.iter().map(|n| u64::from(n.free_gpus())).sum();
-        let mut placed = None;
-        for v in candidates {
-            let r = &s.running[v];
-            if !r.preempting && r.team != p.team {
-                // Only while the victim's team stays above its fair share.
-                let i = r.team * self.flavors + f;
-                let left = self.running_used[i] - taken.get(&r.team).copied().unwrap_or(0);
-                if gpus(left) <= self.share[i] + 1e-9 {
-                    continue;
+        let free_now: u64 = base.iter().map(|n| u64::from(n.free_gpus())).sum();
+        // Takes victims in `order` until `w` fits; whether a victim was passed over because
+        // its team would fall to its fair share.
+        let take = |order: &mut dyn Iterator<Item = RunningIx>| {
+            let mut taken: BTreeMap<TeamIx, u64> = BTreeMap::new();
+            let (mut chosen, mut free, mut capped) = (Vec::new(), free_now, false);
+            for v in order {
+                let r = &s.running[v];
+                if !r.preempting && r.team != p.team {
+                    // Only while the victim's team stays above its fair share.
+                    let i = r.team * self.flavors + f;
+                    let left = self.running_used[i] - taken.get(&r.team).copied().unwrap_or(0);
+                    if gpus(left) <= self.share[i] + 1e-9 {
+                        capped = true;
+                        continue;
+                    }
+                    *taken.entry(r.team).or_default() += u64::from(r.tasks.total_gpus());
                 }
-                *taken.entry(r.team).or_default() += u64::from(r.tasks.total_gpus());
+                chosen.push(v);
+                free += u64::from(r.tasks.total_gpus());
+                if free >= needed
+                    && let Some(found) = fits(&chosen)
+                {
+                    return (Some((chosen, found)), capped);
+                }
             }
-            chosen.push(v);
-            free += u64::from(r.tasks.total_gpus());
-            if free >= needed
-                && let Some(found) = fits(&chosen)
-            {
-                placed = Some(found);
-                break;
+            (None, capped)
+        };
+        let (mut found, capped) = take(&mut candidates.iter().copied());
+        if found.is_none() && capped {
+            // The cheapest victims, spread over the nodes, reached their teams' fair shares
+            // before any node was free enough: ml's 8 newest borrowed 1-GPU jobs, 4 on each
+            // of two full nodes, let research's 8-GPU job (within its guarantee) take
+            // neither, though the 8 on either node were victims as good. Again with the
+            // victims on one node first, for the nodes where most could come free.
+            let on = |v: RunningIx, n: NodeIx| s.running[v].placement.iter().any(|t| t.node == n);
+            let mut nodes: Vec<(u64, usize)> = (0..open.len())
+                .map(|i| {
+                    let victims = candidates.iter().filter(|&&v| on(v, open[i]));
+                    let room = u64::from(base[i].free_gpus())
+                        + victims.map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum::<u64>();
+                    (room, i)
+                })
+                .filter(|&(room, i)| room > u64::from(base[i].free_gpus()))
+                .collect();
+            nodes.sort_by_key(|&(room, i)| (Reverse(room), i));
+            for &(_, i) in nodes.iter().take(NODES_TRIED_FIRST) {
+                let first = candidates.iter().copied().filter(|&v| on(v, open[i]));
+                let rest = candidates.iter().copied().filter(|&v| !on(v, open[i]));
+                found = take(&mut first.chain(rest)).0;
+                if found.is_some() {
+                    break;
+                }
             }
         }
-        let (mut placed, mut after) = placed?;
+        let (mut chosen, (mut placed, mut after)) = found?;
         // Drop victims not needed after all, the most expensive first.
         for i in (0..chosen.len()).rev() {
             let mut fewer = chosen.clone();

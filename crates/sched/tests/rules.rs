@@ -1706,3 +1706,34 @@ fn a_workload_waiting_for_protected_work_is_expected_to_start_when_the_protectio
     let e = estimates[0].clone().expect("an estimate");
     assert_eq!((e.at, e.after), (now + 300, Some(berth_sched::estimate::After::ProtectionEnds("x".into()))));
 }
+
+/// ml (guaranteed 4) holds two 8-GPU nodes with 1-GPU jobs: 4 in its guarantee on n0, 12
+/// borrowed. Its 8 newest borrowed jobs, the cheapest victims, are 4 on each node. research
+/// (guaranteed 12, holding nothing) wants 8 GPUs: its demand brings ml's fair share to 8,
+/// so only 8 of ml's may go, and the 8 cheapest free neither node. Found from outside:
+/// research waited with "no cluster has room" for as long as nothing changed. The 8
+/// borrowed on n1 are victims as good: they are preempted, and research waits for n1.
+#[test]
+fn a_reclaim_capped_at_the_fair_share_takes_its_victims_from_one_node() {
+    let mut w = World::new(&["h100"]);
+    w.team("ml", None, &[("h100", 4, Some(16), 1)]);
+    w.team("research", None, &[("h100", 12, Some(28), 1)]);
+    let c = w.cluster("sim", ClusterKind::Sim, &[]);
+    let nodes = w.nodes(c, "h100", 2, 8, None);
+    // Started at 1..=16: the later, the cheaper. n0: a1-a4 (in quota), b1-b4; n1: a9-a12, b5-b8.
+    for (i, (name, node, borrowed)) in (1..=4)
+        .map(|k| (format!("a{k}"), 0, false))
+        .chain((9..=12).map(|k| (format!("a{k}"), 1, true)))
+        .chain((1..=4).map(|k| (format!("b{k}"), 0, true)))
+        .chain((5..=8).map(|k| (format!("b{k}"), 1, true)))
+        .enumerate()
+    {
+        w.run(&name, "ml", &nodes[node..=node], 1, GPU, borrowed, 0, 1 + i as i64);
+    }
+    w.submit("tr4", "research", 1, 8 * GPU, &["h100"]);
+    let plan = w.plan();
+    let mut victims = preempted(&w, &plan);
+    victims.sort();
+    assert_eq!(victims, ["a10", "a11", "a12", "a9", "b5", "b6", "b7", "b8"], "{:?}", reason(&w, &plan, "tr4"));
+    assert!(matches!(reason(&w, &plan, "tr4"), Reason::WaitingForReclaim { victims, .. } if victims.len() == 8));
+}
