@@ -127,33 +127,53 @@ impl Primary {
         self.wake.notify_one();
     }
 
-    /// Asks the hosts in order, starting with `first`, and chooses the first writable one.
+    /// Asks every host (all at once, the answers taken in order from `first`) and chooses
+    /// the writable one.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] when none is, with what each answered.
+    /// [`Error::Unavailable`] when none is, with what each answered, or when more than one
+    /// is: a failed primary started again as a primary beside the promoted standby. A
+    /// berthd restarted then took the first writable host listed, the stale one: it
+    /// acknowledged writes the surviving primary never had, and its leader dispatched jobs
+    /// for them, beside the other replicas' leader.
     pub async fn find(&self, first: usize) -> Result<PgConnection, Error> {
         let n = self.hosts.len();
+        let asked: Vec<(usize, tokio::task::JoinHandle<Result<PgConnection, String>>)> = (0..n)
+            .map(|k| (first + k) % n)
+            .map(|index| (index, tokio::spawn(probe(self.hosts[index].clone()))))
+            .collect();
+        let mut writable = Vec::new();
         let mut answers = Vec::with_capacity(n);
-        for index in (0..n).map(|k| (first + k) % n) {
-            let host = &self.hosts[index];
-            let answer = match tokio::time::timeout(PROBE_TIMEOUT, host.connect()).await {
-                Err(_) => "did not answer in time".to_owned(),
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(mut conn)) => match in_recovery(&mut conn).await {
-                    Ok(false) => {
-                        let mut chosen = self.chosen.lock().expect("primary lock");
-                        if chosen.0 != index {
-                            *chosen = (index, Instant::now());
-                        }
-                        return Ok(conn);
-                    }
-                    Ok(true) => "read-only (in recovery: a standby)".to_owned(),
-                    Err(e) => e.to_string(),
-                },
-            };
-            answers.push(format!("{}:{} {answer}", host.get_host(), host.get_port()));
+        for (index, answer) in asked {
+            match answer.await.unwrap_or_else(|e| Err(e.to_string())) {
+                Ok(conn) => writable.push((index, conn)),
+                Err(why) => answers.push(format!("{} {why}", self.name(index))),
+            }
         }
-        Err(Error::Unavailable(format!("no writable primary among the database hosts: {}", answers.join("; "))))
+        if writable.len() > 1 {
+            let names: Vec<String> = writable.iter().map(|(index, _)| self.name(*index)).collect();
+            return Err(Error::Unavailable(format!(
+                "the database hosts {} all accept writes: two primaries (a failed primary started again as one \
+                 beside the promoted standby), or one server listed twice in DATABASE_URL; berthd uses none of \
+                 them until one alone does (rebuild the old primary as a standby, or stop it)",
+                names.join(" and ")
+            )));
+        }
+        let Some((index, conn)) = writable.pop() else {
+            return Err(Error::Unavailable(format!(
+                "no writable primary among the database hosts: {}",
+                answers.join("; ")
+            )));
+        };
+        let mut chosen = self.chosen.lock().expect("primary lock");
+        if chosen.0 != index {
+            *chosen = (index, Instant::now());
+        }
+        Ok(conn)
+    }
+
+    fn name(&self, index: usize) -> String {
+        format!("{}:{}", self.hosts[index].get_host(), self.hosts[index].get_port())
     }
 
     /// Follows the primary until `pool` is closed; `probe` is a connection to the chosen host.
@@ -190,6 +210,19 @@ impl Primary {
                 Err(e) => tracing::warn!(error = %e, "no writable database host; asking again"),
             }
         }
+    }
+}
+
+/// A connection to `host` if it is writable, else what it answered.
+async fn probe(host: PgConnectOptions) -> Result<PgConnection, String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, host.connect()).await {
+        Err(_) => Err("did not answer in time".to_owned()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(mut conn)) => match in_recovery(&mut conn).await {
+            Ok(false) => Ok(conn),
+            Ok(true) => Err("read-only (in recovery: a standby)".to_owned()),
+            Err(e) => Err(e.to_string()),
+        },
     }
 }
 
