@@ -240,6 +240,24 @@ export function gpusOf(w: Workload): number {
   return w.spec.tasks.count * w.spec.tasks.resources.gpus;
 }
 
+/// Deletes the object at `path`, conditionally on its spec being `seen`: Berth's own status
+/// writes move an object's version, so a refused delete (412) is read again and retried
+/// while the spec is still the one the user saw. (The Teams page sent the version of a list
+/// up to 5 s old and showed "If-Match does not match the current resource version".)
+export async function deleteSeen<S>(path: string, seen: S): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    const current = await api<{ metadata: Meta; spec: S }>(path);
+    if (JSON.stringify(current.spec) !== JSON.stringify(seen))
+      throw new ApiError(409, "Changed meanwhile", "Someone else changed this since you saw it; look again before deleting.");
+    try {
+      await api(path, { method: "DELETE", headers: { "If-Match": `"${current.metadata.resource_version}"` } });
+      return;
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 412 || attempt >= 4) throw e;
+    }
+  }
+}
+
 /// Replaces the spec of the object at `path` with `change(spec)`, conditionally on the
 /// version it read. Berth's own status writes also move an object's version, so a refused
 /// write (409, 412) is read again and retried, as long as the spec is still the one the

@@ -137,14 +137,19 @@ test("the Reports page shows the API's totals, teams, owners and chart, and down
   assert.match(page.url(), /#\/reports\?from=2026-11-02&to=2026-11-08&bucket=day$/);
 
   // Department, teams (subtree totals), owners under their team.
+  // research's and dave's costs leave out dave's unpriced hours, and are marked so.
   for (const [team, [h, cost]] of Object.entries(TEAMS)) {
     const cells = await page.locator(`tr[data-team="${team}"] td`).allTextContents();
-    assert.deepEqual(cells.slice(0, 2), [hours(h), money(cost)], team);
+    assert.deepEqual(cells.slice(0, 2), [hours(h), money(cost) + (team === "research" ? "*" : "")], team);
   }
+  assert.equal(
+    await page.locator('tr[data-team="research"] td span[title]').getAttribute("title"),
+    "not counting 2.0 GPU-hours of flavors without a price",
+  );
   assert.match(await page.locator('tr[data-team="research"] th').textContent(), /own 2\.0/);
   for (const [key, [h, cost]] of Object.entries(OWNERS)) {
     const cells = await page.locator(`tr[data-owner="${key}"] td`).allTextContents();
-    assert.deepEqual(cells.slice(0, 3), [key.split("/")[1], hours(h), money(cost)], key);
+    assert.deepEqual(cells.slice(0, 3), [key.split("/")[1], hours(h), money(cost) + (key === "research/dave" ? "*" : "")], key);
   }
   const order = await page.locator("table.report tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.team ?? r.dataset.owner));
   assert.deepEqual(order, ["research", "research/dave", "nlp", "nlp/alice", "nlp/bob", "vision", "vision/carol"]);
@@ -224,9 +229,10 @@ test("the Teams page shows each team's GPU-hours and cost this month, as the API
   const from = `${new Date().toISOString().slice(0, 8)}01T00:00:00Z`;
   const month = await berth.call("GET", `/api/v1/usage/report?from=${from}`);
   for (const team of ["research", "nlp", "vision"]) {
-    const t = month.teams.find((x) => x.team === team)?.subtree ?? { gpu_hours: 0, cost: 0 };
+    const t = month.teams.find((x) => x.team === team)?.subtree ?? { gpu_hours: 0, cost: 0, unpriced_gpu_hours: 0 };
     await page.getByTestId(`month-gpu-hours-${team}`).filter({ hasText: hours(t.gpu_hours) }).waitFor();
-    assert.equal(await page.getByTestId(`month-cost-${team}`).textContent(), money(t.cost));
+    const marked = t.unpriced_gpu_hours > 0 ? "*" : "";
+    assert.equal(await page.getByTestId(`month-cost-${team}`).textContent(), money(t.cost) + marked);
   }
   // erin's run counts for nlp and its department.
   assert.notEqual(await page.getByTestId("month-gpu-hours-research").textContent(), "0.0");

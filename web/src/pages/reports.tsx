@@ -24,6 +24,17 @@ export function money(x: number): string {
   return TWO.format(r === 0 ? 0 : r);
 }
 
+/// A cost, marked `*` (as `berth usage` marks it) where GPU-hours of flavors without a price
+/// are not in it: the rows and the teams' month showed such a cost as if it were the whole.
+export function Cost({ of }: { of: { cost: number; unpriced_gpu_hours: number } }) {
+  if (of.unpriced_gpu_hours <= 0) return <>{money(of.cost)}</>;
+  return (
+    <span title={`not counting ${hours(of.unpriced_gpu_hours)} GPU-hours of flavors without a price`}>
+      {money(of.cost)}*
+    </span>
+  );
+}
+
 function percent(part: number, whole: number): string {
   return whole > 0 ? `${Math.round((part / whole) * 100)} %` : "—";
 }
@@ -148,12 +159,14 @@ export function teamTree(teams: TeamUsage[]): { team: TeamUsage; depth: number }
 
 /// Owners by GPU-hours over every team they ran work in, the largest first.
 export function topConsumers(rows: UsageRow[], count: number) {
-  const owners = new Map<string, { owner: string; gpu_hours: number; cost: number; teams: Set<string> }>();
+  type Consumer = { owner: string; gpu_hours: number; cost: number; unpriced_gpu_hours: number; teams: Set<string> };
+  const owners = new Map<string, Consumer>();
   for (const r of rows) {
     const owner = r.owner ?? "";
-    const o = owners.get(owner) ?? { owner, gpu_hours: 0, cost: 0, teams: new Set<string>() };
+    const o = owners.get(owner) ?? { owner, gpu_hours: 0, cost: 0, unpriced_gpu_hours: 0, teams: new Set<string>() };
     o.gpu_hours += r.gpu_hours;
     o.cost += r.cost;
+    o.unpriced_gpu_hours += r.unpriced_gpu_hours;
     if (r.team) o.teams.add(r.team);
     owners.set(owner, o);
   }
@@ -366,7 +379,7 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
                     )}
                   </th>
                   <td class="num">{hours(u.subtree.gpu_hours)}</td>
-                  <td class="num">{money(u.subtree.cost)}</td>
+                  <td class="num"><Cost of={u.subtree} /></td>
                   <td class="num">{hours(u.subtree.in_quota_gpu_hours)}</td>
                   <td class="num">{hours(u.subtree.borrowed_gpu_hours)}</td>
                   <td class="num">{percent(u.subtree.gpu_hours, t.gpu_hours)}</td>
@@ -375,7 +388,7 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
                   <tr data-owner={`${u.team}/${r.owner ?? ""}`} class="owner">
                     <td style={{ paddingLeft: `${0.6 + (depth + 1) * 1.2}rem` }}>{ownerName(r.owner)}</td>
                     <td class="num">{hours(r.gpu_hours)}</td>
-                    <td class="num">{money(r.cost)}</td>
+                    <td class="num"><Cost of={r} /></td>
                     <td class="num">{hours(r.in_quota_gpu_hours)}</td>
                     <td class="num">{hours(r.borrowed_gpu_hours)}</td>
                     <td class="num">{percent(r.gpu_hours, t.gpu_hours)}</td>
@@ -422,7 +435,7 @@ function Report({ data, bucket }: { data: ReportData; bucket: ReportBucket }) {
                   <td>{ownerName(o.owner)}</td>
                   <td>{[...o.teams].sort().join(", ")}</td>
                   <td class="num">{hours(o.gpu_hours)}</td>
-                  <td class="num">{money(o.cost)}</td>
+                  <td class="num"><Cost of={o} /></td>
                   <td class="num">{percent(o.gpu_hours, t.gpu_hours)}</td>
                 </tr>
               ))}

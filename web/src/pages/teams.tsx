@@ -1,9 +1,23 @@
 import { useState } from "preact/hooks";
-import { ApiError, Flavor, Me, Quota, QuotaPreview, Team, UsageReport, abilities, all, api, reportPath, updateSpec } from "../api";
+import {
+  ApiError,
+  Flavor,
+  Me,
+  Quota,
+  QuotaPreview,
+  Team,
+  UsageReport,
+  abilities,
+  all,
+  api,
+  deleteSeen,
+  reportPath,
+  updateSpec,
+} from "../api";
 import { usePoll } from "../app";
 import { Field, Unplaced } from "../form";
 import { fmt } from "./overview";
-import { hours, money } from "./reports";
+import { Cost, hours } from "./reports";
 
 /// Teams in tree order (parents before children, siblings by name), with their depth.
 export function treeOrder(teams: Team[]): { team: Team; depth: number }[] {
@@ -69,7 +83,7 @@ export function Teams({ me }: { me: Me }) {
     if (!confirm(`Delete team ${name}? Its quotas and role bindings go with it.`)) return;
     setRemoveProblem(null);
     try {
-      await api(`/api/v1/teams/${name}`, { method: "DELETE", headers: { "If-Match": `"${t.metadata.resource_version}"` } });
+      await deleteSeen(`/api/v1/teams/${name}`, t.spec);
       reload();
     } catch (e) {
       setRemoveProblem(`${name} was not deleted: ${e instanceof Error ? e.message : String(e)}`);
@@ -167,7 +181,7 @@ export function Teams({ me }: { me: Me }) {
                     {i === 0 && month && hours(spent?.gpu_hours ?? 0)}
                   </td>
                   <td class="num" data-testid={i === 0 ? `month-cost-${t.metadata.name}` : undefined}>
-                    {i === 0 && month && money(spent?.cost ?? 0)}
+                    {i === 0 && month && <Cost of={spent ?? { cost: 0, unpriced_gpu_hours: 0 }} />}
                   </td>
                   <td class="row-actions">
                     {i === 0 && mayEdit(me, teams, t) && (

@@ -205,6 +205,15 @@ export function Workloads() {
 
 const FINAL = ["Succeeded", "Failed", "Cancelled"];
 
+/// `team` and the teams above it, as far as `teams` shows them. (Cancel was offered to an
+/// admin of any team, and the API then refused an admin of another subtree.)
+function teamAndAbove(team: string, teams: Team[]): string[] {
+  const parent = new Map(teams.map((t) => [t.metadata.name, t.spec.parent ?? null]));
+  const chain = [team];
+  for (let next = parent.get(team); next && !chain.includes(next); next = parent.get(next)) chain.push(next);
+  return chain;
+}
+
 /// One workload: status, where it runs, what it printed, its spec and its events; its
 /// owner (or an admin) may cancel it.
 export function WorkloadDetail({ me }: { me: Me }) {
@@ -218,6 +227,8 @@ export function WorkloadDetail({ me }: { me: Me }) {
     return { workload, events };
   });
   const [cancelError, setCancelError] = useState<string | null>(null);
+  // The teams the caller can see, to tell whether it administers this one or a team above it.
+  const [teams] = usePoll(() => all<Team>("/api/v1/teams"), [], 60_000);
   if (!data) return error ? <p class="error" role="alert">{error.message}</p> : <p class="loading">Loading…</p>;
   const { workload: w, events } = data;
   const s = w.status;
@@ -243,7 +254,9 @@ export function WorkloadDetail({ me }: { me: Me }) {
     !FINAL.includes(s.phase) &&
     !s.cancellation &&
     !w.metadata.deletion_timestamp &&
-    (w.metadata.owner?.subject === me.subject || can.platformAdmin || can.adminOf.length > 0);
+    (w.metadata.owner?.subject === me.subject ||
+      can.platformAdmin ||
+      teamAndAbove(team, teams ?? []).some((t) => can.adminOf.includes(t)));
   const cancel = async () => {
     if (!confirm(`Cancel ${team}/${name}? Its job is stopped; the workload and its history stay.`)) return;
     try {
