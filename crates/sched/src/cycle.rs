@@ -1323,15 +1323,21 @@ impl<'a> Cycle<'a> {
             // neither, though the 8 on either node were victims as good. Again with the
             // victims on one node first, for the nodes where most could come free.
             let on = |v: RunningIx, n: NodeIx| s.running[v].placement.iter().any(|t| t.node == n);
-            let mut nodes: Vec<(u64, usize)> = (0..open.len())
-                .map(|i| {
-                    let victims = candidates.iter().filter(|&&v| on(v, open[i]));
-                    let room = u64::from(base[i].free_gpus())
-                        + victims.map(|&v| u64::from(s.running[v].tasks.total_gpus())).sum::<u64>();
-                    (room, i)
-                })
-                .filter(|&(room, i)| room > u64::from(base[i].free_gpus()))
-                .collect();
+            // What could come free on each node: free now, and the GPUs of the victims there
+            // (one pass over the victims: a pool may have thousands of nodes).
+            let mut room: Vec<(u64, Option<RunningIx>)> =
+                base.iter().map(|n| (u64::from(n.free_gpus()), None)).collect();
+            for &v in &candidates {
+                for t in &s.running[v].placement {
+                    if let Some(&i) = position.get(&t.node)
+                        && room[i].1 != Some(v)
+                    {
+                        room[i] = (room[i].0 + u64::from(s.running[v].tasks.total_gpus()), Some(v));
+                    }
+                }
+            }
+            let mut nodes: Vec<(u64, usize)> =
+                room.iter().enumerate().filter(|(_, (_, any))| any.is_some()).map(|(i, &(r, _))| (r, i)).collect();
             nodes.sort_by_key(|&(room, i)| (Reverse(room), i));
             for &(_, i) in nodes.iter().take(NODES_TRIED_FIRST) {
                 let first = candidates.iter().copied().filter(|&v| on(v, open[i]));
