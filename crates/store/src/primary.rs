@@ -172,6 +172,7 @@ impl Primary {
         Ok(conn)
     }
 
+    /// A host as the logs and errors name it, `host:port`.
     fn name(&self, index: usize) -> String {
         format!("{}:{}", self.hosts[index].get_host(), self.hosts[index].get_port())
     }
@@ -199,12 +200,7 @@ impl Primary {
                     let (now, _) = self.chosen();
                     if now != was {
                         pool.set_connect_options(self.hosts[now].clone());
-                        let (from, to) = (&self.hosts[was], &self.hosts[now]);
-                        tracing::warn!(
-                            from = %format!("{}:{}", from.get_host(), from.get_port()),
-                            to = %format!("{}:{}", to.get_host(), to.get_port()),
-                            "{PRIMARY_MOVED}"
-                        );
+                        tracing::warn!(from = %self.name(was), to = %self.name(now), "{PRIMARY_MOVED}");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "no writable database host; asking again"),
